@@ -1,0 +1,20 @@
+"""trainer-resume: pause a PyTorch training job at any completed step and resume it
+bit-identically in a new process, without ever losing the last good checkpoint."""
+
+from __future__ import annotations
+
+from .errors import *  # noqa: F401,F403  (the error catalogue is public API)
+from .errors import __all__ as _error_names
+from .rng import derive_seed, random_state, restore_random_state, rng_scope
+from .state import cpu_state
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "cpu_state",
+    "random_state",
+    "restore_random_state",
+    "rng_scope",
+    "derive_seed",
+    *_error_names,
+]

@@ -1,0 +1,1 @@
+"""Integrations of trainer-resume with training frameworks."""

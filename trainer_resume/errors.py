@@ -1,0 +1,198 @@
+"""Resume-domain errors with stable numeric codes.
+
+Every failure that concerns pausing or resuming has its own subclass of
+:class:`ResumeError` with a class-level ``code`` and a fixed ``message``. An
+instance may add a ``detail`` (which key differs, which file). Codes are part of
+the public contract: a retired code's number is never reused. Argument mistakes
+stay ``TypeError`` / ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "ResumeError",
+    "CheckpointFormatError",
+    "CheckpointCorruptedError",
+    "ConfigSignatureMismatchError",
+    "TrainingPausedError",
+    "TrainerLockedError",
+    "PauseBlockedError",
+    "CheckpointWriteError",
+    "UnsafeCheckpointError",
+    "VersionMismatchError",
+    "ResumeStateMismatchError",
+    "ResumableModeRequiredError",
+    "UnsupportedResumeConfigurationError",
+    "LoaderStateError",
+    "IteratorInvalidatedError",
+    "LoaderFetchFailedError",
+    "LoaderCommitFailedError",
+    "ResumableBatchConfigurationError",
+    "CheckpointSignatureError",
+    "ResumableSamplerGeneratorError",
+    "ERRORS_BY_CODE",
+    "get_error_message",
+]
+
+
+class ResumeError(Exception):
+    """Base class of every resume-domain error.
+
+    Args:
+        detail: Optional specifics (the differing key, the file, the index).
+    """
+
+    code: ClassVar[int] = 0
+    message: ClassVar[str] = "resume error"
+
+    def __init__(self, detail: str | None = None) -> None:
+        self.detail = detail
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        text = f"[{self.code}] {self.message}"
+        return f"{text}: {self.detail}" if self.detail else text
+
+    def __reduce__(self):  # keep detail when the error crosses a process boundary
+        return (type(self), (self.detail,))
+
+
+class CheckpointFormatError(ResumeError):
+    code = 321
+    message = "not a pause checkpoint of this format"
+
+
+class CheckpointCorruptedError(ResumeError):
+    code = 322
+    message = "integrity check failed (truncated or altered bytes)"
+
+
+class ConfigSignatureMismatchError(ResumeError):
+    code = 323
+    message = "config differs from the paused run"
+
+
+class TrainingPausedError(ResumeError):
+    code = 324
+    message = "a training step was requested on a paused trainer"
+
+
+class TrainerLockedError(ResumeError):
+    code = 325
+    message = "a restore failed part-way; resume a good checkpoint first"
+
+
+class PauseBlockedError(ResumeError):
+    code = 326
+    message = (
+        "the last training step failed; pause is blocked until a step succeeds "
+        "or a checkpoint is restored"
+    )
+
+
+class CheckpointWriteError(ResumeError):
+    code = 327
+    message = "writing failed; the previous checkpoint is intact"
+
+
+class UnsafeCheckpointError(ResumeError):
+    code = 328
+    message = "the file holds objects outside the safe (weights-only) set"
+
+
+class VersionMismatchError(ResumeError):
+    code = 329
+    message = "module version differs"
+
+
+class ResumeStateMismatchError(ResumeError):
+    code = 330
+    message = "checkpoint entries do not match the trainer's objects/loaders/extras"
+
+
+class ResumableModeRequiredError(ResumeError):
+    code = 331
+    message = "resumable sampler given to a non-resumable loader (or the reverse)"
+
+
+class UnsupportedResumeConfigurationError(ResumeError):
+    code = 332
+    message = (
+        "configuration cannot be resumed exactly (IterableDataset, sampler subclass, "
+        "custom batch_sampler, in_order=False, collate_fn replaced)"
+    )
+
+
+class LoaderStateError(ResumeError):
+    code = 333
+    message = "malformed loader/sampler state (format, cursor, index, sizes)"
+
+
+class IteratorInvalidatedError(ResumeError):
+    code = 334
+    message = "iterator used after close() or load_state_dict()"
+
+
+class LoaderFetchFailedError(ResumeError):
+    code = 335
+    message = "a batch fetch failed; close() then iter() resumes at the last delivered sample"
+
+
+class LoaderCommitFailedError(ResumeError):
+    code = 336
+    message = "recording the consumed position failed; only load_state_dict() recovers"
+
+
+class ResumableBatchConfigurationError(ResumeError):
+    code = 338
+    message = "empty dataset or settings that cannot produce a valid batch"
+
+
+class CheckpointSignatureError(ResumeError):
+    code = 339
+    message = "a signing key was given and the file's HMAC is missing or wrong"
+
+
+class ResumableSamplerGeneratorError(ResumeError):
+    code = 351
+    message = "sampler RNG state corrupted"
+
+
+ERRORS_BY_CODE: dict[int, type[ResumeError]] = {
+    cls.code: cls
+    for cls in (
+        CheckpointFormatError,
+        CheckpointCorruptedError,
+        ConfigSignatureMismatchError,
+        TrainingPausedError,
+        TrainerLockedError,
+        PauseBlockedError,
+        CheckpointWriteError,
+        UnsafeCheckpointError,
+        VersionMismatchError,
+        ResumeStateMismatchError,
+        ResumableModeRequiredError,
+        UnsupportedResumeConfigurationError,
+        LoaderStateError,
+        IteratorInvalidatedError,
+        LoaderFetchFailedError,
+        LoaderCommitFailedError,
+        ResumableBatchConfigurationError,
+        CheckpointSignatureError,
+        ResumableSamplerGeneratorError,
+    )
+}
+
+
+def get_error_message(code: int) -> str:
+    """Return the fixed message of an error code.
+
+    Raises:
+        KeyError: ``code`` is not in the catalogue.
+    """
+    try:
+        return ERRORS_BY_CODE[code].message
+    except KeyError:
+        raise KeyError(f"unknown trainer-resume error code {code}") from None
