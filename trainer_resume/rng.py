@@ -1,8 +1,9 @@
 """Capture and restore of the main-process random generators.
 
-``random_state`` returns plain data only (tensors, ints, floats, None, tuples),
-so it is readable by ``torch.load(weights_only=True)``. ``restore_random_state``
-validates the whole state before touching any generator.
+``random_state`` returns plain data only (tensors, ints, floats, None), so it is
+readable by ``torch.load(weights_only=True)``. ``restore_random_state`` validates
+the whole state, including a trial load into scratch generators, before touching
+any global generator: a rejected state changes nothing.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import torch
 
 from .state import RandomState
 
-__all__ = ["random_state", "restore_random_state", "rng_scope", "derive_seed"]
+__all__ = ["random_state", "restore_random_state", "rng_scope", "derive_seed", "RNG_FORMAT"]
 
+_MASK32 = (1 << 32) - 1
 _MASK64 = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-_DERIVE_INIT = 0x5452_5245_5355_4D45  # "TRRESUME"
+_DERIVE_INIT = 0x5452_5245_5355_4D45  # "TRRESUME" in ASCII
 
 RNG_FORMAT = "trainer_resume.rng/1"
 
@@ -37,11 +39,24 @@ def _splitmix64(value: int) -> int:
 def derive_seed(*values: int) -> int:
     """Mix integers into a 63-bit seed; the same inputs give the same seed everywhere.
 
-    The mix is fixed and independent of the process (no ``hash()``): starting from
-    a constant, each value (taken modulo 2**64) is xored into the running state,
-    which then goes through the SplitMix64 finaliser; the result keeps 63 bits so it
-    is a valid seed for torch, Python and (reduced) NumPy alike. The order of the
-    values matters.
+    The mix is fixed and independent of the process (no ``hash()``). With
+    ``splitmix64(x)`` the standard SplitMix64 step (add ``0x9E3779B97F4A7C15``
+    modulo 2**64, then the finaliser with shifts 30/27/31 and multipliers
+    ``0xBF58476D1CE4E5B9`` / ``0x94D049BB133111EB``)::
+
+        state = 0x5452524553554D45                     # "TRRESUME"
+        for v in values:
+            state = splitmix64(state ^ (v mod 2**64))  # negative ints wrap
+        seed = splitmix64(state ^ len(values)) & (2**63 - 1)
+
+    The order of the values matters, and the count is mixed in last. The result
+    is a valid seed for torch, Python ``random`` and (``seed % 2**32``) NumPy.
+
+    Args:
+        *values: The integers to mix (e.g. a base seed and a stream position).
+
+    Returns:
+        An int in ``[0, 2**63)``.
 
     Raises:
         TypeError: a value is not an ``int`` (``bool`` is refused too).
@@ -54,25 +69,30 @@ def derive_seed(*values: int) -> int:
     return _splitmix64(state ^ len(values)) & _MASK63
 
 
-def _seed_all_cpu(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (1 << 32))
-    # torch.default_generator only: torch.manual_seed would reseed CUDA as well.
-    torch.default_generator.manual_seed(seed)
-
-
 @contextmanager
 def rng_scope(seed: int) -> Iterator[None]:
-    """Seed Python, NumPy (global) and torch CPU for the block, then restore them.
+    """Seed Python ``random``, NumPy's global generator and torch CPU for the block.
 
     The caller's generator states come back on exit, also when the block raises.
-    CUDA generators are not touched.
+    CUDA generators are neither seeded nor restored (``torch.manual_seed`` would
+    reseed every CUDA device, which is why it is not used).
+
+    Args:
+        seed: Any ``int``; Python gets it as is, torch gets it modulo 2**64 (which
+            is what ``torch.manual_seed`` does with negative seeds), NumPy modulo 2**32.
+
+    Raises:
+        TypeError: ``seed`` is not an ``int`` (``bool`` is refused); nothing changed.
     """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"rng_scope takes an int seed, got {type(seed).__name__}: {seed!r}")
     python_state = random.getstate()
     numpy_state = np.random.get_state()
     torch_state = torch.get_rng_state()
     try:
-        _seed_all_cpu(seed)
+        random.seed(seed)
+        np.random.seed(seed & _MASK32)
+        torch.default_generator.manual_seed(seed & _MASK64)
         yield
     finally:
         random.setstate(python_state)
@@ -80,9 +100,7 @@ def rng_scope(seed: int) -> Iterator[None]:
         torch.set_rng_state(torch_state)
 
 
-def _cuda_index(device: torch.device | str | int | None) -> int | None:
-    if device is None:
-        return None
+def _cuda_index(device: torch.device | str | int) -> int | None:
     device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     if device.type != "cuda":
         return None
@@ -90,11 +108,16 @@ def _cuda_index(device: torch.device | str | int | None) -> int | None:
 
 
 def random_state(device: torch.device | str | int | None = None) -> RandomState:
-    """Capture Python ``random``, NumPy's global generator, torch CPU and, for a CUDA
-    ``device``, that device's generator.
+    """Capture the main-process generators.
+
+    Args:
+        device: When it names a CUDA device (and CUDA is available), that device's
+            generator is captured too; ``None`` or a CPU device captures no CUDA state.
 
     Returns:
-        A :class:`RandomState` made of tensors, ints, floats and ``None`` only.
+        A :class:`RandomState` of Python ``random``, NumPy's global generator, torch
+        CPU and optionally one CUDA generator, made of tensors, ints, floats, str and
+        ``None`` only (NumPy's key is stored as an int64 tensor, not an ndarray).
     """
     version, internal, gauss_next = random.getstate()
     kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
@@ -116,7 +139,7 @@ def random_state(device: torch.device | str | int | None = None) -> RandomState:
         "cuda": None,
         "cuda_device": None,
     }
-    index = _cuda_index(device)
+    index = _cuda_index(device) if device is not None else None
     if index is not None and torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state(index)
         state["cuda_device"] = index
@@ -128,82 +151,126 @@ def _require(condition: bool, what: str) -> None:
         raise ValueError(f"invalid random state: {what}")
 
 
-def _validate(state: Any) -> None:
-    _require(isinstance(state, dict), "expected a dict")
-    _require(state.get("format") == RNG_FORMAT, f"format {state.get('format')!r} is not {RNG_FORMAT!r}")
-    python = state.get("python")
-    _require(isinstance(python, dict), "missing 'python'")
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_tensor(value: Any, length: int) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dtype == torch.int64
+        and tuple(value.shape) == (length,)
+        and bool(((value >= 0) & (value <= _MASK32)).all())
+    )
+
+
+def _python_tuple(python: Any) -> tuple[int, tuple[int, ...], float | None]:
+    _require(isinstance(python, dict), "'python' must be a dict")
+    _require(_is_int(python.get("version")) and python["version"] == random.Random.VERSION,
+             f"'python.version' must be {random.Random.VERSION}")
     internal = python.get("internal")
-    _require(
-        isinstance(internal, torch.Tensor) and internal.dtype == torch.int64 and internal.shape == (625,),
-        "'python.internal' must be an int64 tensor of 625 values",
-    )
-    _require(isinstance(python.get("version"), int), "'python.version' must be an int")
-    _require(
-        python.get("gauss_next") is None or isinstance(python.get("gauss_next"), float),
-        "'python.gauss_next' must be a float or None",
-    )
-    _require(bool(((internal >= 0) & (internal < (1 << 32))).all()), "'python.internal' out of range")
-    numpy_state = state.get("numpy")
-    _require(isinstance(numpy_state, dict), "missing 'numpy'")
-    keys = numpy_state.get("keys")
+    _require(_int_tensor(internal, 625), "'python.internal' must be an int64 tensor of 625 values in [0, 2**32)")
+    _require(int(internal[-1]) <= 624, "'python.internal' position must be at most 624")
+    gauss_next = python.get("gauss_next")
+    _require(gauss_next is None or isinstance(gauss_next, float), "'python.gauss_next' must be a float or None")
+    result = (python["version"], tuple(internal.tolist()), gauss_next)
+    try:
+        random.Random().setstate(result)  # trial on a scratch generator: the global one stays untouched
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"invalid random state: 'python' rejected by random: {error}") from error
+    return result
+
+
+def _numpy_tuple(numpy_state: Any) -> tuple[str, np.ndarray, int, int, float]:
+    _require(isinstance(numpy_state, dict), "'numpy' must be a dict")
     _require(numpy_state.get("kind") == "MT19937", "'numpy.kind' must be 'MT19937'")
-    _require(
-        isinstance(keys, torch.Tensor) and keys.dtype == torch.int64 and keys.shape == (624,),
-        "'numpy.keys' must be an int64 tensor of 624 values",
-    )
-    _require(bool(((keys >= 0) & (keys < (1 << 32))).all()), "'numpy.keys' out of range")
-    _require(isinstance(numpy_state.get("pos"), int) and 0 <= numpy_state["pos"] <= 624, "'numpy.pos' out of range")
-    _require(isinstance(numpy_state.get("has_gauss"), int), "'numpy.has_gauss' must be an int")
+    keys = numpy_state.get("keys")
+    _require(_int_tensor(keys, 624), "'numpy.keys' must be an int64 tensor of 624 values in [0, 2**32)")
+    pos = numpy_state.get("pos")
+    _require(_is_int(pos) and 0 <= pos <= 624, "'numpy.pos' must be an int in [0, 624]")
+    # NumPy itself accepts any has_gauss; only 0 and 1 are states it can produce.
+    _require(_is_int(numpy_state.get("has_gauss")) and numpy_state["has_gauss"] in (0, 1),
+             "'numpy.has_gauss' must be 0 or 1")
     _require(isinstance(numpy_state.get("cached_gaussian"), float), "'numpy.cached_gaussian' must be a float")
-    torch_state = state.get("torch")
-    expected = torch.get_rng_state()
-    _require(
-        isinstance(torch_state, torch.Tensor)
-        and torch_state.dtype == torch.uint8
-        and torch_state.shape == expected.shape,
-        "'torch' must be a uint8 tensor shaped like torch.get_rng_state()",
-    )
-    cuda = state.get("cuda")
-    _require(
-        cuda is None or (isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8),
-        "'cuda' must be None or a uint8 tensor",
-    )
-    _require(
-        cuda is None or isinstance(state.get("cuda_device"), int),
-        "'cuda_device' must name the device of the saved CUDA state",
-    )
+    result = ("MT19937", keys.cpu().numpy().astype(np.uint32), pos, numpy_state["has_gauss"],
+              numpy_state["cached_gaussian"])
+    try:
+        np.random.RandomState().set_state(result)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"invalid random state: 'numpy' rejected by NumPy: {error}") from error
+    return result
+
+
+def _check_byte_tensor(value: Any, what: str) -> None:
+    _require(isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1,
+             f"'{what}' must be a one-dimensional uint8 tensor")
+
+
+def _generator_state(value: Any, what: str, device: torch.device) -> torch.Tensor:
+    _check_byte_tensor(value, what)
+    value = value.to("cpu", copy=True)
+    try:
+        # A right-sized tensor can still hold an invalid engine state; only the
+        # generator itself knows, so try it on a scratch generator first.
+        torch.Generator(device=device).set_state(value)
+    except RuntimeError as error:
+        raise ValueError(f"invalid random state: '{what}' rejected by torch: {error}") from error
+    return value
 
 
 def restore_random_state(state: RandomState, device: torch.device | str | int | None = None) -> None:
     """Restore generators captured by :func:`random_state`.
 
-    The whole state is validated first; nothing changes when it is rejected. The
-    CUDA state is restored to ``device`` (default: the device it was saved from)
-    when it was captured and CUDA is available.
+    Every part is validated (also by a trial load into scratch generators) before
+    any global generator changes, so a rejected state leaves all of them as they were.
+
+    Args:
+        state: A state from :func:`random_state` (also after ``torch.save`` /
+            ``torch.load(weights_only=True)``).
+        device: Where to restore a saved CUDA state: ``None`` means the device it
+            was captured from; otherwise a CUDA device. Without a saved CUDA state
+            no CUDA generator is changed.
 
     Raises:
-        ValueError: the state is malformed (nothing was changed).
-        RuntimeError: the state holds a CUDA generator but CUDA is not available.
+        ValueError: the state is malformed, or it holds a CUDA state and ``device``
+            is not a CUDA device (nothing was changed).
+        RuntimeError: the state holds a CUDA state but CUDA is not available, or
+            the target CUDA device does not exist (nothing was changed).
     """
-    _validate(state)
+    _require(isinstance(state, dict), f"expected a dict, got {type(state).__name__}")
+    _require(state.get("format") == RNG_FORMAT, f"format {state.get('format')!r} is not {RNG_FORMAT!r}")
+    python = _python_tuple(state.get("python"))
+    numpy_state = _numpy_tuple(state.get("numpy"))
+    torch_state = _generator_state(state.get("torch"), "torch", torch.device("cpu"))
+    cuda = state.get("cuda")
+    saved_index = state.get("cuda_device")
+    _require(saved_index is None or (_is_int(saved_index) and saved_index >= 0),
+             "'cuda_device' must be None or a device index")
+    cuda_state = None
     cuda_index = None
-    if state["cuda"] is not None:
+    if cuda is not None:
+        _check_byte_tensor(cuda, "cuda")
+        _require(saved_index is not None, "'cuda_device' must name the device of the saved CUDA state")
+        if device is not None:
+            cuda_index = _cuda_index(device)
+            if cuda_index is None:
+                raise ValueError(
+                    f"the random state holds a CUDA generator state but device {device!r} is not a "
+                    "CUDA device; pass a CUDA device or None (the device it was captured from)"
+                )
+        else:
+            cuda_index = saved_index
         if not torch.cuda.is_available():
-            raise RuntimeError("the random state holds a CUDA generator but CUDA is not available")
-        cuda_index = _cuda_index(device) if device is not None else state["cuda_device"]
-    python = state["python"]
-    numpy_state = state["numpy"]
-    random.setstate((python["version"], tuple(int(v) for v in python["internal"].tolist()), python["gauss_next"]))
-    np.random.set_state(
-        (
-            numpy_state["kind"],
-            numpy_state["keys"].numpy().astype(np.uint32),
-            numpy_state["pos"],
-            numpy_state["has_gauss"],
-            numpy_state["cached_gaussian"],
-        )
-    )
-    torch.set_rng_state(state["torch"].clone())
-    if cuda_index is not None:
-        torch.cuda.set_rng_state(state["cuda"].clone(), cuda_index)
+            raise RuntimeError("the random state holds a CUDA generator state but CUDA is not available")
+        if cuda_index >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"the random state's CUDA generator is for cuda:{cuda_index}, "
+                f"but only {torch.cuda.device_count()} CUDA device(s) exist"
+            )
+        cuda_state = _generator_state(cuda, "cuda", torch.device("cuda", cuda_index))
+
+    random.setstate(python)
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(torch_state)
+    if cuda_state is not None:
+        torch.cuda.set_rng_state(cuda_state, cuda_index)

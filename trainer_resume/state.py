@@ -31,21 +31,47 @@ def cpu_state(value: Any) -> Any:
     """Return an independent CPU copy of nested tensor state.
 
     Tensors are detached and copied to CPU (also when already on CPU), so later
-    changes to the source never reach the copy. ``dict``, ``OrderedDict`` (with its
-    ``_metadata``, which ``Module.load_state_dict`` uses for version handling),
-    ``list`` and ``tuple`` are rebuilt; other values are returned as they are. A
-    tensor that appears several times (tied weights) is copied once and stays
-    shared in the copy.
+    in-place changes to the source never reach the copy. ``dict``, ``OrderedDict``
+    (with its ``_metadata``, which ``Module.load_state_dict`` uses for version
+    handling), ``list``, ``tuple`` and named tuples are rebuilt; other values (str,
+    numbers, None, ...) are returned as they are. Tensors that are the same view of
+    the same storage (tied weights: ``state_dict()`` returns a separate tensor object
+    for each name) become one shared tensor in the copy, as ``torch.save`` would
+    keep them.
+
+    Args:
+        value: A state dict or any nesting of the containers above.
+
+    Returns:
+        The copy, with the same container types and key order.
     """
     return _copy(value, {})
 
 
-def _copy(value: Any, memo: dict[int, torch.Tensor]) -> Any:
+def _alias_key(tensor: torch.Tensor) -> tuple[Any, ...]:
+    try:
+        pointer = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        pointer = 0
+    if pointer == 0:  # no storage to alias (empty or storage-less): only the same object is the same tensor
+        return ("object", id(tensor))
+    return (
+        tensor.device,
+        pointer,
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
+
+
+def _copy(value: Any, memo: dict[tuple[Any, ...], torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
-        copied = memo.get(id(value))
+        key = _alias_key(value)
+        copied = memo.get(key)
         if copied is None:
             copied = value.detach().to("cpu", copy=True)
-            memo[id(value)] = copied
+            memo[key] = copied
         return copied
     if isinstance(value, OrderedDict):
         result: Any = OrderedDict((key, _copy(item, memo)) for key, item in value.items())
@@ -57,8 +83,9 @@ def _copy(value: Any, memo: dict[int, torch.Tensor]) -> Any:
         return {key: _copy(item, memo) for key, item in value.items()}
     if isinstance(value, list):
         return [_copy(item, memo) for item in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_copy(item, memo) for item in value)
+    if isinstance(value, tuple):
+        items = [_copy(item, memo) for item in value]
+        return type(value)._make(items) if hasattr(value, "_fields") else tuple(items)
     return value
 
 
@@ -86,32 +113,61 @@ class RandomState(TypedDict):
 
 
 class SamplerState(TypedDict):
-    """State of a resumable :class:`~trainer_resume.loaders.InfiniteRandomSampler`."""
+    """State of a resumable :class:`~trainer_resume.loaders.InfiniteRandomSampler`.
 
-    format: str
+    Cycle ``c`` of the stream is the permutation keyed by ``derive_seed(seed, c)``;
+    the cursor counts delivered samples and satisfies
+    ``consumed == cycle * dataset_size + offset`` with ``0 <= offset < dataset_size``.
+    """
+
+    format: str  # "trainer_resume.sampler/1"
     dataset_size: int
-    seed: int
+    seed: int  # in [0, 2**63)
     consumed: int  # samples delivered since the start of the stream
     cycle: int  # consumed // dataset_size
     offset: int  # consumed % dataset_size
 
 
-class BatchSamplerState(TypedDict):
-    """State of a resumable batch sampler from ``build_batch_sampler``."""
+class BatchSamplerSettings(TypedDict):
+    """Readable copy of the settings a batch sampler's ``settings_digest`` covers."""
 
-    format: str
-    settings_digest: str  # digest of target, batch size and balancing options
-    seed: int
+    target: str  # "naive", "class_balance" or "balance"
+    batch_size: int
+    shuffle: bool
+    drop_last: bool
+    dataset_size: int
+    cycle_samples: int  # samples per cycle after drop_last
+
+
+class _BatchSamplerStateOptional(TypedDict, total=False):
+    settings: BatchSamplerSettings  # readable; absent from states that only carry the digest
+
+
+class BatchSamplerState(_BatchSamplerStateOptional):
+    """State of a resumable batch sampler from ``build_batch_sampler``.
+
+    The cycle's batches are regenerated from ``(seed, cycle)``; they are not stored.
+    ``consumed == cycle * cycle_samples + offset * batch_size`` and ``offset`` is
+    below the number of batches per cycle.
+    """
+
+    format: str  # "trainer_resume.batch_sampler/1"
+    settings_digest: str  # sha256 of target, batch size, shuffle, drop_last, sizes, labels/groups/counts
+    seed: int  # in [0, 2**63)
     cycle: int
     offset: int  # batches delivered within ``cycle``
     consumed: int  # samples delivered since the start of the stream
 
 
 class LoaderState(TypedDict):
-    """State of a resumable :class:`~trainer_resume.loaders.ResumableDataLoader`."""
+    """State of a resumable :class:`~trainer_resume.loaders.ResumableDataLoader`.
 
-    format: str
-    augmentation_seed: int
+    Counts only batches delivered to the caller, never prefetched ones.
+    """
+
+    format: str  # "trainer_resume.loader/1"
+    augmentation_seed: int  # sample seed = derive_seed(augmentation_seed, stream position)
+    batch_size: int | None  # the loader's batch_size (None with a batch sampler)
     delivered_batches: int
     sampler: SamplerState | BatchSamplerState
 

@@ -1,0 +1,375 @@
+"""Verified checkpoint files: layout, round trip, integrity, safety and signing.
+
+The header is built here from the documented layout (not from the library's own
+helpers), so these tests pin the file format as well as the behaviour.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import pickle
+import struct
+import zlib
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainer_resume.durable import (
+    CheckpointHeader,
+    load_checkpoint,
+    read_checkpoint_header,
+    save_checkpoint,
+)
+from trainer_resume.errors import (
+    CheckpointCorruptedError,
+    CheckpointFormatError,
+    CheckpointSignatureError,
+    UnsafeCheckpointError,
+)
+
+# The documented v1 layout: marker, version, flags, header CRC-32, payload length,
+# payload SHA-256, HMAC slot; 88 bytes, little-endian.
+MARKER = b"\x89TRCKPT\n"
+LAYOUT = struct.Struct("<8sHHIQ32s32s")
+HEADER_SIZE = 88
+SIGNED = 1
+
+
+def frame(
+    payload: bytes,
+    *,
+    version: int = 1,
+    flags: int = 0,
+    digest: bytes | None = None,
+    signature: bytes = bytes(32),
+) -> bytes:
+    """Wrap ``payload`` in a v1 header with a correct header CRC."""
+    digest = hashlib.sha256(payload).digest() if digest is None else digest
+    header = bytearray(LAYOUT.pack(MARKER, version, flags, 0, len(payload), digest, signature))
+    header[12:16] = struct.pack("<I", zlib.crc32(header))
+    return bytes(header) + payload
+
+
+def sign(key: bytes, payload: bytes) -> bytes:
+    """The documented signature: HMAC-SHA256 over marker, version, flags, length, SHA-256."""
+    message = MARKER + struct.pack("<HHQ", 1, SIGNED, len(payload)) + hashlib.sha256(payload).digest()
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def torch_payload(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def nested_state() -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(7)
+    weights = OrderedDict(
+        [
+            ("linear.weight", torch.randn(4, 3, generator=generator)),
+            ("linear.bias", torch.randn(4, generator=generator, dtype=torch.float64)),
+        ]
+    )
+    return {
+        "model": weights,
+        "step": 12345,
+        "huge_int": 2**62 + 3,
+        "lr": 0.0125,
+        "name": "run-α",
+        "flags": [True, False, None],
+        "pair": (1, "two", 3.0),
+        "buffers": {
+            "mask": torch.tensor([True, False, True]),
+            "half": torch.arange(6, dtype=torch.float16).reshape(2, 3),
+            "bf16": torch.linspace(0, 1, 5, dtype=torch.bfloat16),
+            "ids": torch.arange(10, dtype=torch.int64),
+            "empty": torch.empty(0, 3),
+        },
+    }
+
+
+def assert_same(actual: Any, expected: Any) -> None:
+    assert type(actual) is type(expected)
+    if isinstance(expected, torch.Tensor):
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape
+        assert torch.equal(actual, expected)
+    elif isinstance(expected, dict):
+        assert list(actual) == list(expected)
+        for name in expected:
+            assert_same(actual[name], expected[name])
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_same(a, e)
+    else:
+        assert actual == expected
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(nested_state(), path)
+    return path
+
+
+# --- round trip and layout ---------------------------------------------------
+
+
+def test_nested_state_round_trips_with_types_order_and_values(saved: Path) -> None:
+    assert_same(load_checkpoint(saved), nested_state())
+
+
+def test_module_state_dict_keeps_version_metadata_and_loads_into_fresh_module(tmp_path: Path) -> None:
+    source = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    source(torch.randn(8, 3))  # moves the BatchNorm running statistics
+    save_checkpoint(source.state_dict(), tmp_path / "m.pt")
+    loaded = load_checkpoint(tmp_path / "m.pt")
+    assert loaded._metadata == source.state_dict()._metadata
+    target = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    target.load_state_dict(loaded)
+    for name, value in source.state_dict().items():
+        assert torch.equal(target.state_dict()[name], value), name
+
+
+def test_tensors_sharing_storage_still_share_it_after_load(tmp_path: Path) -> None:
+    base = torch.arange(12.0)
+    save_checkpoint({"base": base, "view": base[2:8].view(2, 3)}, tmp_path / "s.pt")
+    loaded = load_checkpoint(tmp_path / "s.pt")
+    loaded["base"][3] = -1.0
+    assert loaded["view"][0, 1].item() == -1.0
+
+
+def test_saved_file_is_documented_header_followed_by_plain_torch_payload(saved: Path) -> None:
+    data = saved.read_bytes()
+    marker, version, flags, crc, length, digest, signature = LAYOUT.unpack(data[:HEADER_SIZE])
+    payload = data[HEADER_SIZE:]
+    assert (marker, version, flags, length) == (MARKER, 1, 0, len(payload))
+    assert crc == zlib.crc32(data[:12] + bytes(4) + data[16:HEADER_SIZE])
+    assert digest == hashlib.sha256(payload).digest()
+    assert signature == bytes(32)
+    assert_same(torch.load(io.BytesIO(payload), weights_only=True), nested_state())
+
+
+def test_signed_file_carries_documented_hmac(tmp_path: Path) -> None:
+    path = tmp_path / "signed.pt"
+    save_checkpoint(nested_state(), path, key=b"secret")
+    data = path.read_bytes()
+    _, _, flags, _, _, _, signature = LAYOUT.unpack(data[:HEADER_SIZE])
+    assert flags == SIGNED
+    assert signature == sign(b"secret", data[HEADER_SIZE:])
+
+
+def test_large_tensors_round_trip_and_match_their_digest(tmp_path: Path) -> None:
+    # Records of several MiB take the path that hashes while writing.
+    state = {"big": torch.arange(3 << 20, dtype=torch.float32), "small": torch.ones(3), "bigger": torch.arange(5 << 20)}
+    path = tmp_path / "big.pt"
+    save_checkpoint(state, path)
+    payload = path.read_bytes()[HEADER_SIZE:]
+    assert read_checkpoint_header(path).sha256 == hashlib.sha256(payload).hexdigest()
+    assert_same(load_checkpoint(path), state)
+
+
+def test_read_checkpoint_header_reports_fields_checked_against_bytes(tmp_path: Path) -> None:
+    save_checkpoint(nested_state(), tmp_path / "plain.pt")
+    save_checkpoint(nested_state(), tmp_path / "signed.pt", key=b"k")
+    for name, signed in (("plain.pt", False), ("signed.pt", True)):
+        payload = (tmp_path / name).read_bytes()[HEADER_SIZE:]
+        expected = CheckpointHeader(1, len(payload), hashlib.sha256(payload).hexdigest(), signed)
+        assert read_checkpoint_header(tmp_path / name) == expected
+    assert read_checkpoint_header(tmp_path / "signed.pt", key=b"k").signed
+
+
+def test_map_location_is_applied_to_loaded_tensors(saved: Path) -> None:
+    loaded = load_checkpoint(saved, map_location="meta")
+    assert loaded["model"]["linear.weight"].device.type == "meta"
+
+
+# --- format and integrity errors ----------------------------------------------
+
+
+@pytest.mark.parametrize("reader", [load_checkpoint, read_checkpoint_header])
+def test_missing_file_raises_file_not_found(tmp_path: Path, reader: Any) -> None:
+    with pytest.raises(FileNotFoundError):
+        reader(tmp_path / "absent.pt")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(torch_payload({"w": torch.ones(2)}), id="plain-torch-save"),
+        pytest.param(b"step: 10\nlr: 0.1\n", id="text"),
+        pytest.param(b"\x00" * 200, id="zeros"),
+        pytest.param(frame(torch_payload({"w": 1}), version=2), id="unknown-version"),
+        pytest.param(frame(torch_payload({"w": 1}), flags=0x8000), id="unknown-flag"),
+        pytest.param(frame(pickle.dumps({"w": 1})), id="payload-not-a-torch-archive"),
+    ],
+)
+@pytest.mark.parametrize("reader", [load_checkpoint, read_checkpoint_header])
+def test_file_of_another_format_raises_format_error(tmp_path: Path, content: bytes, reader: Any) -> None:
+    path = tmp_path / "other.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointFormatError):
+        reader(path)
+
+
+def _cut_points(size: int) -> list[int]:
+    return [0, 1, 7, 8, 12, 40, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 1, size // 2, size - 1]
+
+
+@pytest.mark.parametrize("reader", [load_checkpoint, read_checkpoint_header])
+def test_truncated_file_raises_corrupted_at_every_cut_point(saved: Path, reader: Any) -> None:
+    data = saved.read_bytes()
+    for cut in _cut_points(len(data)):
+        saved.write_bytes(data[:cut])
+        with pytest.raises(CheckpointCorruptedError):
+            reader(saved)
+
+
+def test_trailing_bytes_raise_corrupted(saved: Path) -> None:
+    with saved.open("ab") as file:
+        file.write(b"\x00")
+    with pytest.raises(CheckpointCorruptedError):
+        load_checkpoint(saved)
+
+
+# Every header field (marker, version, flags, CRC, length, digest, HMAC slot) and
+# every part of the payload (zip headers, pickle, tensor bytes, central directory).
+HEADER_OFFSETS = [0, 5, 8, 9, 10, 13, 16, 23, 24, 55, 56, 87]
+PAYLOAD_PLACES = ["zip-local-header", "pickle", "tensor-bytes", "central-directory", "last-byte"]
+
+
+def _payload_offset(data: bytes, place: str) -> int:
+    weight = nested_state()["model"]["linear.weight"].numpy().tobytes()
+    offsets = {
+        "zip-local-header": HEADER_SIZE + 3,
+        "pickle": data.index(b"linear.weight"),
+        "tensor-bytes": data.index(weight) + 5,
+        "central-directory": data.rindex(b"PK\x01\x02") + 2,
+        "last-byte": len(data) - 1,
+    }
+    return offsets[place]
+
+
+@pytest.mark.parametrize("where", HEADER_OFFSETS + PAYLOAD_PLACES)
+@pytest.mark.parametrize("mask", [0x01, 0xFF])
+def test_flipped_byte_raises_corrupted(saved: Path, where: int | str, mask: int) -> None:
+    data = bytearray(saved.read_bytes())
+    offset = where if isinstance(where, int) else _payload_offset(bytes(data), where)
+    data[offset] ^= mask
+    saved.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorruptedError):
+        load_checkpoint(saved)
+    with pytest.raises(CheckpointCorruptedError):
+        read_checkpoint_header(saved)
+
+
+# --- unsafe payloads ------------------------------------------------------------
+
+
+class _CreatesFile:
+    """Pickles as a call to ``open(path, "w")``: unpickling it creates ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.path), "w"))
+
+
+def test_payload_that_would_run_code_is_live_when_loaded_unsafely(tmp_path: Path) -> None:
+    # Control for the next tests: the same kind of payload does run code without weights_only.
+    marker = tmp_path / "control-ran"
+    torch.load(io.BytesIO(torch_payload({"x": _CreatesFile(marker)})), weights_only=False)
+    assert marker.exists()
+
+
+def test_unsafe_payload_in_valid_file_raises_unsafe_and_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "evil.pt"
+    path.write_bytes(frame(torch_payload({"x": _CreatesFile(marker)})))
+    assert read_checkpoint_header(path).payload_length > 0  # the file itself is intact
+    with pytest.raises(UnsafeCheckpointError) as raised:
+        load_checkpoint(path)
+    assert isinstance(raised.value.__cause__, pickle.UnpicklingError)
+    assert "open" in str(raised.value)
+    assert not marker.exists()
+
+
+def test_unsafe_object_saved_by_save_checkpoint_is_refused_on_load(tmp_path: Path) -> None:
+    marker = tmp_path / "code-ran"
+    save_checkpoint({"x": _CreatesFile(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(UnsafeCheckpointError):
+        load_checkpoint(tmp_path / "evil.pt")
+    assert not marker.exists()
+
+
+def test_altered_unsafe_payload_is_rejected_before_unpickling(tmp_path: Path) -> None:
+    marker = tmp_path / "code-ran"
+    payload = torch_payload({"x": _CreatesFile(marker)})
+    path = tmp_path / "evil.pt"
+    path.write_bytes(frame(payload, digest=hashlib.sha256(b"something else").digest()))
+    with pytest.raises(CheckpointCorruptedError):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+# --- signing ----------------------------------------------------------------------
+
+
+def test_signed_file_loads_with_its_key(tmp_path: Path) -> None:
+    save_checkpoint(nested_state(), tmp_path / "s.pt", key=b"secret")
+    assert_same(load_checkpoint(tmp_path / "s.pt", key=b"secret"), nested_state())
+
+
+def test_signed_file_loads_without_key_after_digest_check(tmp_path: Path) -> None:
+    save_checkpoint(nested_state(), tmp_path / "s.pt", key=b"secret")
+    assert_same(load_checkpoint(tmp_path / "s.pt"), nested_state())
+
+
+def test_wrong_key_raises_signature_error(tmp_path: Path) -> None:
+    save_checkpoint(nested_state(), tmp_path / "s.pt", key=b"secret")
+    with pytest.raises(CheckpointSignatureError):
+        load_checkpoint(tmp_path / "s.pt", key=b"secreT")
+    with pytest.raises(CheckpointSignatureError):
+        read_checkpoint_header(tmp_path / "s.pt", key=b"secreT")
+
+
+def test_unsigned_file_raises_signature_error_when_key_given(saved: Path) -> None:
+    with pytest.raises(CheckpointSignatureError):
+        load_checkpoint(saved, key=b"secret")
+
+
+def test_payload_swapped_with_recomputed_digest_is_caught_only_by_key(tmp_path: Path) -> None:
+    path = tmp_path / "s.pt"
+    save_checkpoint({"lr": 0.1}, path, key=b"secret")
+    original_signature = LAYOUT.unpack(path.read_bytes()[:HEADER_SIZE])[6]
+    forged = torch_payload({"lr": 100.0})
+    path.write_bytes(frame(forged, flags=SIGNED, signature=original_signature))
+    assert load_checkpoint(path) == {"lr": 100.0}  # the digest alone cannot tell
+    with pytest.raises(CheckpointSignatureError):
+        load_checkpoint(path, key=b"secret")
+
+
+def test_forged_signature_is_rejected_before_unpickling(tmp_path: Path) -> None:
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "evil.pt"
+    path.write_bytes(frame(torch_payload({"x": _CreatesFile(marker)}), flags=SIGNED, signature=b"\x01" * 32))
+    with pytest.raises(CheckpointSignatureError):
+        load_checkpoint(path, key=b"secret")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("key", "error"), [("secret", TypeError), (b"", ValueError)])
+def test_key_that_is_not_non_empty_bytes_is_an_argument_error(
+    tmp_path: Path, key: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        save_checkpoint({"a": 1}, tmp_path / "x.pt", key=key)
+    assert not (tmp_path / "x.pt").exists()
+    with pytest.raises(error):
+        load_checkpoint(tmp_path / "x.pt", key=key)

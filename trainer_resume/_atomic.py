@@ -1,0 +1,220 @@
+"""Durable replacement of a file (the previous version survives any failure) and
+the streaming, hashing writer that fills it.
+
+The recipe: a temp file in the target's own directory (so the rename never
+crosses a filesystem), write, fsync, close, ``os.replace``, fsync the directory
+(POSIX). On any failure the temp file is removed and the target is untouched.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from .errors import CheckpointWriteError
+
+__all__ = ["DigestingWriter", "TempFile", "replace_atomically"]
+
+_TEMP_SUFFIX = ".tmp"
+_OPEN_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_BINARY", 0)  # Windows would otherwise translate newlines
+    | getattr(os, "O_CLOEXEC", 0)
+)
+# Records from this size on are hashed on a helper thread while they are written.
+PARALLEL_HASH_MIN = 4 << 20
+# Filesystems that cannot sync a directory say so with these; that is not a failed write.
+_DIR_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, getattr(errno, "EOPNOTSUPP", errno.ENOTSUP)}
+
+
+class TempFile:
+    """Unbuffered writer on the temp file's descriptor.
+
+    torch's zip writer hands over whole records (a large tensor as one
+    memoryview of its storage), so a buffer here would only add a copy.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        total = len(view)
+        while view:
+            written = os.write(self._fd, view)
+            if written <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            view = view[written:]
+        return total
+
+    def seek(self, offset: int) -> None:
+        os.lseek(self._fd, offset, os.SEEK_SET)
+
+    def flush(self) -> None:
+        """Nothing is buffered; the file is synced once, by the caller, at the end."""
+
+
+class DigestingWriter:
+    """Write-through sink that hashes every record it passes on to ``out``.
+
+    A large record (a tensor's storage) is hashed on a helper thread while it is
+    written: both release the GIL, so the digest costs little extra time.
+    """
+
+    def __init__(self, out: TempFile) -> None:
+        self._out = out
+        self.sha256 = hashlib.sha256()
+        self.length = 0
+        self._error: BaseException | None = None
+        self._hasher: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> DigestingWriter:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._hasher is not None:
+            self._hasher.shutdown()
+
+    def write(self, data: bytes | memoryview) -> int:
+        if self._error is not None:
+            raise self._error  # never write past a gap
+        try:
+            if memoryview(data).nbytes < PARALLEL_HASH_MIN:
+                written = self._out.write(data)
+                self.sha256.update(data)
+            else:
+                if self._hasher is None:
+                    self._hasher = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-sha256")
+                hashing = self._hasher.submit(self.sha256.update, data)
+                try:
+                    written = self._out.write(data)
+                finally:
+                    hashing.result()  # torch's memoryview is valid only during this call
+        except BaseException as exc:
+            self._error = exc
+            raise
+        self.length += written
+        return written
+
+    def raise_write_error(self) -> None:
+        """Re-raise a failed write that torch's zip writer reported as a bare RuntimeError."""
+        if self._error is not None:
+            raise self._error from None
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+
+def _temp_name(name: str) -> str:
+    """Return a fresh temp-file name for the target file ``name``."""
+    return f".{name}.{os.getpid()}.{secrets.token_hex(8)}{_TEMP_SUFFIX}"
+
+
+def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
+    """Write a new version of ``path`` with ``fill`` and make it durable.
+
+    Args:
+        path: The target file.
+        fill: Writes the complete new content into the temp file it is given.
+
+    Raises:
+        CheckpointWriteError: Anything failed; the previous file at ``path`` is
+            intact and no temp file is left. The cause is chained.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    temp = os.path.join(directory, _temp_name(name))
+    fd: int | None = None
+    created = False
+    try:
+        fd = os.open(temp, _OPEN_FLAGS, 0o666)
+        created = True
+        fill(TempFile(fd))
+        # Called once only: after a failed fsync the kernel may already have
+        # dropped the dirty pages, so a second fsync could falsely succeed. The
+        # except branch below discards the file instead. On Windows this
+        # flushes through the writable handle (FlushFileBuffers).
+        os.fsync(fd)
+        fd, closing = None, fd
+        os.close(closing)  # network filesystems report deferred write errors here
+        os.replace(temp, path)
+    except BaseException as exc:
+        if fd is not None:
+            _close_quietly(fd)
+        if created:
+            _remove_quietly(temp)
+        if not isinstance(exc, Exception):  # KeyboardInterrupt and co. stay what they are
+            raise
+        raise CheckpointWriteError(f"could not write {path}: {exc!r}") from exc
+    try:
+        _fsync_directory(directory)
+    except OSError as exc:
+        raise CheckpointWriteError(
+            f"{path} was replaced but its directory could not be synced ({exc!r}); "
+            "after a crash the previous version may reappear"
+        ) from exc
+    remove_stale_temps(directory, name)
+
+
+def remove_stale_temps(directory: str, name: str) -> None:
+    """Remove temp files of ``name`` left by writers that were killed mid-write."""
+    pattern = re.compile(re.escape(f".{name}.") + r"(\d+)\.[0-9a-f]{16}" + re.escape(_TEMP_SUFFIX))
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry)
+        if match and not _writer_alive(int(match.group(1))):
+            _remove_quietly(os.path.join(directory, entry))
+
+
+def _writer_alive(pid: int) -> bool:
+    # A live writer (another thread here, or another process saving to the same
+    # path) keeps its temp file. Best effort: a pid from another host means nothing.
+    if pid == os.getpid():
+        return True
+    if os.name == "nt":
+        # os.kill would terminate the process; Windows refuses to delete a file
+        # that is still open, which protects a live writer anyway.
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except (OSError, OverflowError):
+        return False
+    return True
+
+
+def _fsync_directory(directory: str) -> None:
+    if os.name == "nt":
+        return  # a directory cannot be opened for fsync on Windows; NTFS journals the rename
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _DIR_FSYNC_UNSUPPORTED:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
