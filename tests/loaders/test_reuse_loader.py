@@ -1,0 +1,175 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils.data import SequentialSampler
+
+from trainer_resume.loaders.reuse import ReuseDataLoader, ReusePolicy
+
+try:
+    from . import _reuse_child as helpers
+except ImportError:
+    import _reuse_child as helpers
+
+SIZE = helpers.SIZE
+
+
+def assert_epochs_equal(first, second):
+    assert len(first) == len(second)
+    for epoch, (batches, other) in enumerate(zip(first, second)):
+        assert len(batches) == len(other), epoch
+        for batch, other_batch in zip(batches, other):
+            assert batch.keys() == other_batch.keys()
+            for name in batch:
+                assert torch.equal(batch[name], other_batch[name]), (epoch, name)
+
+
+def indices(batches):
+    return [index for batch in batches for index in batch["index"].tolist()]
+
+
+def samples_by_index(batches):
+    return {
+        int(index): {name: batch[name][row] for name in batch}
+        for batch in batches
+        for row, index in enumerate(batch["index"])
+    }
+
+
+def test_each_iteration_starts_the_next_epoch_and_an_abandoned_epoch_counts(tmp_path):
+    loader = helpers.make_loader(tmp_path / "a")
+    abandoned = iter(loader)
+    next(abandoned)
+    assert (loader.epoch, loader.next_epoch) == (0, 1)
+    after = helpers.run_epochs(loader, 2)
+    assert (loader.epoch, loader.next_epoch) == (2, 3)
+    resumed = helpers.make_loader(tmp_path / "b", start_epoch=1)
+    assert_epochs_equal(after, helpers.run_epochs(resumed, 2))
+
+
+def test_resuming_with_start_epoch_continues_an_uninterrupted_run(tmp_path):
+    uninterrupted = helpers.run_epochs(helpers.make_loader(tmp_path / "a"), 7)
+    first = helpers.run_epochs(helpers.make_loader(tmp_path / "b"), 3)
+    rest = helpers.run_epochs(helpers.make_loader(tmp_path / "b", start_epoch=3), 4)
+    assert_epochs_equal(uninterrupted, first + rest)
+
+
+def test_shuffle_true_serves_each_epochs_closed_form_order(tmp_path):
+    loader = helpers.make_loader(tmp_path, lifetime=2, seed=5)
+    policy = ReusePolicy(2, 5)
+    orders = [indices(batches) for batches in helpers.run_epochs(loader, 3)]
+    assert orders == [[policy.order(p, epoch, SIZE) for p in range(SIZE)] for epoch in range(3)]
+    assert len({tuple(order) for order in orders}) == 3
+
+
+def test_without_shuffle_the_order_is_sequential(tmp_path):
+    loader = helpers.make_loader(tmp_path, shuffle=False)
+    assert [indices(batches) for batches in helpers.run_epochs(loader, 2)] == [list(range(SIZE))] * 2
+
+
+def test_a_user_sampler_is_respected_and_samples_do_not_depend_on_the_order(tmp_path):
+    reverse = list(reversed(range(SIZE)))
+    mine = helpers.run_epochs(helpers.make_loader(tmp_path / "a", shuffle=False, sampler=reverse), 4)
+    shuffled = helpers.run_epochs(helpers.make_loader(tmp_path / "b"), 4)
+    for epoch in range(4):
+        assert indices(mine[epoch]) == reverse
+        by_index, reference = samples_by_index(mine[epoch]), samples_by_index(shuffled[epoch])
+        for index in range(SIZE):
+            for name in reference[index]:
+                assert torch.equal(by_index[index][name], reference[index][name]), (epoch, index, name)
+
+
+def test_a_user_batch_sampler_is_respected(tmp_path):
+    batch_sampler = [[3, 1], [0, 2]]
+    loader = helpers.make_loader(tmp_path, shuffle=False, batch_size=1, batch_sampler=batch_sampler)
+    assert [batch["index"].tolist() for batch in loader] == batch_sampler
+    assert isinstance(helpers.make_loader(tmp_path, shuffle=False).sampler, SequentialSampler)
+
+
+def test_dataloader_arguments_are_passed_through(tmp_path):
+    def collate(samples):
+        return {"index": torch.stack([s["index"] for s in samples]) * 10}
+
+    loader = helpers.make_loader(tmp_path, batch_size=7, drop_last=True, collate_fn=collate, shuffle=False)
+    batches = list(loader)
+    assert len(loader) == len(batches) == SIZE // 7
+    assert batches[0]["index"].tolist() == [0, 10, 20, 30, 40, 50, 60]
+
+
+def test_an_iterator_refuses_to_continue_once_a_newer_epoch_started(tmp_path):
+    loader = helpers.make_loader(tmp_path)
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    with pytest.raises(RuntimeError, match="epoch 0.*epoch 1"):
+        next(old)
+    assert len(list(new)) == len(loader)
+
+
+def test_a_dataset_argument_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="own dataset"):
+        ReuseDataLoader(helpers.RandomBuild(), SIZE, tmp_path, lifetime=2, seed=1, dataset=[])
+
+
+def test_lifetime_one_loader_writes_nothing(tmp_path):
+    helpers.run_epochs(helpers.make_loader(tmp_path / "d", lifetime=1), 2)
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_inputs_are_identical_for_zero_and_four_workers(tmp_path, persistent_workers):
+    single = helpers.run_epochs(helpers.make_loader(tmp_path / "w0", tmp_path / "log0"), 5)
+    loader = helpers.make_loader(
+        tmp_path / "w4", tmp_path / "log4", num_workers=4, persistent_workers=persistent_workers, timeout=60
+    )
+    assert_epochs_equal(single, helpers.run_epochs(loader, 5))
+    # The same samples were built in the same epochs, whichever process built them.
+    assert sorted(helpers.logged_calls(tmp_path / "log4")) == sorted(helpers.logged_calls(tmp_path / "log0"))
+
+
+@pytest.mark.slow
+def test_spawned_persistent_workers_follow_the_epoch(tmp_path):
+    single = helpers.run_epochs(helpers.make_loader(tmp_path / "w0"), 3)
+    loader = helpers.make_loader(
+        tmp_path / "w2",
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="spawn",
+        timeout=120,
+    )
+    assert_epochs_equal(single, helpers.run_epochs(loader, 3))
+
+
+@pytest.mark.slow
+def test_restart_in_a_new_process_with_start_epoch_matches_an_uninterrupted_run(tmp_path):
+    uninterrupted = helpers.run_epochs(helpers.make_loader(tmp_path / "ref", tmp_path / "log_ref"), 10)
+    helpers.run_epochs(helpers.make_loader(tmp_path / "run", tmp_path / "log_first"), 5)
+    out = tmp_path / "child.pt"
+    subprocess.run(
+        [sys.executable, helpers.__file__, str(tmp_path / "run"), str(out), str(tmp_path / "log_child"), "5", "10"],
+        check=True,
+        timeout=120,
+    )
+    assert_epochs_equal(uninterrupted[5:], torch.load(out, weights_only=True))
+    # The child reused the samples the first process stored: it built exactly what
+    # the uninterrupted run built in epochs 5..9.
+    child_calls = Counter(epoch for epoch, _ in helpers.logged_calls(tmp_path / "log_child"))
+    reference_calls = Counter(epoch for epoch, _ in helpers.logged_calls(tmp_path / "log_ref") if epoch >= 5)
+    assert child_calls == reference_calls
+    assert 0 < child_calls[5] < SIZE
+
+
+@pytest.mark.slow
+def test_persistent_workers_serve_the_next_epoch_after_an_abandoned_one(tmp_path):
+    loader = helpers.make_loader(tmp_path / "w2", num_workers=2, persistent_workers=True, prefetch_factor=4, timeout=60)
+    abandoned = iter(loader)
+    next(abandoned)
+    after = helpers.run_epochs(loader, 2)
+    reference = helpers.run_epochs(helpers.make_loader(tmp_path / "w0", start_epoch=1), 2)
+    assert_epochs_equal(after, reference)
