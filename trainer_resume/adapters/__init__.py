@@ -1,1 +1,6 @@
-"""Integrations of trainer-resume with training frameworks."""
+"""Integrations of trainer-resume with training frameworks.
+
+Each integration lives in its own module and is imported explicitly, so that
+``import trainer_resume`` never imports a framework: ``trainer_resume.adapters.lightning``
+(PyTorch Lightning, the ``lightning`` extra).
+"""

@@ -1,0 +1,114 @@
+"""A Lightning fit paused by a real SIGTERM and resumed in a fresh process equals an
+uninterrupted fit bit for bit; plain Lightning does not.
+
+Every run is a child process (``_lightning_child.py``): a Dropout model, Adam, a
+per-step LR schedule and a ResumableDataLoader with 2 workers and random
+augmentation. The reference runs without ResumeCallback, so the callback must not
+change training either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+try:
+    from . import _lightning_procs as procs
+except ImportError:
+    import _lightning_procs as procs
+
+pytestmark = pytest.mark.slow
+
+STEPS = 10
+# name: (epoch_batches (0: one endless epoch, Lightning prefetches), pause step)
+SCENARIOS = {
+    "mid_epoch_prefetching_loader": (0, 5),
+    "mid_epoch": (4, 6),
+    "epoch_boundary": (4, 8),
+}
+
+
+def _options(epoch_batches: int, pause_step: int) -> list[str]:
+    return ["--steps", str(STEPS), "--epoch-batches", str(epoch_batches), "--pause-step", str(pause_step)]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    cache: dict[int, dict[str, Any]] = {}
+
+    def reference(epoch_batches: int) -> dict[str, Any]:
+        if epoch_batches not in cache:
+            out = tmp_path_factory.mktemp(f"reference_{epoch_batches}")
+            done = procs.run(procs.child_command("reference", out, *_options(epoch_batches, 0)), out / "stderr.txt")
+            assert done.returncode == 0, procs.describe_failure(done, out / "stderr.txt")
+            cache[epoch_batches] = torch.load(out / "result_reference.pt", weights_only=True)
+        return cache[epoch_batches]
+
+    return reference
+
+
+def _pause_then_resume(out: Path, mode: str, epoch_batches: int, pause_step: int) -> tuple[dict, dict, int]:
+    options = _options(epoch_batches, pause_step)
+    status, lines = procs.run_and_signal(
+        procs.child_command(mode, out, *options),
+        out / f"stderr_{mode}.txt",
+        line=f"STEP {pause_step}",
+        signum=procs.SIGTERM,
+    )
+    first = torch.load(out / f"result_{mode}.pt", weights_only=True)
+    second_mode = mode.replace("pause", "resume")
+    done = procs.run(procs.child_command(second_mode, out, *options), out / f"stderr_{second_mode}.txt")
+    assert done.returncode == 0, procs.describe_failure(done, out / f"stderr_{second_mode}.txt")
+    second = torch.load(out / f"result_{second_mode}.pt", weights_only=True)
+    return first, second, status
+
+
+def _assert_optimizer_states_equal(expected: dict, actual: dict) -> None:
+    assert expected["state"].keys() == actual["state"].keys()
+    for index, state in expected["state"].items():
+        assert state.keys() == actual["state"][index].keys()
+        for name, value in state.items():
+            assert torch.equal(value, actual["state"][index][name]), f"optimizer state {index}.{name}"
+    for group, other in zip(expected["param_groups"], actual["param_groups"]):
+        assert group == other
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_sigterm_pause_and_fresh_process_resume_equal_uninterrupted_fit(
+    scenario: str, tmp_path: Path, references: Any
+) -> None:
+    epoch_batches, pause_step = SCENARIOS[scenario]
+    reference = references(epoch_batches)
+
+    paused, resumed, status = _pause_then_resume(tmp_path, "pause", epoch_batches, pause_step)
+
+    assert status == 0
+    assert (tmp_path / "pause.ckpt").is_file()
+    assert paused["paused_at_step"] == pause_step and paused["global_step"] == pause_step
+    assert sorted(paused["losses"]) == list(range(1, pause_step + 1))
+    assert sorted(resumed["losses"]) == list(range(pause_step + 1, STEPS + 1))
+    losses = {**paused["losses"], **resumed["losses"]}
+    for step in range(1, STEPS + 1):
+        assert torch.equal(losses[step], reference["losses"][step]), f"loss of step {step}"
+    assert reference["model"].keys() == resumed["model"].keys()
+    for name, value in reference["model"].items():
+        assert torch.equal(value, resumed["model"][name]), name
+    _assert_optimizer_states_equal(reference["optimizer"], resumed["optimizer"])
+
+
+def test_plain_lightning_checkpoint_resume_ends_with_different_weights(tmp_path: Path, references: Any) -> None:
+    epoch_batches, pause_step = SCENARIOS["mid_epoch_prefetching_loader"]
+    reference = references(epoch_batches)
+
+    stopped, resumed, _ = _pause_then_resume(tmp_path, "plain-pause", epoch_batches, pause_step)
+
+    # Same run up to the stop: the difference comes from the resume alone.
+    assert sorted(stopped["losses"]) == list(range(1, pause_step + 1))
+    for step in range(1, pause_step + 1):
+        assert torch.equal(stopped["losses"][step], reference["losses"][step])
+    assert resumed["global_step"] == STEPS
+    assert not torch.equal(resumed["losses"][pause_step + 1], reference["losses"][pause_step + 1])
+    assert any(not torch.equal(value, resumed["model"][name]) for name, value in reference["model"].items())

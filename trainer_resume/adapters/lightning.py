@@ -1,0 +1,52 @@
+"""PyTorch Lightning integration (install the ``lightning`` extra).
+
+- :class:`ResumeCallback`: pause a ``Trainer.fit`` on a signal and resume it
+  bit-identically with ``fit(ckpt_path=...)``.
+- :class:`DurableCheckpointIO`: a ``CheckpointIO`` plugin that writes every
+  checkpoint durably and loads it verified and weights-only.
+
+Requires ``pytorch_lightning`` >= 2.5.3, the first release with Lightning's own
+fixes to resumed loop counters (2.5.0) and to the double iteration on resume
+(2.5.3). This is the ``pytorch_lightning`` package; the unified ``lightning``
+package has its own class hierarchy and is not supported.
+"""
+
+from __future__ import annotations
+
+MIN_PYTORCH_LIGHTNING = "2.5.3"
+
+try:
+    import pytorch_lightning as _pl
+except ImportError as _exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "trainer_resume.adapters.lightning needs pytorch_lightning>="
+        f"{MIN_PYTORCH_LIGHTNING}: pip install 'trainer-resume[lightning]'"
+    ) from _exc
+
+from packaging.version import Version as _Version
+
+if _Version(_pl.__version__).release < _Version(MIN_PYTORCH_LIGHTNING).release:
+    raise ImportError(
+        f"trainer_resume.adapters.lightning needs pytorch_lightning>={MIN_PYTORCH_LIGHTNING}, "
+        f"found {_pl.__version__} (earlier releases lack Lightning's own fixes to resumed loop counters, 2.5.0, "
+        "and to the double iteration on resume, 2.5.3)"
+    )
+
+from .lightning_callback import (  # noqa: E402
+    DEFAULT_SIGNALS,
+    LIGHTNING_PAUSE_FORMAT,
+    PAUSE_KEY,
+    LightningPauseState,
+    ResumeCallback,
+)
+from .lightning_io import DurableCheckpointIO  # noqa: E402
+
+__all__ = [
+    "ResumeCallback",
+    "DurableCheckpointIO",
+    "LightningPauseState",
+    "PAUSE_KEY",
+    "LIGHTNING_PAUSE_FORMAT",
+    "DEFAULT_SIGNALS",
+    "MIN_PYTORCH_LIGHTNING",
+]

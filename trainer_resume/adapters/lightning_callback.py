@@ -1,0 +1,413 @@
+"""``ResumeCallback``: exact pause and resume of a Lightning ``fit``.
+
+A pause is requested by a signal (``SIGTERM``, ``SIGUSR1`` by default) or by
+:meth:`ResumeCallback.request_pause`. At the next completed training batch all
+ranks agree on it, rank 0 writes the pause checkpoint durably, and the trainer
+stops through ``trainer.should_stop``. ``trainer.fit(..., ckpt_path=<pause file>)``
+continues bit-identically: Lightning restores the module, optimizers, schedulers,
+loops and the loaders' delivered positions; this callback adds the main-process
+RNG (restored once the train iterator exists) and the config check.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterable, Mapping
+from types import FrameType
+from typing import Any, Callable, TypedDict, Union
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+from ..errors import (
+    CheckpointFormatError,
+    CheckpointWriteError,
+    ConfigSignatureMismatchError,
+    ResumeStateMismatchError,
+    TrainingPausedError,
+    UnsupportedResumeConfigurationError,
+)
+from ..rng import random_state, restore_random_state
+from ..signature import canonical_config, config_difference, config_signature
+from ..state import RandomState
+from .lightning_io import DurableCheckpointIO, PauseFileReader
+from .lightning_positions import DeliveredLoaderStates, LoaderPositionUnknown
+
+__all__ = ["ResumeCallback", "LightningPauseState", "PAUSE_KEY", "LIGHTNING_PAUSE_FORMAT", "DEFAULT_SIGNALS"]
+
+PAUSE_KEY = "trainer_resume"
+LIGHTNING_PAUSE_FORMAT = "trainer_resume.lightning_pause/1"
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name)
+)
+
+_Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
+
+
+class LightningPauseState(TypedDict):
+    """What a pause file adds to Lightning's checkpoint, under the key ``"trainer_resume"``."""
+
+    format: str  # LIGHTNING_PAUSE_FORMAT
+    global_step: int
+    world_size: int
+    config_signature: str | None
+    config: Any  # canonical form of the config (plain data), or None
+    rng: list[RandomState]  # main-process RNG of each global rank, by rank
+
+
+class ResumeCallback(Callback):
+    """Pause a Lightning ``fit`` on a signal and resume it bit-identically.
+
+    Add it to the Trainer and pass the pause file to ``fit``::
+
+        resume = ResumeCallback("runs/pause.ckpt", config=cfg)
+        trainer = pl.Trainer(callbacks=[resume], ...)
+        trainer.fit(model, datamodule=data, ckpt_path=resume.ckpt_path)
+
+    ``resume.ckpt_path`` is the pause file when one exists and ``None`` otherwise,
+    so the same script starts fresh or resumes. Exactness needs training loaders
+    whose position Lightning can save (``trainer_resume.loaders.ResumableDataLoader``)
+    and a ``LightningModule`` that draws its randomness from the main-process
+    generators (Python ``random``, NumPy's global generator, torch's CPU and CUDA
+    default generators), as ``Dropout`` does.
+
+    While ``fit`` runs, the callback owns ``signals``: Lightning's own ``SIGTERM``
+    handling (which raises ``SIGTERMException`` at the next batch) is replaced by a
+    pause, and ``fit`` returns normally. The previous handlers are restored when
+    ``fit`` ends, also when it fails.
+
+    Args:
+        path: The pause file (local path). Written atomically: a crash while pausing
+            leaves the previous pause file intact.
+        signals: Signals that request a pause. ``()`` installs no handler; use
+            :meth:`request_pause`.
+        config: The run's config (dict, OmegaConf config, dataclass...). Its
+            order-sensitive signature is stored in the pause file, and resuming with
+            a different config fails with ``ConfigSignatureMismatchError`` before any
+            training step.
+
+    Raises:
+        TypeError, ValueError: ``config`` holds values that have no canonical form.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        signals: Iterable[int] = DEFAULT_SIGNALS,
+        config: Any = None,
+    ) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.signals = tuple(signal.Signals(number) for number in signals)
+        self._config = canonical_config(config) if config is not None else None
+        self._signature = config_signature(self._config) if config is not None else None
+        # Plain attribute stores only: a signal handler may run between any two bytecodes.
+        self._request: str | None = None
+        self._paused_at: int | None = None
+        self._writing_pause = False
+        self._pending_rng: RandomState | None = None
+        self._positions = DeliveredLoaderStates()
+        self._handler = self._on_signal  # one bound method, so it can be recognised later
+        self._previous: dict[signal.Signals, _Handler] = {}
+        self._owning_signals = False
+        self._reader: PauseFileReader | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def ckpt_path(self) -> str | None:
+        """The pause file if it exists, else ``None``: pass it to ``fit(ckpt_path=...)``."""
+        return self.path if os.path.exists(self.path) else None
+
+    @property
+    def pause_requested(self) -> bool:
+        """Whether a pause was requested and not yet written."""
+        return self._request is not None
+
+    @property
+    def paused(self) -> bool:
+        """Whether the last ``fit`` stopped because it was paused."""
+        return self._paused_at is not None
+
+    @property
+    def paused_at_step(self) -> int | None:
+        """The ``trainer.global_step`` stored in the pause file of the last ``fit``, if it paused."""
+        return self._paused_at
+
+    def request_pause(self) -> None:
+        """Ask for a pause at the next completed training batch (callable from any thread)."""
+        self._request = "request_pause()"
+
+    # ------------------------------------------------------------------ signals
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._owning_signals:
+            self._request = signal.Signals(signum).name
+            return
+        # A stale handler (Lightning re-installs what it found at the start of fit when
+        # fit fails): behave as the handler it replaced.
+        _forward(signum, frame, self._previous.get(signal.Signals(signum), signal.SIG_DFL))
+
+    def _install_signals(self) -> None:
+        if not self.signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            rank_zero_warn(
+                "ResumeCallback: fit runs outside the main thread, where signal handlers cannot be installed; "
+                "only request_pause() can pause this run"
+            )
+            return
+        for number in self.signals:
+            previous = signal.signal(number, self._handler)
+            # Our own (stale) handler from an earlier fit is not a handler to go back to.
+            if previous != self._handler:
+                self._previous[number] = previous
+            else:
+                self._previous.setdefault(number, signal.SIG_DFL)
+        self._owning_signals = True
+
+    def _take_over_signals(self) -> None:
+        # Lightning installs its SIGTERM handler after the setup hooks; put ours back on
+        # top, so a signal always becomes a pause and never a SIGTERMException that
+        # would end fit without one.
+        if not self._owning_signals:
+            return
+        for number in self.signals:
+            if signal.getsignal(number) != self._handler:
+                signal.signal(number, self._handler)
+
+    def _restore_signals(self) -> None:
+        if not self._owning_signals:
+            return
+        self._owning_signals = False
+        for number, handler in self._previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+
+    # ------------------------------------------------------------------ checkpoint IO
+
+    def _install_reader(self, trainer: pl.Trainer) -> None:
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, (DurableCheckpointIO, PauseFileReader)):
+            return
+        self._reader = PauseFileReader(io, self.path)
+        trainer.strategy.checkpoint_io = self._reader
+
+    def _remove_reader(self, trainer: pl.Trainer) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None and trainer.strategy.checkpoint_io is reader:
+            trainer.strategy.checkpoint_io = reader.inner
+
+    def _writer(self, trainer: pl.Trainer) -> DurableCheckpointIO:
+        io = trainer.strategy.checkpoint_io
+        # The trainer's own DurableCheckpointIO carries the user's signing key, if any.
+        return io if isinstance(io, DurableCheckpointIO) else DurableCheckpointIO()
+
+    # ------------------------------------------------------------------ hooks
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Install the signal handlers and the pause-file reader for ``fit``."""
+        if stage != "fit":
+            return
+        self._request = None
+        self._paused_at = None
+        self._pending_rng = None
+        self._positions = DeliveredLoaderStates()
+        self._install_reader(trainer)
+        self._install_signals()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Restore the previous signal handlers and checkpoint IO."""
+        if stage != "fit":
+            return
+        self._restore_signals()
+        self._remove_reader(trainer)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """Restore the previous signal handlers and checkpoint IO (``teardown`` is not called on errors)."""
+        self._restore_signals()
+        self._remove_reader(trainer)
+
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Take the signals back from Lightning's handler."""
+        self._take_over_signals()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Take the signals back and note the loaders' states once the iterator exists."""
+        self._take_over_signals()
+        self._positions.on_train_start(trainer)
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Check the config and keep the RNG state for the first training batch."""
+        if trainer.state.fn != "fit":
+            return
+        source = trainer.ckpt_path or "the checkpoint"
+        entry = checkpoint.get(PAUSE_KEY)
+        if entry is None:
+            rank_zero_warn(
+                f"ResumeCallback: {source} is not a pause file (no {PAUSE_KEY!r} entry): training continues, "
+                "but the main-process RNG is not restored, so the result is not bit-identical to an "
+                "uninterrupted run"
+            )
+            return
+        if not isinstance(entry, Mapping) or entry.get("format") != LIGHTNING_PAUSE_FORMAT:
+            found = entry.get("format") if isinstance(entry, Mapping) else type(entry).__name__
+            raise CheckpointFormatError(
+                f"{source}: {PAUSE_KEY!r} entry has format {found!r}, expected {LIGHTNING_PAUSE_FORMAT!r}"
+            )
+        self._check_config(entry, source)
+        self._pending_rng = self._rng_of_this_rank(entry, trainer, source)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Refuse a step after a pause; restore the paused run's RNG before the first step."""
+        if self._paused_at is not None:
+            raise TrainingPausedError(
+                f"the trainer went on after the pause at step {self._paused_at} (Trainer min_epochs/min_steps "
+                f"not met, so trainer.should_stop was ignored); resume from {self.path}"
+            )
+        self._positions.on_train_batch_start(trainer)
+        if self._pending_rng is not None:
+            # Here, not in on_load_checkpoint: creating the train iterator (which a
+            # resumed fit does afresh) can draw from the generators.
+            state, self._pending_rng = self._pending_rng, None
+            restore_random_state(state, _cuda_device(pl_module))
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Write the pause checkpoint when any rank asked for a pause."""
+        # Every rank takes part in the reduction each batch, so all pause at the same step.
+        if not trainer.strategy.reduce_boolean_decision(self._request is not None, all=False):
+            return
+        self._write_pause(trainer)
+        self._request = None
+        self._paused_at = trainer.global_step
+        trainer.should_stop = True
+        rank_zero_info(f"ResumeCallback: paused at step {trainer.global_step}; pause file {self.path}")
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Save the loaders' delivered positions; add RNG and config to a pause file."""
+        self._save_delivered_positions(trainer, checkpoint)
+        if self._writing_pause:
+            entry: LightningPauseState = {
+                "format": LIGHTNING_PAUSE_FORMAT,
+                "global_step": int(trainer.global_step),
+                "world_size": int(trainer.world_size),
+                "config_signature": self._signature,
+                "config": self._config,
+                "rng": _gather_by_rank(trainer, random_state(_cuda_device(pl_module))),
+            }
+            checkpoint[PAUSE_KEY] = entry
+
+    # ------------------------------------------------------------------ helpers
+
+    def _save_delivered_positions(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+        # Where the fit loop keeps the stateful loaders' states (see _FitLoop.on_save_checkpoint).
+        fit_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        if "combined_loader" not in fit_state:
+            return
+        try:
+            states = self._positions.delivered(trainer)
+        except LoaderPositionUnknown as exc:
+            if self._writing_pause:
+                raise UnsupportedResumeConfigurationError(str(exc)) from exc
+            rank_zero_warn(f"ResumeCallback: this checkpoint's loader position may be ahead of training: {exc}")
+            return
+        if states is not None:
+            fit_state["combined_loader"] = states
+
+    def _write_pause(self, trainer: pl.Trainer) -> None:
+        self._writing_pause = True
+        try:
+            # Not trainer.save_checkpoint: the pause file must be durable whatever IO the
+            # trainer uses, and a failed write must be known to every rank, not leave
+            # the others waiting in a barrier.
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        finally:
+            self._writing_pause = False
+        error: BaseException | None = None
+        if trainer.is_global_zero:
+            try:
+                self._writer(trainer).save_checkpoint(checkpoint, self.path)
+            except (CheckpointWriteError, OSError) as exc:
+                error = exc
+        if not trainer.strategy.reduce_boolean_decision(error is None, all=True):
+            if isinstance(error, CheckpointWriteError):
+                raise error
+            raise CheckpointWriteError(f"{self.path}: the pause file could not be written") from error
+
+    def _check_config(self, entry: Mapping[str, Any], source: str) -> None:
+        saved = entry.get("config_signature")
+        if saved == self._signature:
+            return
+        if saved is None:
+            detail = "the paused run had no config, this run has one"
+        elif self._signature is None:
+            detail = "the paused run had a config; pass the same config to ResumeCallback(config=...)"
+        else:
+            detail = config_difference(entry.get("config"), self._config) or "config signatures differ"
+        raise ConfigSignatureMismatchError(f"{source}: {detail}")
+
+    def _rng_of_this_rank(self, entry: Mapping[str, Any], trainer: pl.Trainer, source: str) -> RandomState:
+        states = entry.get("rng")
+        saved_world = entry.get("world_size")
+        if saved_world != trainer.world_size:
+            raise ResumeStateMismatchError(
+                f"{source} was paused with {saved_world} process(es), this run has {trainer.world_size}"
+            )
+        if not isinstance(states, list) or len(states) != trainer.world_size:
+            raise CheckpointFormatError(f"{source}: 'rng' must hold one random state per rank")
+        state = states[trainer.global_rank]
+        # Validate now, before any training step, without changing the generators:
+        # restore (which validates first) and put the current state back. The module
+        # may not be on its device yet, so probe the CUDA device the state came from.
+        saved_cuda = state.get("cuda_device") if isinstance(state, Mapping) else None
+        cuda = isinstance(saved_cuda, int) and torch.cuda.is_available()
+        device = torch.device("cuda", saved_cuda) if cuda else None
+        current = random_state(device)
+        try:
+            restore_random_state(state, device)
+        except ValueError as exc:
+            raise CheckpointFormatError(f"{source}: {exc}") from exc
+        finally:
+            restore_random_state(current, device)
+        return state
+
+
+def _cuda_device(pl_module: pl.LightningModule) -> torch.device | None:
+    device = pl_module.device
+    return device if device.type == "cuda" else None
+
+
+def _gather_by_rank(trainer: pl.Trainer, value: Any) -> list[Any]:
+    if trainer.world_size == 1:
+        return [value]
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise UnsupportedResumeConfigurationError(
+            f"{trainer.world_size} processes without an initialized torch.distributed process group"
+        )
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def _forward(signum: int, frame: FrameType | None, handler: _Handler) -> None:
+    if callable(handler):
+        handler(signum, frame)
+    elif handler == signal.SIG_IGN:
+        return
+    else:  # SIG_DFL (or unknown): take the default action
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

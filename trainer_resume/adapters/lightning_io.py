@@ -1,0 +1,183 @@
+"""Durable, verified checkpoint files for PyTorch Lightning.
+
+:class:`DurableCheckpointIO` is a Lightning ``CheckpointIO`` plugin that writes every
+checkpoint the Trainer saves (``ModelCheckpoint``'s, ``Trainer.save_checkpoint``'s)
+through :func:`trainer_resume.durable.save_checkpoint` and reads it back through
+:func:`trainer_resume.durable.load_checkpoint`: temp file in the target directory,
+fsync, atomic replace, directory fsync on write; marker, length and SHA-256 checked
+before a single byte is unpickled, and unpickling is weights-only, on read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning_fabric.utilities.cloud_io import get_filesystem
+
+from ..durable import load_checkpoint, save_checkpoint
+from ..errors import CheckpointFormatError
+
+__all__ = ["DurableCheckpointIO"]
+
+log = logging.getLogger(__name__)
+
+
+class DurableCheckpointIO(CheckpointIO):
+    """Lightning ``CheckpointIO`` that never loses the last good checkpoint.
+
+    Use it as ``Trainer(plugins=[DurableCheckpointIO()])``. A crash or ``SIGKILL``
+    while a checkpoint is being written leaves the previous file at that path
+    intact. Loading is always weights-only: a checkpoint that holds objects outside
+    the safe set (for example an OmegaConf ``DictConfig`` given to
+    ``save_hyperparameters``) is refused with ``UnsafeCheckpointError`` (328)
+    instead of being unpickled.
+
+    Files are written in trainer-resume's checkpoint format (a verified header in
+    front of a ``torch.save`` archive), so read them with this plugin or with
+    :func:`trainer_resume.durable.load_checkpoint`, not with a bare ``torch.load``.
+    Only local paths are supported: fsync and atomic rename are file-system
+    operations.
+
+    Args:
+        key: Optional HMAC key. Every file is then signed and loading verifies the
+            signature, so tampering is detected, not only accidental damage.
+    """
+
+    def __init__(self, *, key: bytes | None = None) -> None:
+        super().__init__()
+        self._key = key
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any | None = None
+    ) -> None:
+        """Write ``checkpoint`` to ``path`` durably; the previous file survives any failure.
+
+        Raises:
+            TypeError: ``storage_options`` was given (as Lightning's ``TorchCheckpointIO``).
+            ValueError: ``path`` is not on the local file system.
+            CheckpointWriteError: Writing failed (327); the previous file is intact.
+        """
+        if storage_options is not None:
+            raise TypeError(
+                f"`Trainer.save_checkpoint(..., storage_options=...)` is not supported by {type(self).__name__}"
+            )
+        target = _local_path(path)
+        # Lightning's own IO creates the directory too; ModelCheckpoint relies on it.
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        save_checkpoint(checkpoint, target, key=self._key)
+
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        map_location: Any | None = None,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Verify and load a checkpoint written by this plugin.
+
+        Args:
+            path: The checkpoint file.
+            map_location: Passed to ``torch.load``; ``None`` loads onto the CPU (as
+                Lightning's default IO does).
+            weights_only: ``None`` or ``True``. Loading is always weights-only;
+                ``False`` is refused rather than silently ignored.
+
+        Raises:
+            ValueError: ``weights_only=False`` was asked for, or ``path`` is not local.
+            FileNotFoundError: ``path`` does not exist.
+            CheckpointFormatError: Not a trainer-resume checkpoint, or it does not
+                hold a dict (321).
+            CheckpointCorruptedError: Truncated or altered bytes (322).
+            CheckpointSignatureError: A key is set and the signature is missing or wrong (339).
+            UnsafeCheckpointError: The file holds objects outside the weights-only set (328).
+        """
+        if weights_only is False:
+            raise ValueError(
+                f"{type(self).__name__} loads weights-only and never unpickles arbitrary objects; "
+                "store plain values in the checkpoint (e.g. OmegaConf.to_container(cfg) for hyper-parameters) "
+                "or allow specific classes with torch.serialization.add_safe_globals"
+            )
+        target = _local_path(path)
+        location = "cpu" if map_location is None else map_location
+        checkpoint = load_checkpoint(target, map_location=location, key=self._key)
+        # Not only Trainer checkpoints pass through here (ddp_spawn hands over bare
+        # state dicts), but every caller expects a dict.
+        if not isinstance(checkpoint, dict):
+            raise CheckpointFormatError(
+                f"{target} holds a {type(checkpoint).__name__}, not the dict a Lightning checkpoint is"
+            )
+        return checkpoint
+
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Remove a checkpoint file, as Lightning's ``TorchCheckpointIO`` does."""
+        fs = get_filesystem(path)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+            log.debug(f"Removed checkpoint: {path}")
+
+
+class PauseFileReader(CheckpointIO):
+    """Reads one pause file durably and hands everything else to the trainer's own IO.
+
+    :class:`~trainer_resume.adapters.lightning.ResumeCallback` installs it for the
+    duration of ``fit`` when the trainer does not use :class:`DurableCheckpointIO`,
+    so that ``fit(ckpt_path=<pause file>)`` reads the verified pause file while the
+    user's ``ModelCheckpoint`` files keep the format of the user's own IO.
+    """
+
+    def __init__(self, inner: CheckpointIO, pause_path: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self._pause_path = os.path.realpath(pause_path)
+        self._durable = DurableCheckpointIO()
+
+    def _is_pause_file(self, path: str | os.PathLike[str]) -> bool:
+        try:
+            return os.path.realpath(os.fspath(path)) == self._pause_path
+        except TypeError:
+            return False
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any | None = None
+    ) -> None:
+        """Delegate to the trainer's own IO."""
+        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        map_location: Any | None = None,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Read the pause file durably, anything else through the trainer's own IO."""
+        if self._is_pause_file(path):
+            return self._durable.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        if map_location is None:
+            return self.inner.load_checkpoint(path, weights_only=weights_only)
+        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Delegate to the trainer's own IO."""
+        self.inner.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        """Delegate to the trainer's own IO."""
+        self.inner.teardown()
+
+
+def _local_path(path: str | os.PathLike[str]) -> str:
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        text = os.fsdecode(text)
+    protocol = get_filesystem(text).protocol
+    protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
+    if not {"file", "local"} & set(protocols):
+        raise ValueError(
+            f"{DurableCheckpointIO.__name__} writes local files only (fsync and atomic rename are "
+            f"file-system operations); got {text!r}"
+        )
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    return text
