@@ -1,0 +1,85 @@
+"""Factories for ``trainer-resume audit-loader`` tests (imported by the real command)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+SIZE = 24
+BAD_ID = 17
+
+
+class ImageDataset(Dataset):
+    """``{"id", "image", "label"}`` samples whose contents depend only on the index."""
+
+    def __init__(self, size: int = SIZE, *, bad_id: int | None = None) -> None:
+        self.size = size
+        self.bad_id = bad_id
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict:
+        channels = 1 if index == self.bad_id else 3
+        image = torch.arange(channels * 16 * 16, dtype=torch.float32).reshape(channels, 16, 16) + index
+        return {"id": index, "image": image, "label": index % 4}
+
+
+class NoisyDataset(ImageDataset):
+    """Draws its noise from the process's torch RNG: workers see different RNG streams."""
+
+    def __getitem__(self, index: int) -> dict:
+        sample = super().__getitem__(index)
+        sample["image"] = sample["image"] + torch.rand(())
+        return sample
+
+
+class RepeatingSampler(Sampler[int]):
+    """Delivers index 3 twice and never index 5."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        return iter([3 if index == 5 else index for index in range(self.size)])
+
+
+def good_dataset() -> ImageDataset:
+    return ImageDataset()
+
+
+def bad_shape_dataset() -> ImageDataset:
+    return ImageDataset(bad_id=BAD_ID)
+
+
+def noisy_dataset() -> NoisyDataset:
+    return NoisyDataset()
+
+
+def repeating_loader(num_workers: int) -> DataLoader:
+    return DataLoader(ImageDataset(), batch_size=4, sampler=RepeatingSampler(SIZE), num_workers=num_workers)
+
+
+def loader_without_workers_argument() -> DataLoader:
+    return DataLoader(ImageDataset(), batch_size=4)
+
+
+def tuple_samples() -> list:
+    return [(index, torch.zeros(2)) for index in range(4)]
+
+
+def resumable_noisy_loader(num_workers: int):
+    """Endless resumable stream; batches of 5 do not divide the 24 samples of a cycle."""
+    from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
+
+    dataset = NoisyDataset()
+    return ResumableDataLoader(
+        dataset,
+        batch_size=5,
+        sampler=InfiniteRandomSampler(dataset, resumable=True),
+        num_workers=num_workers,
+        resumable=True,
+    )

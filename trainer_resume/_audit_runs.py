@@ -1,0 +1,213 @@
+"""Building the audited loader for a worker count and recording what it delivers."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from ._audit_contract import ID_FIELD, AuditUsageError
+
+__all__ = ["EpochRun", "Target", "build_target", "is_endless", "load_factory", "run_epochs", "seed_everything"]
+
+
+@dataclass
+class Target:
+    """The loader under audit for one worker count, and where it came from."""
+
+    loader: DataLoader
+    dataset: Any
+    built_by_audit: bool  # the factory returned a dataset that the audit wrapped
+
+
+@dataclass
+class EpochRun:
+    """What one pass over the loader delivered and how long it took."""
+
+    ids: list[int | str] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    batches: int = 0
+    warmup_s: float = 0.0  # iter() plus the first batch: worker start-up, excluded from the rate
+    warmup_samples: int = 0
+    measured_s: float = 0.0
+    ended: bool = False  # the loader's iterator ran out (a complete finite epoch)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        measured = len(self.ids) - self.warmup_samples
+        if measured <= 0 or self.measured_s <= 0:
+            return None
+        return measured / self.measured_s
+
+
+def load_factory(target: str) -> Callable[..., Any]:
+    """Import ``MODULE:FACTORY`` (the current directory first on ``sys.path``, as ``python -m`` does).
+
+    Raises:
+        AuditUsageError: malformed target, module or attribute missing, not callable.
+    """
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise AuditUsageError(f"expected MODULE:FACTORY (e.g. mypackage.data:make_dataset), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise AuditUsageError(f"cannot import module {module_name!r}: {error}") from error
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as error:
+            raise AuditUsageError(f"module {module_name!r} has no attribute {attribute!r}") from error
+    if not callable(obj):
+        raise AuditUsageError(f"{target} is a {type(obj).__name__}, not a callable factory")
+    return obj
+
+
+def _accepts_num_workers(factory: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "num_workers" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch CPU, so every worker setting starts from the same RNG."""
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+
+def build_target(factory: Callable[..., Any], *, num_workers: int, batch_size: int) -> Target:
+    """Call the factory and return the loader to audit at ``num_workers``.
+
+    Raises:
+        AuditUsageError: the factory's result cannot be audited.
+    """
+    takes_workers = _accepts_num_workers(factory)
+    try:
+        product = factory(num_workers=num_workers) if takes_workers else factory()
+    except Exception as error:
+        name = getattr(factory, "__qualname__", repr(factory))
+        raise AuditUsageError(f"the factory {name} raised {type(error).__name__}: {error}") from error
+    if isinstance(product, DataLoader):
+        if not takes_workers:
+            raise AuditUsageError(
+                "the factory returned a loader but takes no num_workers argument; "
+                "define it as factory(num_workers) so each worker count can be built"
+            )
+        if product.num_workers != num_workers:
+            raise AuditUsageError(
+                f"the factory was called with num_workers={num_workers} but its loader has "
+                f"num_workers={product.num_workers}"
+            )
+        dataset = product.dataset
+        if isinstance(dataset, IterableDataset):
+            raise AuditUsageError("the loader's dataset is an IterableDataset; only map-style datasets can be audited")
+        return Target(product, dataset, built_by_audit=False)
+    if isinstance(product, IterableDataset):
+        raise AuditUsageError("the factory returned an IterableDataset; only map-style datasets can be audited")
+    if not (hasattr(product, "__getitem__") and hasattr(product, "__len__")):
+        raise AuditUsageError(
+            f"the factory returned a {type(product).__name__}; expected a map-style dataset "
+            "(__getitem__ and __len__) or a torch DataLoader"
+        )
+    loader = DataLoader(product, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    return Target(loader, product, built_by_audit=True)
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return f"{flat.dtype}{tuple(tensor.shape)}".encode() + flat.view(torch.uint8).numpy().tobytes()
+
+
+def _digest_item(value: Any, row: int, rows: int, hasher: Any) -> None:
+    """Feed sample ``row`` of a collated value (or the whole value when not batched) to ``hasher``."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            hasher.update(str(key).encode())
+            _digest_item(item, row, rows, hasher)
+    elif isinstance(value, torch.Tensor):
+        batched = value.ndim > 0 and value.shape[0] == rows
+        hasher.update(_tensor_bytes(value[row] if batched else value))
+    elif isinstance(value, (list, tuple)) and len(value) == rows:
+        item = value[row]
+        hasher.update(_tensor_bytes(item) if isinstance(item, torch.Tensor) else repr(item).encode())
+    else:
+        hasher.update(repr(value).encode())
+
+
+def split_batch(batch: Any) -> tuple[list[int | str], list[str]]:
+    """The ids of a collated batch and one content digest per sample.
+
+    Raises:
+        AuditUsageError: the batch lost the id field.
+    """
+    if not isinstance(batch, Mapping) or ID_FIELD not in batch:
+        raise AuditUsageError(
+            f"batches must be mappings that keep the {ID_FIELD!r} field "
+            "(the default collate turns dict samples into dict batches)"
+        )
+    raw = batch[ID_FIELD]
+    ids = raw.tolist() if isinstance(raw, torch.Tensor) else list(raw)
+    digests = []
+    for row in range(len(ids)):
+        hasher = hashlib.sha256()
+        _digest_item(batch, row, len(ids), hasher)
+        digests.append(hasher.hexdigest()[:16])
+    return ids, digests
+
+
+def is_endless(loader: DataLoader) -> bool:
+    """True when the loader has no length (an endless sampler): its epochs are cut by size."""
+    try:
+        len(loader)
+    except (TypeError, NotImplementedError, OverflowError):
+        return True
+    return False
+
+
+def run_epochs(loader: DataLoader, *, dataset_size: int, epochs: int, batches: int | None) -> list[EpochRun]:
+    """Iterate ``epochs`` passes; a pass ends with the iterator, after ``batches``
+    batches, or (for an endless loader) after ``dataset_size`` samples."""
+    endless = is_endless(loader)
+    runs = []
+    for _ in range(epochs):
+        run = EpochRun()
+        start = time.perf_counter()
+        iterator = iter(loader)
+        first_done = start
+        while batches is None or run.batches < batches:
+            if endless and len(run.ids) >= dataset_size:
+                break
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                run.ended = True
+                break
+            ids, digests = split_batch(batch)
+            run.ids.extend(ids)
+            run.digests.extend(digests)
+            run.batches += 1
+            if run.batches == 1:
+                first_done = time.perf_counter()
+                run.warmup_s = first_done - start
+                run.warmup_samples = len(ids)
+        run.measured_s = time.perf_counter() - first_done if run.batches > 1 else 0.0
+        # Dropping the iterator stops its workers before the next pass starts new ones.
+        del iterator
+        runs.append(run)
+    return runs
