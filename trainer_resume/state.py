@@ -173,15 +173,22 @@ class LoaderState(TypedDict):
 
 
 class PauseCheckpoint(TypedDict):
-    """Layout of a pause file written by ``TrainingResumeMixin.pause``."""
+    """Layout of a pause file written by ``TrainingResumeMixin.pause``.
+
+    ``config``, ``regular`` and ``shared_keys`` are optional when reading: files
+    without them still load (no named config difference on a mismatch; no sharing).
+    """
 
     format: str  # PAUSE_FORMAT
     module_version: str
-    config_signature: str
+    config_signature: str  # config_signature(config), "load" excluded
+    config: Any  # canonical_config(config): names the first differing path on a mismatch
     completed_steps: int
     regular: dict[str, Any] | None  # CPU snapshot of _regular_checkpoint(), or None
     shared_keys: list[str]  # resume objects whose state is regular[name]
-    objects: dict[str, Any]  # name -> state_dict (absent for shared keys)
+    # name -> state_dict; for a shared key the very object regular[name] (stored once),
+    # and a reader takes regular[name] when the entry is absent.
+    objects: dict[str, Any]
     loaders: dict[str, LoaderState]
     extra: dict[str, Any]
     rng: RandomState

@@ -1,0 +1,64 @@
+"""Small helpers shared by the benchmark scripts: timing, tables, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def busy_wait_cpu(microseconds: float) -> None:
+    """Spin until this thread has used ``microseconds`` of CPU time.
+
+    CPU time, not wall time: a descheduled process does not count as working, so the
+    cost stays the same per sample however many processes share the cores.
+    """
+    if microseconds <= 0:
+        return
+    end = time.thread_time_ns() + int(microseconds * 1000)
+    while time.thread_time_ns() < end:
+        pass
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Print a plain-text table with right-aligned columns."""
+    cells = [[str(header) for header in headers]] + [[str(cell) for cell in row] for row in rows]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(headers))]
+    print(title)
+    for number, row in enumerate(cells):
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
+        if number == 0:
+            print("  ".join("-" * width for width in widths))
+    print()
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` (plus the environment) to ``benchmarks/out/<name>.json``."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{name}.json"
+    path.write_text(json.dumps({"environment": environment(), **payload}, indent=2, default=str) + "\n")
+    return path

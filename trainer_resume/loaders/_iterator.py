@@ -1,0 +1,133 @@
+"""The iterator of a resumable loader: delivers batches and commits their positions.
+
+Reference layout (no cycles, so dropping the loader and its iterator stops the
+workers at once, without waiting for the garbage collector)::
+
+    loader -> iterator -> internal torch iterator -> Tasks -> source -> sampler
+    loader -> Stream <- iterator
+
+Neither the iterator nor anything below it refers back to the loader.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from ..errors import IteratorInvalidatedError, LoaderCommitFailedError, LoaderFetchFailedError
+from ._fetch import FetchFailure
+from ._sources import Pending, Source
+
+__all__ = ["Stream", "ResumableIterator", "shutdown"]
+
+
+class Stream:
+    """What a loader and its iterators share: the source and the failure flags."""
+
+    __slots__ = ("source", "augmentation_seed", "fetch_failure", "commit_failure")
+
+    def __init__(self, source: Source, augmentation_seed: int) -> None:
+        self.source = source
+        self.augmentation_seed = augmentation_seed
+        self.fetch_failure: str | None = None  # set until close() or load_state_dict()
+        self.commit_failure: str | None = None  # set until load_state_dict()
+
+    def require_committable(self) -> None:
+        if self.commit_failure is not None:
+            raise LoaderCommitFailedError(
+                f"{self.commit_failure}; call load_state_dict() with a saved state to recover"
+            )
+
+
+def shutdown(inner: Any) -> None:
+    """Stop the workers of an internal torch iterator now (no-op for single-process ones)."""
+    stop = getattr(inner, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+
+
+class ResumableIterator:
+    """Iterator over a resumable loader's shared stream; see ``ResumableDataLoader``."""
+
+    def __init__(self, stream: Stream, inner: Any, pending: deque[Pending]) -> None:
+        self._stream = stream
+        self._inner: Any = inner
+        self._pending = pending
+        self._dead: BaseException | None = None  # the error every later next() raises
+        self._exhausted = False
+
+    def __iter__(self) -> ResumableIterator:
+        return self
+
+    @property
+    def alive(self) -> bool:
+        """Still able to deliver batches (not exhausted, failed, closed or replaced)."""
+        return self._dead is None and not self._exhausted
+
+    def __next__(self) -> Any:
+        if self._dead is not None:
+            raise type(self._dead)(self._dead.detail)  # type: ignore[attr-defined]
+        if self._exhausted:
+            raise StopIteration
+        self._stream.require_committable()
+        try:
+            data = next(self._inner)
+        except StopIteration:
+            self._exhausted = True
+            self._inner = None
+            raise
+        except Exception as exc:
+            raise self._fail_fetch(self._describe_pending(f"fetching failed: {type(exc).__name__}: {exc}")) from exc
+        except BaseException:
+            # Interrupted inside the internal iterator (KeyboardInterrupt): its queues
+            # may have lost a batch, so it is not reused; the cursor is exact anyway.
+            self._fail_fetch(self._describe_pending("fetching was interrupted"))
+            raise
+        if type(data) is FetchFailure:
+            raise self._fail_fetch(data.describe()) from _cause(data)
+        try:
+            _, before, after = self._pending.popleft()
+            self._stream.source.commit(before, after)
+        except Exception as exc:
+            # The batch is not handed out: the recorded position is now unknown.
+            self._stream.commit_failure = f"recording the delivered position failed: {type(exc).__name__}: {exc}"
+            self._kill(LoaderCommitFailedError(self._stream.commit_failure))
+            raise LoaderCommitFailedError(
+                f"{self._stream.commit_failure}; call load_state_dict() with a saved state to recover"
+            ) from exc
+        return data
+
+    def invalidate(self, reason: str) -> None:
+        """Stop this iterator's workers; every later ``next()`` raises IteratorInvalidatedError."""
+        self._kill(IteratorInvalidatedError(reason))
+
+    def _fail_fetch(self, detail: str) -> LoaderFetchFailedError:
+        detail = f"{detail}; call close() on the loader, then iter() resumes at the last delivered batch"
+        self._stream.fetch_failure = detail
+        self._kill(LoaderFetchFailedError(detail))
+        return LoaderFetchFailedError(detail)
+
+    def _kill(self, error: BaseException) -> None:
+        if self._dead is None or isinstance(error, IteratorInvalidatedError):
+            self._dead = error
+        inner, self._inner = self._inner, None
+        self._pending.clear()
+        if inner is not None:
+            shutdown(inner)
+
+    def _describe_pending(self, what: str) -> str:
+        if self._pending:
+            return f"{what} (batch starting at stream position {self._pending[0][0]})"
+        return what
+
+
+def _cause(failure: FetchFailure) -> BaseException:
+    cause = failure.exception
+    if cause is None:
+        return RuntimeError(
+            f"{failure.summary} (the original exception could not be pickled out of the worker; "
+            f"its traceback there:)\n{failure.remote_traceback}"
+        )
+    if failure.remote_traceback is not None and hasattr(cause, "add_note"):
+        cause.add_note(f"Traceback in the worker process:\n{failure.remote_traceback}")
+    return cause

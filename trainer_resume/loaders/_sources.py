@@ -1,0 +1,130 @@
+"""Where a resumable loader's batches come from, and how delivery moves the cursor.
+
+The loader iterates its sampler in the main process, one *task* per batch:
+``(first stream position, indices)``. For every task handed to the fetch machinery,
+the cursor it starts from and the cursor after it go into a FIFO; the cursor is
+committed only when that batch is returned to the caller. Prefetched batches
+therefore never count as consumed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+from ..state import BatchSamplerState, SamplerState
+from ._batching import ResumableBatchSampler
+from .sampler import InfiniteRandomSampler
+
+__all__ = ["Pending", "Source", "SamplerSource", "BatchSamplerSource", "Tasks"]
+
+Task = tuple[int, Any]  # (first stream position, indices or a single index)
+Pending = tuple[int, Any, Any]  # (first stream position, cursor before, cursor after)
+
+
+class Source(Protocol):
+    """What the loader needs from a resumable sampler (both kinds)."""
+
+    def tasks(self, pending: deque[Pending]) -> Iterator[Task]: ...
+    def commit(self, before: Any, after: Any) -> None: ...
+    def state(self) -> SamplerState | BatchSamplerState: ...
+    def validate(self, state: Mapping[str, Any]) -> None: ...
+    def apply(self, state: Mapping[str, Any]) -> None: ...
+    def delivered_batches(self, state: Mapping[str, Any]) -> int: ...
+
+
+def _check_contiguous(expected: Any, recorded: Any, what: str) -> None:
+    # The sampler's cursor moved under the loader (advance/load_state_dict called on
+    # the sampler directly): committing would record a position nobody delivered.
+    if expected != recorded:
+        raise RuntimeError(f"the delivered batch starts at {what} {expected} but the sampler records {recorded}")
+
+
+class SamplerSource:
+    """Batches of ``batch_size`` consecutive stream positions of an ``InfiniteRandomSampler``."""
+
+    def __init__(self, sampler: InfiniteRandomSampler, batch_size: int | None) -> None:
+        self.sampler = sampler
+        self.batch_size = batch_size
+
+    def tasks(self, pending: deque[Pending]) -> Iterator[Task]:
+        return self._tasks(self.sampler.consumed, self.sampler.reader(), pending)
+
+    def _tasks(self, position: int, reader: Any, pending: deque[Pending]) -> Iterator[Task]:
+        size = self.batch_size
+        if size is None:
+            while True:
+                pending.append((position, position, position + 1))
+                yield position, reader.take(position, 1)[0]
+                position += 1
+        while True:
+            indices = reader.take(position, size)
+            pending.append((position, position, position + size))
+            yield position, indices
+            position += size
+
+    def commit(self, before: int, after: int) -> None:
+        _check_contiguous(before, self.sampler.consumed, "stream position")
+        self.sampler._commit(after)
+
+    def state(self) -> SamplerState:
+        return self.sampler._state()
+
+    def validate(self, state: Mapping[str, Any]) -> None:
+        self.sampler.validate_state_dict(state)
+
+    def apply(self, state: Mapping[str, Any]) -> None:
+        self.sampler._apply_state(state)
+
+    def delivered_batches(self, state: Mapping[str, Any]) -> int:
+        return state["consumed"] // (self.batch_size or 1)
+
+
+class BatchSamplerSource:
+    """The batches of a resumable batch sampler, from its delivered cursor."""
+
+    def __init__(self, batch_sampler: ResumableBatchSampler) -> None:
+        self.batch_sampler = batch_sampler
+
+    def tasks(self, pending: deque[Pending]) -> Iterator[Task]:
+        return self._tasks(self.batch_sampler.cursor, pending)
+
+    def _tasks(self, cursor: tuple[int, int], pending: deque[Pending]) -> Iterator[Task]:
+        batch_sampler = self.batch_sampler
+        for cycle, offset, position, indices in batch_sampler.batches_from(*cursor):
+            pending.append((position, (cycle, offset), batch_sampler.next_cursor(cycle, offset)))
+            yield position, indices
+
+    def commit(self, before: tuple[int, int], after: tuple[int, int]) -> None:
+        _check_contiguous(before, self.batch_sampler.cursor, "(cycle, batch)")
+        self.batch_sampler._commit(*after)
+
+    def state(self) -> BatchSamplerState:
+        return self.batch_sampler._state()
+
+    def validate(self, state: Mapping[str, Any]) -> None:
+        self.batch_sampler.validate_state_dict(state)
+
+    def apply(self, state: Mapping[str, Any]) -> None:
+        self.batch_sampler._apply_state(state)
+
+    def delivered_batches(self, state: Mapping[str, Any]) -> int:
+        return state["cycle"] * self.batch_sampler.batches_per_cycle + state["offset"]
+
+
+class Tasks:
+    """The internal loader's sampler: each ``iter()`` starts at the committed cursor.
+
+    Every ``iter()`` (a new internal iterator, or a persistent-worker reset) gets a
+    fresh FIFO of pending cursors, published as :attr:`pending` for the loader's
+    iterator to pop on delivery.
+    """
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.pending: deque[Pending] = deque()
+
+    def __iter__(self) -> Iterator[Task]:
+        self.pending = deque()
+        return self.source.tasks(self.pending)

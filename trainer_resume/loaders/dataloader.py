@@ -1,0 +1,367 @@
+"""``ResumableDataLoader``: a ``torch.utils.data.DataLoader`` that resumes at the first undelivered batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from multiprocessing.context import BaseContext
+from typing import Any, cast
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+from ..errors import (
+    LoaderFetchFailedError,
+    LoaderStateError,
+    ResumableModeRequiredError,
+    UnsupportedResumeConfigurationError,
+)
+from ..rng import derive_seed
+from ..state import LoaderState
+from . import _state as keys
+from ._batching import ResumableBatchSampler
+from ._fetch import BatchFetcher, as_is
+from ._iterator import ResumableIterator, Stream, shutdown
+from ._sources import BatchSamplerSource, SamplerSource, Source, Tasks
+from .batch_samplers import BATCH_SAMPLER_TARGETS
+from .sampler import InfiniteRandomSampler
+
+__all__ = ["ResumableDataLoader"]
+
+_WORKER_SEED_SALT = 0x776F_726B_6572  # b"worker": base seed of the internal loader's workers
+
+
+def _is_resumable_sampler(sampler: Any) -> bool:
+    return isinstance(sampler, (InfiniteRandomSampler, ResumableBatchSampler)) and sampler.resumable
+
+
+class ResumableDataLoader(DataLoader):
+    """A ``DataLoader`` whose position can be saved and restored exactly.
+
+    With ``resumable=False`` (the default) it is ``torch.utils.data.DataLoader``,
+    argument for argument. With ``resumable=True``:
+
+    * ``sampler=`` must be a resumable :class:`InfiniteRandomSampler` (that exact
+      class), or ``batch_sampler=`` a resumable sampler from
+      :func:`build_batch_sampler`.
+    * There is one shared stream: ``iter(loader)`` returns the active iterator while
+      it can deliver, so every loop (and ``next(iter(loader))``) continues the same
+      stream. A new iterator starts at the first undelivered batch.
+    * :meth:`state_dict` counts only batches *returned to the caller*, never
+      prefetched ones; :meth:`load_state_dict` validates completely, then stops the
+      workers and drops the prefetch, so the next batch is the first undelivered one.
+    * Augmentation replays: ``augmentation_seed`` is drawn once at construction (from
+      ``generator`` if given, else torch's default CPU generator) and saved in the
+      state; ``dataset[index]`` runs with Python ``random``, NumPy's global generator
+      and torch CPU seeded by ``derive_seed(augmentation_seed, stream_position)``,
+      as under ``rng_scope``, and ``collate_fn`` gets its own per-batch seed. The
+      caller's generators are left as they were, also with ``num_workers=0``; worker
+      base seeds derive from ``augmentation_seed`` (``generator`` is not drawn from
+      per iterator). A dataset's ``__getitems__`` is not used: each index is fetched
+      under its own seed.
+    * A failing ``dataset[index]`` or ``collate_fn`` raises LoaderFetchFailedError
+      (original chained, index in the detail); that iterator is dead, and after
+      :meth:`close` a new ``iter(loader)`` resumes at the last delivered batch. A
+      failure while recording the delivered position raises LoaderCommitFailedError;
+      ``state_dict()`` and ``iter()`` then stay blocked until :meth:`load_state_dict`.
+
+    Args:
+        resumable: Enable saving and restoring the position (keyword-only). Every
+            other argument is ``torch.utils.data.DataLoader``'s.
+
+    Raises:
+        ResumableModeRequiredError: a resumable sampler with ``resumable=False``, or
+            ``resumable=True`` without one.
+        UnsupportedResumeConfigurationError: with ``resumable=True``: an
+            IterableDataset, another sampler or batch sampler (subclasses included),
+            or ``in_order=False``.
+        ValueError: the sampler was built for a dataset of another size (and every
+            argument error ``DataLoader`` raises).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: str | BaseContext | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        resumable: bool = False,
+    ) -> None:
+        if not isinstance(resumable, bool):
+            raise TypeError(f"resumable must be a bool, got {type(resumable).__name__}")
+        if resumable:
+            _check_resumable_configuration(dataset, sampler, batch_sampler, in_order)
+        else:
+            for given in (sampler, batch_sampler):
+                if _is_resumable_sampler(given):
+                    raise ResumableModeRequiredError(
+                        f"{type(given).__name__} was built with resumable=True; pass resumable=True "
+                        "to the loader too (or build the sampler with resumable=False)"
+                    )
+        super().__init__(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+        self.resumable = resumable
+        if not resumable:
+            return
+        # _check_resumable_configuration made sure which of the two it is.
+        source: Source
+        if batch_sampler is not None:
+            chosen = cast(ResumableBatchSampler, batch_sampler)
+            source, expected = BatchSamplerSource(chosen), chosen.dataset_size
+        else:
+            infinite = cast(InfiniteRandomSampler, sampler)
+            source, expected = SamplerSource(infinite, self.batch_size), infinite.dataset_size
+        if len(dataset) != expected:  # type: ignore[arg-type]
+            raise ValueError(
+                f"the sampler was built for {expected} samples but the dataset has {len(dataset)}"  # type: ignore[arg-type]
+            )
+        self._stream = Stream(source, keys.draw_seed(generator))
+        self._engine: DataLoader | None = None  # internal loader whose persistent workers are reused
+        self._active: ResumableIterator | None = None
+        self.__ready = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_ResumableDataLoader__ready", False):
+            if name == "collate_fn":
+                raise UnsupportedResumeConfigurationError(
+                    "collate_fn cannot be replaced on a resumable loader (batches would no longer "
+                    "replay); pass it to the constructor"
+                )
+            if name == "in_order" and value is not True:
+                raise UnsupportedResumeConfigurationError("a resumable loader needs in_order=True")
+        super().__setattr__(name, value)
+
+    @property
+    def augmentation_seed(self) -> int:
+        """Base seed of every sample's and batch's augmentation (resumable mode)."""
+        return self._require_stream("augmentation_seed").augmentation_seed
+
+    # --- iteration ----------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if not self.__dict__.get("resumable", False):
+            return super().__iter__()
+        stream = self._require_stream("iter")
+        stream.require_committable()
+        if stream.fetch_failure is not None:
+            raise LoaderFetchFailedError(stream.fetch_failure)
+        active = self._active
+        if active is not None and active.alive:
+            return active
+        engine = self._engine
+        if engine is None or not self._reuses_workers():
+            engine = self._engine = self._build_engine(stream)
+        inner = iter(engine)  # calls iter(Tasks), which publishes this iteration's FIFO
+        tasks = cast(Tasks, engine.sampler)
+        self._active = ResumableIterator(stream, inner, tasks.pending)
+        return self._active
+
+    def _reuses_workers(self) -> bool:
+        return bool(self.persistent_workers and self.num_workers > 0)
+
+    def _build_engine(self, stream: Stream) -> DataLoader:
+        # The internal loader fetches whole batches as single items (batch_size=None):
+        # its sampler yields (first position, indices) tasks from the committed cursor.
+        worker_seeds = torch.Generator()
+        worker_seeds.manual_seed(derive_seed(stream.augmentation_seed, _WORKER_SEED_SALT))
+        return DataLoader(
+            BatchFetcher(self.dataset, self.collate_fn, stream.augmentation_seed, self.batch_sampler is not None),
+            batch_size=None,
+            sampler=Tasks(stream.source),
+            num_workers=self.num_workers,
+            collate_fn=as_is,
+            pin_memory=self.pin_memory,
+            timeout=self.timeout,
+            worker_init_fn=self.worker_init_fn,
+            multiprocessing_context=self.multiprocessing_context,
+            generator=worker_seeds,
+            prefetch_factor=self.prefetch_factor,
+            persistent_workers=self.persistent_workers,
+            pin_memory_device=self.pin_memory_device,
+            in_order=True,
+        )
+
+    def close(self) -> None:
+        """Stop the workers and invalidate the iterators (IteratorInvalidatedError on use).
+
+        In resumable mode this also clears a fetch failure: the next ``iter(loader)``
+        starts at the first undelivered batch. Not resumable: persistent workers stop.
+        """
+        if not self.__dict__.get("resumable", False):
+            iterator, self._iterator = self._iterator, None
+            if iterator is not None:
+                shutdown(iterator)
+            return
+        stream = self._require_stream("close")
+        self._stop("the loader was closed")
+        stream.fetch_failure = None
+
+    def _stop(self, reason: str) -> None:
+        active, self._active = self._active, None
+        if active is not None:
+            active.invalidate(reason)
+        engine, self._engine = self._engine, None
+        if engine is not None and engine._iterator is not None:
+            shutdown(engine._iterator)
+            engine._iterator = None
+
+    # --- state (public guards; the hooks below do the work) -----------------------
+    # state_dict/load_state_dict check the mode, the failure flags and the whole state
+    # before any hook runs; a subclass overriding them instead of the hooks could let
+    # a rejected state stop the workers or move the cursor, so override hooks only.
+
+    def state_dict(self) -> LoaderState:
+        """The delivered position: batches returned to the caller, never prefetched ones.
+
+        Returns:
+            A :class:`~trainer_resume.state.LoaderState` of ints, str and None only.
+
+        Raises:
+            ResumableModeRequiredError: the loader was built with ``resumable=False``.
+            LoaderCommitFailedError: recording a position failed; call load_state_dict().
+        """
+        stream = self._require_stream("state_dict")
+        stream.require_committable()
+        return self._collect_state(stream)
+
+    def validate_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Check ``state`` completely against this loader; changes nothing.
+
+        Raises:
+            ResumableModeRequiredError: the loader was built with ``resumable=False``.
+            LoaderStateError: wrong format, keys, types, batch size, sampler kind or
+                settings, or counts that do not agree.
+            ResumableSamplerGeneratorError: the sampler's seed is corrupted.
+        """
+        stream = self._require_stream("validate_state_dict")
+        what = "loader state"
+        keys.check_mapping(
+            state, what, (keys.FORMAT, keys.AUGMENTATION_SEED, keys.BATCH_SIZE, keys.DELIVERED_BATCHES, keys.SAMPLER)
+        )
+        keys.check_format(state, what, keys.LOADER_FORMAT)
+        keys.check_count(state, what, keys.AUGMENTATION_SEED)
+        batch_size = state[keys.BATCH_SIZE]
+        if batch_size is not None and not keys.is_int(batch_size):
+            raise LoaderStateError(f"{what}[{keys.BATCH_SIZE!r}] must be an int or None, got {batch_size!r}")
+        if batch_size != self.batch_size:
+            raise LoaderStateError(
+                f"{what}[{keys.BATCH_SIZE!r}] is {batch_size!r} but this loader's batch_size is {self.batch_size!r}"
+            )
+        delivered = keys.check_count(state, what, keys.DELIVERED_BATCHES)
+        sampler_state = state[keys.SAMPLER]
+        batched = isinstance(stream.source, BatchSamplerSource)
+        expected_format = keys.BATCH_SAMPLER_FORMAT if batched else keys.SAMPLER_FORMAT
+        if isinstance(sampler_state, Mapping) and sampler_state.get(keys.FORMAT) != expected_format:
+            raise LoaderStateError(
+                f"{what}[{keys.SAMPLER!r}] has format {sampler_state.get(keys.FORMAT)!r}, but this loader's "
+                f"sampler saves {expected_format!r}"
+            )
+        stream.source.validate(sampler_state)
+        expected = stream.source.delivered_batches(sampler_state)
+        if delivered != expected:
+            raise LoaderStateError(
+                f"{what}[{keys.DELIVERED_BATCHES!r}] = {delivered} but its sampler state implies {expected}"
+            )
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Validate ``state`` completely, then stop the workers, drop the prefetch and
+        move to the state's position; old iterators raise IteratorInvalidatedError.
+
+        This is also the way out of LoaderCommitFailedError.
+
+        Raises:
+            Same as :meth:`validate_state_dict`; when it raises, the loader, its
+            workers and its iterator are untouched.
+        """
+        self.validate_state_dict(state)
+        self._apply_state(self._require_stream("load_state_dict"), state)
+
+    def _collect_state(self, stream: Stream) -> LoaderState:
+        """Hook: the delivered position as a :class:`LoaderState`."""
+        sampler_state = stream.source.state()
+        return {
+            keys.FORMAT: keys.LOADER_FORMAT,
+            keys.AUGMENTATION_SEED: stream.augmentation_seed,
+            keys.BATCH_SIZE: self.batch_size,
+            keys.DELIVERED_BATCHES: stream.source.delivered_batches(sampler_state),
+            keys.SAMPLER: sampler_state,
+        }  # type: ignore[return-value]
+
+    def _apply_state(self, stream: Stream, state: Mapping[str, Any]) -> None:
+        """Hook: adopt an already validated state."""
+        self._stop("load_state_dict() moved the loader to another position")
+        stream.source.apply(state[keys.SAMPLER])
+        stream.augmentation_seed = state[keys.AUGMENTATION_SEED]
+        stream.fetch_failure = None
+        stream.commit_failure = None
+
+    def _require_stream(self, method: str) -> Stream:
+        stream = self.__dict__.get("_stream")
+        if stream is None:
+            if "resumable" not in self.__dict__:
+                raise RuntimeError(f"ResumableDataLoader.__init__ was not called before {method}")
+            raise ResumableModeRequiredError(f"ResumableDataLoader.{method} needs a loader built with resumable=True")
+        return stream
+
+
+def _check_resumable_configuration(dataset: Any, sampler: Any, batch_sampler: Any, in_order: bool) -> None:
+    if isinstance(dataset, IterableDataset):
+        raise UnsupportedResumeConfigurationError(
+            f"{type(dataset).__name__} is an IterableDataset; resumable loading needs a map-style dataset"
+        )
+    if in_order is not True:
+        raise UnsupportedResumeConfigurationError("a resumable loader needs in_order=True")
+    if batch_sampler is not None:
+        if type(batch_sampler) not in BATCH_SAMPLER_TARGETS.values():
+            raise UnsupportedResumeConfigurationError(
+                f"batch_sampler {type(batch_sampler).__name__} is not one that build_batch_sampler makes"
+            )
+        if not batch_sampler.resumable:
+            raise ResumableModeRequiredError(
+                "the batch sampler was built with resumable=False; build it with resumable=True"
+            )
+    elif sampler is not None:
+        if type(sampler) is not InfiniteRandomSampler:
+            raise UnsupportedResumeConfigurationError(
+                f"sampler {type(sampler).__name__} is not InfiniteRandomSampler (subclasses are not "
+                "supported either: their streams could not be checked on resume)"
+            )
+        if not sampler.resumable:
+            raise ResumableModeRequiredError(
+                "the InfiniteRandomSampler was built with resumable=False; build it with resumable=True"
+            )
+    else:
+        raise ResumableModeRequiredError(
+            "resumable=True needs sampler=InfiniteRandomSampler(..., resumable=True) or "
+            "batch_sampler=build_batch_sampler(..., resumable=True)"
+        )

@@ -1,0 +1,206 @@
+"""``InfiniteRandomSampler``: an endless stream of shuffled cycles with a closed-form cursor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+from ..errors import LoaderStateError, ResumableBatchConfigurationError, ResumableModeRequiredError
+from ..state import SamplerState
+from . import _state as keys
+from ._cycles import CycleReader, permutation
+
+__all__ = ["InfiniteRandomSampler"]
+
+_CHUNK = 1 << 16  # indices converted to Python ints at a time (bounds memory for big datasets)
+
+
+class InfiniteRandomSampler(Sampler[int]):
+    """An endless stream of dataset indices; cycle ``c`` is a permutation fixed by ``(seed, c)``.
+
+    The seed is drawn once, at construction, from ``generator`` (torch's default CPU
+    generator when ``None``); cycle ``c`` is ``torch.randperm(n)`` under a private
+    generator seeded with ``derive_seed(seed, c)``. Any stream position ``p`` is
+    therefore ``(cycle, offset) = divmod(p, n)`` and reaching it costs one
+    permutation, never ``O(p)``. The dataset size is read once, at construction.
+
+    With ``resumable=False`` the sampler is a plain sampler: every ``iter()``
+    starts at position 0 of the same stream and there is no cursor. With
+    ``resumable=True`` it keeps a cursor of *delivered* samples: ``iter()`` starts
+    at the cursor, which moves only by :meth:`advance` (when used under a plain
+    ``torch.utils.data.DataLoader``, call it for every batch you consume: the
+    loader prefetches, so iteration itself says nothing about delivery) or by a
+    :class:`~trainer_resume.loaders.ResumableDataLoader`, which records it for you.
+
+    The stream has no end, so ``len()`` is not defined.
+
+    Args:
+        data_source: A sized dataset (only ``len()`` is used).
+        generator: Draws the seed; torch's default CPU generator when ``None``.
+        resumable: Keep a cursor and offer ``state_dict`` / ``load_state_dict``.
+
+    Raises:
+        ResumableBatchConfigurationError: ``data_source`` is empty.
+        TypeError: ``resumable`` is not a bool.
+    """
+
+    def __init__(
+        self,
+        data_source: Sized,
+        *,
+        generator: torch.Generator | None = None,
+        resumable: bool = False,
+    ) -> None:
+        if not isinstance(resumable, bool):
+            raise TypeError(f"resumable must be a bool, got {type(resumable).__name__}")
+        size = len(data_source)
+        if size < 1:
+            raise ResumableBatchConfigurationError("InfiniteRandomSampler got an empty dataset")
+        self.data_source = data_source
+        self.resumable = resumable
+        self._size = size
+        self._seed = keys.draw_seed(generator)
+        self._consumed = 0
+
+    @property
+    def dataset_size(self) -> int:
+        """Number of indices per cycle (the dataset size at construction)."""
+        return self._size
+
+    @property
+    def seed(self) -> int:
+        """The stream's seed (replaced by :meth:`load_state_dict`)."""
+        return self._seed
+
+    @property
+    def consumed(self) -> int:
+        """Delivered samples since the start of the stream (0 when not resumable)."""
+        return self._consumed
+
+    def __iter__(self) -> Iterator[int]:
+        return self._indices_from(self._consumed if self.resumable else 0)
+
+    def _indices_from(self, start: int) -> Iterator[int]:
+        size, seed = self._size, self._seed
+        cycle, offset = divmod(start, size)
+        while True:
+            order = permutation(size, seed, cycle)
+            for begin in range(offset, size, _CHUNK):
+                yield from order[begin : begin + _CHUNK].tolist()
+            del order
+            cycle, offset = cycle + 1, 0
+
+    def reader(self) -> CycleReader:
+        """A reader of this stream's positions (captures the current seed)."""
+        size, seed = self._size, self._seed
+        return CycleReader(size, lambda cycle: permutation(size, seed, cycle))
+
+    # The public methods below are the guards: they check the mode and the input,
+    # then call the hooks (_state, _apply_state, _commit). Overriding a guard would
+    # let a bad state reach the cursor half-applied, so subclasses override hooks only.
+
+    def state_dict(self) -> SamplerState:
+        """Return the cursor as plain data.
+
+        Raises:
+            ResumableModeRequiredError: the sampler was built with ``resumable=False``.
+        """
+        self._require_resumable("state_dict")
+        return self._state()
+
+    def validate_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Check ``state`` completely against this sampler; changes nothing.
+
+        Raises:
+            ResumableModeRequiredError: the sampler was built with ``resumable=False``.
+            LoaderStateError: wrong format, dataset size, types, ranges, or
+                ``consumed != cycle * dataset_size + offset``.
+            ResumableSamplerGeneratorError: the seed is not an int in ``[0, 2**63)``.
+        """
+        self._require_resumable("validate_state_dict")
+        what = "sampler state"
+        keys.check_mapping(
+            state,
+            what,
+            (keys.FORMAT, keys.DATASET_SIZE, keys.SEED, keys.CONSUMED, keys.CYCLE, keys.OFFSET),
+        )
+        keys.check_format(state, what, keys.SAMPLER_FORMAT)
+        size = keys.check_count(state, what, keys.DATASET_SIZE)
+        if size != self._size:
+            raise LoaderStateError(
+                f"{what}[{keys.DATASET_SIZE!r}] is {size} but this sampler's dataset has {self._size} samples"
+            )
+        keys.check_seed(state, what)
+        consumed = keys.check_count(state, what, keys.CONSUMED)
+        cycle = keys.check_count(state, what, keys.CYCLE)
+        offset = keys.check_count(state, what, keys.OFFSET)
+        if offset >= size:
+            raise LoaderStateError(f"{what}[{keys.OFFSET!r}] = {offset} is not below the dataset size {size}")
+        if consumed != cycle * size + offset:
+            raise LoaderStateError(
+                f"{what}: consumed {consumed} != cycle*dataset_size+offset = {cycle}*{size}+{offset}"
+            )
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Validate ``state`` completely, then move the cursor and seed to it.
+
+        Raises:
+            Same as :meth:`validate_state_dict`; nothing changes when it raises.
+        """
+        self.validate_state_dict(state)
+        self._apply_state(state)
+
+    def advance(self, count: int) -> None:
+        """Record ``count`` more samples as delivered.
+
+        Raises:
+            ResumableModeRequiredError: the sampler was built with ``resumable=False``.
+            TypeError: ``count`` is not an int.
+            ValueError: ``count`` is negative.
+        """
+        self._require_resumable("advance")
+        if not keys.is_int(count):
+            raise TypeError(f"count must be an int, got {type(count).__name__}: {count!r}")
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        if self._consumed + count >= keys.SEED_LIMIT:
+            raise ValueError(f"advancing by {count} would move the cursor past 2**63 samples")
+        self._commit(self._consumed + count)
+
+    def _state(self) -> SamplerState:
+        """Hook: the current cursor as a :class:`SamplerState`."""
+        cycle, offset = divmod(self._consumed, self._size)
+        return {
+            keys.FORMAT: keys.SAMPLER_FORMAT,
+            keys.DATASET_SIZE: self._size,
+            keys.SEED: self._seed,
+            keys.CONSUMED: self._consumed,
+            keys.CYCLE: cycle,
+            keys.OFFSET: offset,
+        }  # type: ignore[return-value]
+
+    def _apply_state(self, state: Mapping[str, Any]) -> None:
+        """Hook: adopt an already validated state."""
+        self._seed = state[keys.SEED]
+        self._consumed = state[keys.CONSUMED]
+
+    def _commit(self, consumed: int) -> None:
+        """Hook: set the delivered-samples cursor."""
+        self._consumed = consumed
+
+    def _require_resumable(self, method: str) -> None:
+        if not self.__dict__.get("resumable", False):
+            if "_size" not in self.__dict__:
+                raise RuntimeError("InfiniteRandomSampler.__init__ was not called")
+            raise ResumableModeRequiredError(
+                f"InfiniteRandomSampler.{method}() needs a sampler built with resumable=True"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(dataset_size={self._size}, resumable={self.resumable}"
+            + (f", consumed={self._consumed})" if self.resumable else ")")
+        )
