@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from trainer_resume.rng import derive_seed, random_state, restore_random_state, rng_scope
+from trainer_resume.rng import (
+    derive_seed,
+    derive_seeds,
+    random_state,
+    restore_random_state,
+    rng_scope,
+)
 
 
 def _draws() -> tuple[list[float], list[float], torch.Tensor]:
@@ -362,3 +368,9 @@ def test_derive_seed_stays_in_63_bits():
 def test_derive_seed_refuses_non_int_values(bad):
     with pytest.raises(TypeError):
         derive_seed(1, bad)
+
+
+@pytest.mark.parametrize("base", [0, 1, 123456789123, (1 << 62) + 5, (1 << 63) - 1])
+@pytest.mark.parametrize("first", [0, 7, 10**12, (1 << 63) - 40])
+def test_derive_seeds_equals_derive_seed_of_each_position(base, first):
+    assert derive_seeds(base, first, 33) == [derive_seed(base, position) for position in range(first, first + 33)]

@@ -18,7 +18,15 @@ import torch
 
 from .state import RandomState
 
-__all__ = ["random_state", "restore_random_state", "rng_scope", "derive_seed", "RNG_FORMAT"]
+__all__ = [
+    "random_state",
+    "restore_random_state",
+    "rng_scope",
+    "derive_seed",
+    "derive_seeds",
+    "seed_cpu_generators",
+    "RNG_FORMAT",
+]
 
 _MASK32 = (1 << 32) - 1
 _MASK64 = (1 << 64) - 1
@@ -69,6 +77,34 @@ def derive_seed(*values: int) -> int:
     return _splitmix64(state ^ len(values)) & _MASK63
 
 
+def derive_seeds(base: int, first: int, count: int) -> list[int]:
+    """``[derive_seed(base, p) for p in range(first, first + count)]`` in one NumPy pass.
+
+    The per-sample seeds of a batch: the same mix as :func:`derive_seed`, vectorised
+    over consecutive positions.
+    """
+    head = _splitmix64(_DERIVE_INIT ^ (base & _MASK64))
+    positions = np.uint64(first & _MASK64) + np.arange(count, dtype=np.uint64)
+    state = _splitmix64_array(np.uint64(head) ^ positions)
+    return (_splitmix64_array(state ^ np.uint64(2)) & np.uint64(_MASK63)).tolist()
+
+
+def _splitmix64_array(value: np.ndarray) -> np.ndarray:
+    value = value + np.uint64(_GOLDEN)  # uint64 arithmetic wraps modulo 2**64
+    value = (value ^ (value >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    value = (value ^ (value >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return value ^ (value >> np.uint64(31))
+
+
+def seed_cpu_generators(seed: int) -> None:
+    """Seed Python ``random``, NumPy's global generator and torch CPU as :func:`rng_scope`
+    does, without saving or restoring anything (for code that restores once per batch)."""
+    random.seed(seed)
+    np.random.seed(seed & _MASK32)
+    # torch.default_generator only: torch.manual_seed would reseed CUDA as well.
+    torch.default_generator.manual_seed(seed & _MASK64)
+
+
 @contextmanager
 def rng_scope(seed: int) -> Iterator[None]:
     """Seed Python ``random``, NumPy's global generator and torch CPU for the block.
@@ -90,9 +126,7 @@ def rng_scope(seed: int) -> Iterator[None]:
     numpy_state = np.random.get_state()
     torch_state = torch.get_rng_state()
     try:
-        random.seed(seed)
-        np.random.seed(seed & _MASK32)
-        torch.default_generator.manual_seed(seed & _MASK64)
+        seed_cpu_generators(seed)
         yield
     finally:
         random.setstate(python_state)

@@ -178,11 +178,3 @@ def test_a_full_batch_sampler_cycle_after_resume_matches_a_full_cycle_of_a_fresh
 def _take(loader, count: int) -> list[torch.Tensor]:
     iterator = iter(loader)
     return [next(iterator) for _ in range(count)]
-
-
-@pytest.mark.parametrize("base", [0, 1, 123456789123, (1 << 62) + 5, (1 << 63) - 1])
-@pytest.mark.parametrize("first", [0, 7, 10**12, (1 << 63) - 40])
-def test_batched_sample_seeds_equal_derive_seed_of_each_position(base, first):
-    from trainer_resume.loaders._fetch import sample_seeds
-
-    assert sample_seeds(base, first, 33) == [derive_seed(base, position) for position in range(first, first + 33)]

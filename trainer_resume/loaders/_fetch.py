@@ -12,65 +12,22 @@ report the dataset index and chain the original exception, whatever the worker d
 from __future__ import annotations
 
 import pickle
-import random
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from ..rng import derive_seed, rng_scope
+from ..rng import derive_seed, derive_seeds, rng_scope, seed_cpu_generators
 
-__all__ = ["BatchFetcher", "FetchFailure", "as_is", "collate_seed", "sample_seeds"]
+__all__ = ["BatchFetcher", "FetchFailure", "as_is", "collate_seed"]
 
-_MASK32 = (1 << 32) - 1
-_MASK63 = (1 << 63) - 1
-_MASK64 = (1 << 64) - 1
 _COLLATE_SALT = 0x636F_6C6C_6174_65  # b"collate": keeps batch seeds apart from sample seeds
-
-# derive_seed's documented mix (SplitMix64 steps from a fixed start), vectorised over
-# the positions of a batch: one NumPy pass instead of a Python call per sample.
-_DERIVE_INIT = 0x5452_5245_5355_4D45
-_GOLDEN, _MUL1, _MUL2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-
-
-def _splitmix64(value: int) -> int:
-    value = (value + _GOLDEN) & _MASK64
-    value = ((value ^ (value >> 30)) * _MUL1) & _MASK64
-    value = ((value ^ (value >> 27)) * _MUL2) & _MASK64
-    return value ^ (value >> 31)
-
-
-def _splitmix64_array(value: np.ndarray) -> np.ndarray:
-    value = value + np.uint64(_GOLDEN)  # uint64 arrays wrap modulo 2**64
-    value = (value ^ (value >> np.uint64(30))) * np.uint64(_MUL1)
-    value = (value ^ (value >> np.uint64(27))) * np.uint64(_MUL2)
-    return value ^ (value >> np.uint64(31))
-
-
-def sample_seeds(augmentation_seed: int, first_position: int, count: int) -> list[int]:
-    """``[derive_seed(augmentation_seed, p) for p in range(first_position, first_position + count)]``."""
-    head = _splitmix64(_DERIVE_INIT ^ (augmentation_seed & _MASK64))
-    positions = np.uint64(first_position) + np.arange(count, dtype=np.uint64)
-    state = _splitmix64_array(np.uint64(head) ^ positions)
-    seeds = _splitmix64_array(state ^ np.uint64(2)) & np.uint64(_MASK63)
-    return seeds.tolist()
 
 
 def collate_seed(augmentation_seed: int, first_position: int) -> int:
     """Seed of the ``collate_fn`` call of the batch starting at ``first_position``."""
     return derive_seed(augmentation_seed, first_position, _COLLATE_SALT)
-
-
-def _reseed(seed: int) -> None:
-    # Exactly what rng_scope(seed) seeds; the caller's states are saved once per
-    # batch (below) instead of once per sample: NumPy's get/set_state alone costs
-    # tens of microseconds, more than many samples take to load.
-    random.seed(seed)
-    np.random.seed(seed & _MASK32)
-    torch.default_generator.manual_seed(seed)
 
 
 def as_is(batch: Any) -> Any:
@@ -167,14 +124,14 @@ class BatchFetcher(Dataset):
         dataset, base = self.dataset, self.augmentation_seed
         batch = indices if self.batched else (indices,)
         samples = []
-        for offset, (index, seed) in enumerate(zip(batch, sample_seeds(base, first_position, len(batch)))):
-            _reseed(seed)
+        for offset, (index, seed) in enumerate(zip(batch, derive_seeds(base, first_position, len(batch)))):
+            seed_cpu_generators(seed)
             try:
                 samples.append(dataset[index])
             except Exception as exc:
                 position = first_position + offset
                 return FetchFailure(first_position, index, position, "dataset", exc, in_worker=in_worker)
-        _reseed(collate_seed(base, first_position))
+        seed_cpu_generators(collate_seed(base, first_position))
         try:
             return self.collate_fn(samples if self.batched else samples[0])
         except Exception as exc:
