@@ -7,6 +7,7 @@ from .errors import *  # noqa: F401,F403  (the error catalogue is public API)
 from .errors import __all__ as _error_names
 from .amp import restore_grad_scaler_state
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header, save_checkpoint
+from .mixin import TrainingResumeMixin, serialized_training, training_step
 from .rng import derive_seed, random_state, restore_random_state, rng_scope
 from .signature import canonical_config, config_difference, config_signature
 from .state import cpu_state
@@ -14,6 +15,9 @@ from .state import cpu_state
 __version__ = "0.1.0"
 
 __all__ = [
+    "TrainingResumeMixin",
+    "training_step",
+    "serialized_training",
     "save_checkpoint",
     "load_checkpoint",
     "read_checkpoint_header",

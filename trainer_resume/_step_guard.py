@@ -1,0 +1,148 @@
+"""The lock and bookkeeping behind ``@training_step`` and ``@serialized_training``.
+
+One re-entrant lock per trainer serialises training steps, other state-changing
+methods and ``pause()`` / ``resume()``. The guard also counts completed steps and
+remembers whether the last step failed, whether the trainer is paused or locked,
+and which pause was requested (by a signal handler or another thread).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from .errors import TrainerLockedError, TrainingPausedError
+
+__all__ = ["GUARD_ATTRIBUTE", "StepGuard", "guard_of", "serialized_training", "training_step"]
+
+GUARD_ATTRIBUTE = "_training_resume_guard"
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+class StepGuard:
+    """Per-trainer lock, step counter and pause/lock flags."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.depth = 0  # nesting of @training_step calls in the thread holding the lock
+        self.completed_steps = 0
+        self.failed = False
+        self.paused = False
+        self.locked_reason: str | None = None
+        # Written by signal handlers: plain attribute stores only, no locks and no I/O,
+        # because a handler runs between two bytecodes of whatever the main thread does.
+        self.requested_path: Any = None
+        # When the decision to pause is collective (all ranks at the same step), the
+        # boundary hook must run after every step, not only after a local request.
+        self.check_every_boundary = False
+        # pause()/resume() from another thread would otherwise starve: a thread running
+        # steps in a loop re-acquires the lock before a waiting thread wakes up.
+        self.exclusive_waiters = 0
+        self._waiters_lock = threading.Lock()
+        self._no_waiters = threading.Event()
+        self._no_waiters.set()
+
+    def yield_to_exclusive(self) -> None:
+        """Let a waiting ``pause()`` / ``resume()`` go first (steps wait at their start)."""
+        if self.exclusive_waiters and not self.lock._is_owned():  # type: ignore[attr-defined]
+            self._no_waiters.wait()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the lock with priority over threads that are about to start a step."""
+        with self._waiters_lock:
+            self.exclusive_waiters += 1
+            self._no_waiters.clear()
+        try:
+            self.lock.acquire()
+        finally:
+            with self._waiters_lock:
+                self.exclusive_waiters -= 1
+                if not self.exclusive_waiters:
+                    self._no_waiters.set()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def check_step_allowed(self) -> None:
+        if self.locked_reason is not None:
+            raise TrainerLockedError(self.locked_reason)
+        if self.paused:
+            raise TrainingPausedError("call resume(path) before the next training step")
+
+
+def guard_of(trainer: Any, action: str) -> StepGuard:
+    """Return the trainer's guard, or explain the missing initialisation call."""
+    guard = trainer.__dict__.get(GUARD_ATTRIBUTE) if hasattr(trainer, "__dict__") else None
+    if guard is None:
+        raise RuntimeError(
+            f"{type(trainer).__name__}.{action} needs self._initialize_training_resume(config, version=...) "
+            "to be called first (usually at the end of __init__)"
+        )
+    return guard
+
+
+def training_step(method: _Method) -> _Method:
+    """Mark the outermost training step of a ``TrainingResumeMixin`` trainer.
+
+    The call holds the trainer's re-entrant lock, so ``pause()`` / ``resume()``
+    from another thread wait for it to finish. Nested decorated calls count once.
+    A step that returns counts as completed and clears an earlier failure; a step
+    that raises is marked failed (``pause()`` raises ``PauseBlockedError`` until a
+    later step succeeds or ``resume()`` succeeds) and the exception propagates
+    unchanged; retrying is allowed. A pause requested by ``request_pause`` or a
+    signal is written when the outermost step returns (if that write fails, the
+    step has still completed and its call raises the ``CheckpointWriteError``).
+
+    Raises:
+        TrainingPausedError: the trainer is paused.
+        TrainerLockedError: a restore failed part-way.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        guard = self.__dict__.get(GUARD_ATTRIBUTE) or guard_of(self, f"{method.__name__}()")
+        if guard.exclusive_waiters:
+            guard.yield_to_exclusive()
+        with guard.lock:
+            if guard.depth:
+                return method(self, *args, **kwargs)
+            guard.check_step_allowed()
+            guard.depth = 1
+            try:
+                result = method(self, *args, **kwargs)
+            except BaseException:
+                guard.failed = True
+                raise
+            finally:
+                guard.depth = 0
+            guard.completed_steps += 1
+            guard.failed = False
+            if guard.requested_path is not None or guard.check_every_boundary:
+                self._pause_at_step_boundary()
+            return result
+
+    return wrapper  # type: ignore[return-value]
+
+
+def serialized_training(method: _Method) -> _Method:
+    """Run a state-changing method under the trainer's training lock.
+
+    ``pause()`` and ``resume()`` never interleave with it. It is not counted as a
+    step and is allowed on a paused trainer.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        guard = self.__dict__.get(GUARD_ATTRIBUTE) or guard_of(self, f"{method.__name__}()")
+        if guard.exclusive_waiters:
+            guard.yield_to_exclusive()
+        with guard.lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,403 @@
+"""``TrainingResumeMixin``: pause a trainer at a completed step and resume it exactly.
+
+A trainer subclasses the mixin, calls ``_initialize_training_resume(config,
+version=...)`` in its ``__init__``, decorates its outermost step with
+``@training_step`` and implements two hooks: ``_resume_objects()`` (model,
+optimizer, scheduler, GradScaler...) and ``_resume_loaders()``. ``pause(path)``
+writes everything an exact continuation needs; ``resume(path)`` in a fresh trainer
+(in a fresh process) continues bit-identically.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from ._pause_file import (
+    check_layout,
+    check_names,
+    check_random_state,
+    check_saveable,
+    object_states,
+    to_cpu,
+)
+from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
+from ._step_guard import (
+    GUARD_ATTRIBUTE,
+    StepGuard,
+    guard_of,
+    serialized_training,
+    training_step,
+)
+from .amp import restore_grad_scaler_state
+from .durable import load_checkpoint, save_checkpoint
+from .errors import (
+    ConfigSignatureMismatchError,
+    PauseBlockedError,
+    ResumeStateMismatchError,
+    TrainerLockedError,
+    VersionMismatchError,
+)
+from .rng import random_state, restore_random_state
+from .signature import canonical_config, config_difference, config_signature
+from .state import PAUSE_FORMAT, PauseCheckpoint
+
+__all__ = ["SignalPause", "Stateful", "TrainingResumeMixin", "serialized_training", "training_step"]
+
+StrPath = str | os.PathLike[str]
+
+_GRAD_SCALERS: tuple[type, ...] = (torch.amp.GradScaler,)
+if not issubclass(torch.cuda.amp.GradScaler, torch.amp.GradScaler):  # older torch: separate classes
+    _GRAD_SCALERS += (torch.cuda.amp.GradScaler,)
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> Any: ...
+
+
+class _Settings:
+    __slots__ = ("canonical", "key", "signature", "version")
+
+    def __init__(self, version: str, signature: str, canonical: Any, key: bytes | None) -> None:
+        self.version = version
+        self.signature = signature
+        self.canonical = canonical
+        self.key = key
+
+
+def _rng_device() -> int | None:
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+class TrainingResumeMixin:
+    """Adds exact, thread-safe and signal-safe ``pause()`` / ``resume()`` to a trainer.
+
+    Subclasses implement ``_resume_objects()`` and ``_resume_loaders()`` and may
+    override the other ``_resume_*`` / ``_load_resume_extra_state`` /
+    ``_rebuild_resume_iterators`` / ``_validate_resume`` / ``_regular_checkpoint``
+    hooks. Steps go through ``@training_step``; other state-changing methods
+    through ``@serialized_training``.
+    """
+
+    # True runs _pause_at_step_boundary() after every step, for trainers whose pause
+    # decision is collective (every process must take part at every boundary).
+    _pause_check_every_step: ClassVar[bool] = False
+
+    # ----------------------------------------------------------------- setup
+    def _initialize_training_resume(self, config: Any, *, version: str, key: bytes | None = None) -> None:
+        """Sign ``config`` (its ``load`` entry excluded) and record the module version.
+
+        Call it in ``__init__`` with the original config, before the first step.
+
+        Args:
+            config: The trainer's config (mapping, OmegaConf config, dataclass...).
+            version: The version of the training module; a pause file of another
+                version is refused (``VersionMismatchError``).
+            key: Optional HMAC key: pause files are signed with it and ``resume``
+                refuses files without a valid signature.
+        """
+        if not isinstance(version, str) or not version:
+            raise TypeError(f"version must be a non-empty str, got {version!r}")
+        canonical = canonical_config(config)
+        self.__dict__["_training_resume_settings"] = _Settings(version, config_signature(config), canonical, key)
+        if GUARD_ATTRIBUTE not in self.__dict__:
+            self.__dict__[GUARD_ATTRIBUTE] = StepGuard()
+        self.__dict__[GUARD_ATTRIBUTE].check_every_boundary = bool(self._pause_check_every_step)
+
+    def _resume_settings(self, action: str) -> _Settings:
+        guard_of(self, action)
+        return self.__dict__["_training_resume_settings"]
+
+    # ------------------------------------------------------------ state flags
+    @property
+    def paused(self) -> bool:
+        """True after a successful ``pause()`` until ``resume()``: the training loop should exit."""
+        return guard_of(self, "paused").paused
+
+    @property
+    def locked(self) -> bool:
+        """True after a restore failed part-way, until a later ``resume()`` succeeds."""
+        return guard_of(self, "locked").locked_reason is not None
+
+    @property
+    def completed_steps(self) -> int:
+        """Number of outermost ``@training_step`` calls that returned (restored by ``resume``)."""
+        return guard_of(self, "completed_steps").completed_steps
+
+    @property
+    def pause_requested(self) -> bool:
+        """True while a pause asked for by ``request_pause`` or a signal waits for a step boundary."""
+        return guard_of(self, "pause_requested").requested_path is not None
+
+    # ------------------------------------------------------------------ hooks
+    def _resume_objects(self) -> Mapping[str, Stateful]:
+        """Name -> object with ``state_dict``/``load_state_dict`` (model, optimizer, scheduler, scaler)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _resume_objects()")
+
+    def _resume_loaders(self) -> Mapping[str, Any]:
+        """Name -> resumable loader (``state_dict``, ``load_state_dict``, ``validate_state_dict``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _resume_loaders() (return {{}} if none)")
+
+    def _resume_shared_keys(self) -> Iterable[str]:
+        """Resume objects whose state is taken from the regular checkpoint under the same key."""
+        return ()
+
+    def _regular_checkpoint(self) -> Mapping[str, Any] | None:
+        """The trainer's usual checkpoint (e.g. weights), stored once in the pause file."""
+        return None
+
+    def _resume_extra_state(self) -> Mapping[str, Any]:
+        """Plain-data state outside the resume objects (counters, pools, warm-up flags)."""
+        return {}
+
+    def _load_resume_extra_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``_resume_extra_state`` returned."""
+
+    def _rebuild_resume_iterators(self) -> None:
+        """Recreate iterators over the loaders after their state was restored."""
+
+    def _validate_resume(self, checkpoint: PauseCheckpoint) -> None:
+        """Refuse a checkpoint (raise a ``ResumeError``) before any state is touched."""
+
+    def _save_pause_checkpoint(self, checkpoint: PauseCheckpoint, path: StrPath) -> None:
+        """Write the pause checkpoint durably (default: ``save_checkpoint``)."""
+        save_checkpoint(checkpoint, path, key=self._resume_settings("pause()").key)
+
+    def _load_pause_checkpoint(self, path: StrPath) -> Any:
+        """Read and verify a pause file (default: ``load_checkpoint``, weights-only)."""
+        return load_checkpoint(path, map_location="cpu", key=self._resume_settings("resume()").key)
+
+    # ----------------------------------------------------------------- guards
+    # pause() and resume() are guards, not hooks: they take the training lock, refuse
+    # at the wrong moment, validate everything before touching state and restore the
+    # RNG last. An override that skipped one of these would turn a refused resume into
+    # a silently inexact one, so subclasses customise the hooks above instead.
+
+    def pause(self, path: StrPath) -> None:
+        """Write a pause checkpoint at the current completed-step boundary and pause.
+
+        Called from another thread, it waits for the running step to finish. After
+        it returns, every ``@training_step`` call raises ``TrainingPausedError``
+        until ``resume()``.
+
+        Args:
+            path: The pause file; replaced atomically, the previous one stays intact
+                until the new one is complete.
+
+        Raises:
+            TrainerLockedError: a restore failed part-way.
+            PauseBlockedError: the last training step raised.
+            ResumeStateMismatchError: a shared key is missing from the objects or
+                the regular checkpoint.
+            CheckpointWriteError: writing failed; the trainer is not paused and may
+                continue or retry.
+            TypeError: the state holds a value ``torch.load(weights_only=True)``
+                would refuse (named by its path); nothing was written.
+            RuntimeError: called inside a training step (use ``request_pause``).
+        """
+        guard = guard_of(self, "pause()")
+        with guard.exclusive():
+            self._require_step_boundary(guard, "pause")
+            if guard.locked_reason is not None:
+                raise TrainerLockedError(guard.locked_reason)
+            if guard.failed:
+                raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
+            checkpoint = self._pause_checkpoint(guard)
+            self._save_pause_checkpoint(checkpoint, path)
+            guard.paused = True
+            if guard.requested_path is not None and os.fspath(guard.requested_path) == os.fspath(path):
+                guard.requested_path = None
+
+    def resume(self, path: StrPath) -> None:
+        """Restore the trainer from a pause file and unpause it.
+
+        The file is verified and checked completely (format, module version, config
+        signature, entries, loader states, ``_validate_resume``, RNG state) before
+        anything changes; a refusal leaves the trainer as it was. Objects, loaders,
+        extra state and iterators are then restored, the main-process RNG last.
+
+        Args:
+            path: A file written by ``pause()``.
+
+        Raises:
+            FileNotFoundError: ``path`` does not exist.
+            ResumeError: the file is refused (321 format, 322 corrupted, 323 config,
+                328 unsafe, 329 version, 330 entries, 333 loader state, 339
+                signature, or what ``_validate_resume`` raises); nothing changed.
+            TrainerLockedError: restoring failed part-way; the trainer refuses steps
+                and pauses until a later ``resume()`` succeeds.
+            RuntimeError: called inside a training step.
+        """
+        guard = guard_of(self, "resume()")
+        with guard.exclusive():
+            self._require_step_boundary(guard, "resume")
+            location = os.fspath(path)
+            checkpoint = self._load_pause_checkpoint(path)
+            states = self._check_pause_checkpoint(checkpoint, location)
+            self._restore(guard, checkpoint, states, location)
+
+    def request_pause(self, path: StrPath) -> None:
+        """Ask for a pause at the end of the running (or next) outermost training step.
+
+        Safe from any thread and from signal handlers: it only records the request.
+        ``paused`` becomes true once the pause is written. Should that write fail, the
+        step still counts as completed, the request is dropped and the step call
+        raises the ``CheckpointWriteError``.
+        """
+        guard_of(self, "request_pause()").requested_path = os.fspath(path)
+
+    def pause_if_requested(self) -> bool:
+        """Write a pending pause request now, between steps (e.g. in a loop that waits or evaluates).
+
+        Returns:
+            True when a pause was written (the trainer is now paused).
+
+        Raises:
+            Same as :meth:`pause`.
+        """
+        guard = guard_of(self, "pause_if_requested()")
+        with guard.exclusive():
+            self._require_step_boundary(guard, "pause_if_requested")
+            if guard.requested_path is None:
+                return False
+            self._pause_at_step_boundary()
+            return True
+
+    def pause_on_signal(self, path: StrPath, signals: Iterable[int] = DEFAULT_PAUSE_SIGNALS) -> SignalPause:
+        """Turn the given signals into a pause request (written at the next step boundary).
+
+        The handler only records the request: no I/O runs inside it. Must be called
+        from the main thread. Calling it again replaces the path and signals; the
+        handlers from before the first call are the ones put back.
+
+        Args:
+            path: The pause file written when a signal arrives.
+            signals: Signal numbers (default ``SIGTERM`` and ``SIGUSR1``).
+
+        Returns:
+            A handle (also a context manager) whose ``restore()`` puts the previous
+            handlers back; ``previous`` maps each signal to its former handler.
+        """
+        guard = guard_of(self, "pause_on_signal()")
+        self.restore_signal_handlers()
+        handle = SignalPause(guard, path, signals)
+        self.__dict__["_training_resume_signals"] = handle
+        return handle
+
+    def restore_signal_handlers(self) -> None:
+        """Put back the handlers that ``pause_on_signal`` replaced (no-op if none)."""
+        handle: SignalPause | None = self.__dict__.pop("_training_resume_signals", None)
+        if handle is not None:
+            handle.restore()
+
+    # -------------------------------------------------------------- internals
+    def _pause_at_step_boundary(self) -> None:
+        """Write the pending pause request, if any (runs under the lock, between steps)."""
+        guard: StepGuard = self.__dict__[GUARD_ATTRIBUTE]
+        path = guard.requested_path
+        guard.requested_path = None
+        if path is not None:
+            self.pause(path)
+
+    @staticmethod
+    def _require_step_boundary(guard: StepGuard, action: str) -> None:
+        if guard.depth:
+            hint = " use request_pause(path) to pause when the step ends" if action == "pause" else ""
+            raise RuntimeError(f"{action}() was called inside a training step;{hint}")
+
+    def _pause_checkpoint(self, guard: StepGuard) -> PauseCheckpoint:
+        settings = self._resume_settings("pause()")
+        objects = dict(self._resume_objects())
+        shared = list(self._resume_shared_keys())
+        regular_source = self._regular_checkpoint()
+        for name in shared:
+            if name not in objects or regular_source is None or name not in regular_source:
+                where = "the resume objects" if name not in objects else "the regular checkpoint"
+                raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
+        memo: dict[int, torch.Tensor] = {}
+        regular = None if regular_source is None else to_cpu(dict(regular_source), memo)
+        object_states: dict[str, Any] = {}
+        for name, obj in objects.items():
+            # A shared key references the regular snapshot: no second state_dict() call,
+            # and torch.save writes the object once because it is the same object.
+            object_states[name] = (
+                regular[name] if regular is not None and name in shared else to_cpu(obj.state_dict(), memo)
+            )
+        checkpoint: PauseCheckpoint = {
+            "format": PAUSE_FORMAT,
+            "module_version": settings.version,
+            "config_signature": settings.signature,
+            "config": settings.canonical,
+            "completed_steps": guard.completed_steps,
+            "regular": regular,
+            "shared_keys": shared,
+            "objects": object_states,
+            "loaders": {name: to_cpu(loader.state_dict(), memo) for name, loader in self._resume_loaders().items()},
+            "extra": to_cpu(dict(self._resume_extra_state()), memo),
+            "rng": random_state(_rng_device()),
+        }
+        check_saveable(checkpoint)
+        return checkpoint
+
+    def _check_pause_checkpoint(self, checkpoint: Any, location: str) -> dict[str, Any]:
+        settings = self._resume_settings("resume()")
+        check_layout(checkpoint, location)
+        if checkpoint["module_version"] != settings.version:
+            raise VersionMismatchError(
+                f"{location} was written by version {checkpoint['module_version']!r}, this trainer is {settings.version!r}"
+            )
+        if checkpoint["config_signature"] != settings.signature:
+            saved = checkpoint.get("config")
+            difference = config_difference(saved, settings.canonical) if saved is not None else None
+            raise ConfigSignatureMismatchError(
+                difference or f"signature {checkpoint['config_signature'][:16]}... != {settings.signature[:16]}..."
+            )
+        states = object_states(checkpoint)
+        loaders = self._resume_loaders()
+        check_names("objects", states, self._resume_objects())
+        check_names("loaders", checkpoint["loaders"], loaders)
+        check_names("extra state", checkpoint["extra"], self._resume_extra_state())
+        for name, loader in loaders.items():
+            loader.validate_state_dict(checkpoint["loaders"][name])
+        self._validate_resume(checkpoint)
+        check_random_state(checkpoint["rng"], location, _rng_device())
+        return states
+
+    def _restore(self, guard: StepGuard, checkpoint: PauseCheckpoint, states: dict[str, Any], location: str) -> None:
+        objects = self._resume_objects()
+        scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]
+        optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
+        stage = "objects"
+        try:
+            for name, obj in objects.items():
+                if name not in scalers:
+                    stage = f"object {name!r}"
+                    obj.load_state_dict(states[name])
+            # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.
+            for name in scalers:
+                stage = f"GradScaler {name!r}"
+                restore_grad_scaler_state(objects[name], states[name], optimizers)
+            for name, loader in self._resume_loaders().items():
+                stage = f"loader {name!r}"
+                loader.load_state_dict(checkpoint["loaders"][name])
+            stage = "extra state"
+            self._load_resume_extra_state(checkpoint["extra"])
+            stage = "iterators"
+            self._rebuild_resume_iterators()
+            # Last: rebuilding loaders and iterators may draw from the global generators.
+            stage = "random state"
+            restore_random_state(checkpoint["rng"], _rng_device())
+        except BaseException as error:
+            guard.locked_reason = f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
+            if not isinstance(error, Exception):
+                raise
+            raise TrainerLockedError(guard.locked_reason) from error
+        guard.locked_reason = None
+        guard.failed = False
+        guard.paused = False
+        guard.completed_steps = checkpoint["completed_steps"]
