@@ -374,3 +374,10 @@ def test_derive_seed_refuses_non_int_values(bad):
 @pytest.mark.parametrize("first", [0, 7, 10**12, (1 << 63) - 40])
 def test_derive_seeds_equals_derive_seed_of_each_position(base, first):
     assert derive_seeds(base, first, 33) == [derive_seed(base, position) for position in range(first, first + 33)]
+
+
+@pytest.mark.parametrize("stride", [2, 3, 7])
+def test_derive_seeds_with_a_stride_equals_derive_seed_of_every_strided_position(stride):
+    first = (1 << 63) - 5
+    expected = [derive_seed(11, first + offset * stride) for offset in range(9)]
+    assert derive_seeds(11, first, 9, stride=stride) == expected

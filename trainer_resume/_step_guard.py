@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from .distributed import is_distributed
 from .errors import TrainerLockedError, TrainingPausedError
 
 __all__ = ["GUARD_ATTRIBUTE", "StepGuard", "guard_of", "serialized_training", "training_step"]
@@ -123,7 +124,8 @@ def training_step(method: _Method) -> _Method:
                 guard.depth = 0
             guard.completed_steps += 1
             guard.failed = False
-            if guard.requested_path is not None or guard.check_every_boundary:
+            # Under a process group every boundary is a collective agreement on pausing.
+            if guard.requested_path is not None or guard.check_every_boundary or is_distributed():
                 self._pause_at_step_boundary()
             return result
 

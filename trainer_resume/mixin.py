@@ -24,6 +24,7 @@ from ._pause_file import (
     object_states,
     to_cpu,
 )
+from . import distributed as _distributed
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
 from ._step_guard import (
     GUARD_ATTRIBUTE,
@@ -68,6 +69,14 @@ class _Settings:
         self.signature = signature
         self.canonical = canonical
         self.key = key
+
+
+def _refuse_on_every_rank(error: BaseException, action: str) -> None:
+    # Tell the other ranks (they raise too); this rank then raises its own error.
+    try:
+        _distributed.agree(f"{type(error).__name__}: {error}", action)
+    except RuntimeError:
+        pass
 
 
 def _rng_device() -> int | None:
@@ -198,17 +207,38 @@ class TrainingResumeMixin:
                 continue or retry.
             TypeError: the state holds a value ``torch.load(weights_only=True)``
                 would refuse (named by its path); nothing was written.
-            RuntimeError: called inside a training step (use ``request_pause``).
+            RuntimeError: called inside a training step (use ``request_pause``); or,
+                under a process group of several ranks, another rank refused or the
+                ranks are not at the same completed step (then every rank raises and
+                nothing is written).
+
+        Under a ``torch.distributed`` process group of several ranks, call it on every
+        rank at the same completed step (or use ``request_pause`` / signals on any
+        rank): rank 0 writes one file with every rank's state, see
+        :mod:`trainer_resume.distributed`.
         """
         guard = guard_of(self, "pause()")
         with guard.exclusive():
             self._require_step_boundary(guard, "pause")
-            if guard.locked_reason is not None:
-                raise TrainerLockedError(guard.locked_reason)
-            if guard.failed:
-                raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
-            checkpoint = self._pause_checkpoint(guard)
-            self._save_pause_checkpoint(checkpoint, path)
+            # Under a process group every rank takes part in each collective below, so a
+            # refusal on one rank is announced to all before it is raised (none waits forever).
+            collective = _distributed.is_distributed()
+            try:
+                if guard.locked_reason is not None:
+                    raise TrainerLockedError(guard.locked_reason)
+                if guard.failed:
+                    raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
+                checkpoint = self._pause_checkpoint(guard)
+            except Exception as error:
+                if collective:
+                    _refuse_on_every_rank(error, "pause()")
+                raise
+            if collective:
+                _distributed.agree(None, "pause()")
+                combined = _distributed.gather_pause(checkpoint)
+                _distributed.commit(lambda: self._save_pause_checkpoint(combined, path), os.fspath(path))
+            else:
+                self._save_pause_checkpoint(checkpoint, path)
             guard.paused = True
             if guard.requested_path is not None and os.fspath(guard.requested_path) == os.fspath(path):
                 guard.requested_path = None
@@ -231,14 +261,27 @@ class TrainingResumeMixin:
                 signature, or what ``_validate_resume`` raises); nothing changed.
             TrainerLockedError: restoring failed part-way; the trainer refuses steps
                 and pauses until a later ``resume()`` succeeds.
-            RuntimeError: called inside a training step.
+            RuntimeError: called inside a training step; or, under a process group
+                of several ranks, another rank refused the file (nothing changed).
+
+        Under a process group every rank calls it with the same file and takes its own
+        part; with another world size than the paused run the loaders re-shard from
+        the global position (see :mod:`trainer_resume.distributed`).
         """
         guard = guard_of(self, "resume()")
         with guard.exclusive():
             self._require_step_boundary(guard, "resume")
             location = os.fspath(path)
-            checkpoint = self._load_pause_checkpoint(path)
-            states = self._check_pause_checkpoint(checkpoint, location)
+            collective = _distributed.is_distributed()
+            try:
+                checkpoint = self._rank_checkpoint(self._load_pause_checkpoint(path), location)
+                states = self._check_pause_checkpoint(checkpoint, location)
+            except Exception as error:
+                if collective:
+                    _refuse_on_every_rank(error, "resume()")
+                raise
+            if collective:  # every rank checked the file: restore everywhere or nowhere
+                _distributed.agree(None, "resume()")
             self._restore(guard, checkpoint, states, location)
 
     def request_pause(self, path: StrPath) -> None:
@@ -263,10 +306,9 @@ class TrainingResumeMixin:
         guard = guard_of(self, "pause_if_requested()")
         with guard.exclusive():
             self._require_step_boundary(guard, "pause_if_requested")
-            if guard.requested_path is None:
+            if guard.requested_path is None and not _distributed.is_distributed():
                 return False
-            self._pause_at_step_boundary()
-            return True
+            return self._pause_at_step_boundary()
 
     def pause_on_signal(self, path: StrPath, signals: Iterable[int] = DEFAULT_PAUSE_SIGNALS) -> SignalPause:
         """Turn the given signals into a pause request (written at the next step boundary).
@@ -296,13 +338,31 @@ class TrainingResumeMixin:
             handle.restore()
 
     # -------------------------------------------------------------- internals
-    def _pause_at_step_boundary(self) -> None:
+    def _pause_at_step_boundary(self) -> bool:
         """Write the pending pause request, if any (runs under the lock, between steps)."""
         guard: StepGuard = self.__dict__[GUARD_ATTRIBUTE]
         path = guard.requested_path
         guard.requested_path = None
-        if path is not None:
-            self.pause(path)
+        if _distributed.is_distributed():
+            # A request on any rank pauses every rank at this same boundary.
+            path = _distributed.pause_path_agreed(path)
+        if path is None:
+            return False
+        self.pause(path)
+        return True
+
+    def _rank_checkpoint(self, checkpoint: Any, location: str) -> PauseCheckpoint:
+        # This rank's part of a pause file (the file itself for one process and a plain file).
+        check_layout(checkpoint, location)
+        world_size, rank = _distributed.world()
+        return _distributed.rank_view(
+            checkpoint,
+            world_size=world_size,
+            rank=rank,
+            location=location,
+            device=_rng_device(),
+            objects=self._resume_objects(),
+        )
 
     @staticmethod
     def _require_step_boundary(guard: StepGuard, action: str) -> None:

@@ -77,14 +77,15 @@ def derive_seed(*values: int) -> int:
     return _splitmix64(state ^ len(values)) & _MASK63
 
 
-def derive_seeds(base: int, first: int, count: int) -> list[int]:
-    """``[derive_seed(base, p) for p in range(first, first + count)]`` in one NumPy pass.
+def derive_seeds(base: int, first: int, count: int, *, stride: int = 1) -> list[int]:
+    """``[derive_seed(base, first + i * stride) for i in range(count)]`` in one NumPy pass.
 
-    The per-sample seeds of a batch: the same mix as :func:`derive_seed`, vectorised
-    over consecutive positions.
+    The per-sample seeds of a batch (``stride`` is the distance between its samples'
+    stream positions: the world size for a sharded stream): the same mix as
+    :func:`derive_seed`, vectorised over the positions.
     """
     head = _splitmix64(_DERIVE_INIT ^ (base & _MASK64))
-    positions = np.uint64(first & _MASK64) + np.arange(count, dtype=np.uint64)
+    positions = np.uint64(first & _MASK64) + np.uint64(stride & _MASK64) * np.arange(count, dtype=np.uint64)
     state = _splitmix64_array(np.uint64(head) ^ positions)
     return (_splitmix64_array(state ^ np.uint64(2)) & np.uint64(_MASK63)).tolist()
 

@@ -16,14 +16,21 @@ from typing import Any, ClassVar
 import torch
 from torch.utils.data import Sampler
 
-from ..errors import LoaderStateError, ResumableBatchConfigurationError, ResumableModeRequiredError
+from ..errors import (
+    LoaderStateError,
+    ResumableBatchConfigurationError,
+    ResumableModeRequiredError,
+)
 from ..state import BatchSamplerSettings, BatchSamplerState
 from . import _state as keys
 from ._cycles import cycle_generator
+from ._sharding import resolve_replicas
 
-__all__ = ["ResumableBatchSampler", "Batch"]
+__all__ = ["Batch", "ResumableBatchSampler"]
 
-Batch = tuple[int, int, int, list[int]]  # (cycle, offset in batches, first stream position, indices)
+# (cursor cycle, cursor offset in batches, first stream position, indices); the cursor is
+# the global one this rank's batch is read from (the batch itself is ``rank`` further).
+Batch = tuple[int, int, int, list[int]]
 
 _READABLE_SETTINGS = ("target", "batch_size", "shuffle", "drop_last", "dataset_size", "cycle_samples")
 
@@ -53,6 +60,16 @@ class ResumableBatchSampler(Sampler[list[int]]):
     Batches handed out are new lists. The order of the cycle being read is held by
     the iterator reading it and freed when it moves on; nothing per cycle is kept
     on the sampler.
+
+    Sharding (``num_replicas = W``, ``rank = r``; defaults from an initialized
+    ``torch.distributed`` process group, else 1 and 0): the global stream is cut
+    into batches and rank ``r`` takes whole global batches ``G + r, G + r + W, ...``
+    from the global cursor ``G`` (in batches). Delivering one batch moves a rank's
+    cursor by ``W`` batches, so ranks at the same step hold the same cursor and a
+    state resumes with any world size. With ``repeat=False`` every rank must get the
+    same number of batches per cycle: the batches per cycle must be divisible by
+    ``W`` (checked at construction), and so must the batches left in the cycle of a
+    loaded state (checked on load). Every rank must draw the same seed.
     """
 
     target: ClassVar[str] = ""
@@ -67,8 +84,11 @@ class ResumableBatchSampler(Sampler[list[int]]):
         drop_last: bool,
         resumable: bool = False,
         generator: torch.Generator | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
         **options: Any,
     ) -> None:
+        self.num_replicas, self.rank = resolve_replicas(num_replicas, rank)
         if not keys.is_int(batch_size):
             raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}: {batch_size!r}")
         self.repeat = _require_bool("repeat", repeat)
@@ -93,6 +113,12 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self._raw_samples = raw
         self._cycle_samples = samples
         self._batches_per_cycle = -(-samples // batch_size)
+        if not repeat and self._batches_per_cycle % self.num_replicas:
+            raise ResumableBatchConfigurationError(
+                f"repeat=False with num_replicas={self.num_replicas}: a cycle has {self._batches_per_cycle} "
+                f"batches, which the ranks cannot share evenly (their iterations would end after different "
+                f"numbers of batches); use repeat=True or a batch size / world size that divides the cycle"
+            )
         self._settings: BatchSamplerSettings = {
             "target": self.target,
             "batch_size": batch_size,
@@ -161,7 +187,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         if self.repeat:
             raise TypeError(f"a {type(self).__name__} with repeat=True is endless and has no len()")
-        return self._batches_per_cycle
+        return self._batches_per_cycle // self.num_replicas  # this rank's share (divisible: checked at construction)
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.resumable:
@@ -171,21 +197,24 @@ class ResumableBatchSampler(Sampler[list[int]]):
         return (batch for _, _, _, batch in self.batches_from(*start))
 
     def batches_from(self, cycle: int, offset: int) -> Iterator[Batch]:
-        """Walk the stream from batch ``offset`` of ``cycle``; ends after that cycle unless ``repeat``."""
+        """Walk this rank's batches from global cursor ``(cycle, offset)``; ends after that cycle unless ``repeat``."""
         seed, size, samples = self._seed, self.batch_size, self._cycle_samples
         count, repeat, plain = self._batches_per_cycle, self.repeat, not self.resumable
+        stride, rank = self.num_replicas, self.rank
+        first_cycle, held, order = cycle, -1, None
+        cursor = cycle * count + offset  # global batch index of the cursor
         while True:
-            if plain:
-                self._next_cycle = max(self._next_cycle, cycle + 1)
-            order = self._cycle_order(seed, cycle)
-            base = cycle * samples
-            for batch in range(offset, count):
-                low = batch * size
-                yield cycle, batch, base + low, order[low : low + size].tolist()
-            del order  # only the cycle being read is held
-            if not repeat:
+            batch_cycle, batch = divmod(cursor + rank, count)
+            if not repeat and batch_cycle != first_cycle:
                 return
-            cycle, offset = cycle + 1, 0
+            if batch_cycle != held:
+                if plain:
+                    self._next_cycle = max(self._next_cycle, batch_cycle + 1)
+                order = None  # only the cycle being read is held
+                order, held = self._cycle_order(seed, batch_cycle), batch_cycle
+            low = batch * size
+            yield (*divmod(cursor, count), batch_cycle * samples + low, order[low : low + size].tolist())
+            cursor += stride
 
     def _cycle_order(self, seed: int, cycle: int) -> torch.Tensor:
         order = self._order(cycle, cycle_generator(seed, cycle))
@@ -197,9 +226,8 @@ class ResumableBatchSampler(Sampler[list[int]]):
         return order[: self._cycle_samples]
 
     def next_cursor(self, cycle: int, offset: int) -> tuple[int, int]:
-        """The cursor after delivering batch ``offset`` of ``cycle``."""
-        offset += 1
-        return (cycle + 1, 0) if offset == self._batches_per_cycle else (cycle, offset)
+        """The global cursor after this rank delivers the batch read from cursor ``(cycle, offset)``."""
+        return divmod(cycle * self._batches_per_cycle + offset + self.num_replicas, self._batches_per_cycle)
 
     # --- state (public guards; the hooks below do the work) -----------------------
     # The guards check the mode and validate completely before any hook runs, so a
@@ -229,9 +257,10 @@ class ResumableBatchSampler(Sampler[list[int]]):
             state,
             what,
             (keys.FORMAT, keys.SETTINGS_DIGEST, keys.SEED, keys.CYCLE, keys.OFFSET, keys.CONSUMED),
-            (keys.SETTINGS,),
+            (keys.SETTINGS, keys.NUM_REPLICAS),
         )
         keys.check_format(state, what, keys.BATCH_SAMPLER_FORMAT)
+        keys.check_replicas(state, what)
         self._check_settings(state, what)
         keys.check_seed(state, what)
         cycle = keys.check_count(state, what, keys.CYCLE)
@@ -240,6 +269,12 @@ class ResumableBatchSampler(Sampler[list[int]]):
         if offset >= self._batches_per_cycle:
             raise LoaderStateError(
                 f"{what}[{keys.OFFSET!r}] = {offset} but a cycle has {self._batches_per_cycle} batches"
+            )
+        if not self.repeat and (self._batches_per_cycle - offset) % self.num_replicas:
+            raise LoaderStateError(
+                f"{what}: {self._batches_per_cycle - offset} batch(es) are left in cycle {cycle}, which "
+                f"{self.num_replicas} ranks with repeat=False cannot share evenly; resume with a world size "
+                f"that divides it, or with repeat=True"
             )
         expected = self.consumed_at(cycle, offset)
         if consumed != expected:
@@ -258,7 +293,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self._apply_state(state)
 
     def advance(self, count: int) -> None:
-        """Record ``count`` more batches as delivered.
+        """Record ``count`` more batches as delivered by this rank (the global cursor moves ``count * num_replicas``).
 
         Raises:
             ResumableModeRequiredError: built with ``resumable=False``.
@@ -270,7 +305,8 @@ class ResumableBatchSampler(Sampler[list[int]]):
             raise TypeError(f"count must be an int, got {type(count).__name__}: {count!r}")
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        cycle, offset = divmod(self._cycle * self._batches_per_cycle + self._offset + count, self._batches_per_cycle)
+        moved = count * self.num_replicas
+        cycle, offset = divmod(self._cycle * self._batches_per_cycle + self._offset + moved, self._batches_per_cycle)
         if self.consumed_at(cycle, offset) >= keys.SEED_LIMIT:
             raise ValueError(f"advancing by {count} batches would move the cursor past 2**63 samples")
         self._commit(cycle, offset)
@@ -289,6 +325,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
             keys.CYCLE: self._cycle,
             keys.OFFSET: self._offset,
             keys.CONSUMED: self.consumed_at(self._cycle, self._offset),
+            keys.NUM_REPLICAS: self.num_replicas,
         }  # type: ignore[return-value]
 
     def _apply_state(self, state: Mapping[str, Any]) -> None:
@@ -337,5 +374,6 @@ class ResumableBatchSampler(Sampler[list[int]]):
         return (
             f"{type(self).__name__}(batch_size={self.batch_size}, dataset_size={self._dataset_size}, "
             f"cycle_samples={self._cycle_samples}, repeat={self.repeat}, shuffle={self.shuffle}, "
-            f"drop_last={self.drop_last}, resumable={self.resumable})"
+            f"drop_last={self.drop_last}, resumable={self.resumable}"
+            + (f", num_replicas={self.num_replicas}, rank={self.rank})" if self.num_replicas > 1 else ")")
         )

@@ -49,16 +49,17 @@ class CycleReader:
         self._cycle = -1
         self._indices: torch.Tensor | None = None
 
-    def take(self, start: int, count: int) -> list[int]:
-        """The indices at stream positions ``[start, start + count)`` as a new list."""
+    def take(self, start: int, count: int, stride: int = 1) -> list[int]:
+        """The indices at stream positions ``start, start + stride, ...`` (``count`` of them) as a new list."""
         result: list[int] = []
         while count > 0:
             cycle, offset = divmod(start, self._length)
             indices = self.cycle(cycle)
-            stop = min(self._length, offset + count)
-            result.extend(indices[offset:stop].tolist())
-            count -= stop - offset
-            start += stop - offset
+            piece = indices[offset : offset + count * stride : stride]
+            result.extend(piece.tolist())
+            taken = len(piece)  # at least 1: offset < length
+            count -= taken
+            start += taken * stride
         return result
 
     def cycle(self, cycle: int) -> torch.Tensor:

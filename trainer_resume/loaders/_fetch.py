@@ -92,13 +92,19 @@ class BatchFetcher(Dataset):
         augmentation_seed: Base of every sample and batch seed.
         batched: Tasks carry a list of indices (``batch_size`` set) or one index
             (``batch_size=None``, where ``collate_fn`` gets the single sample).
+        stride: Global-stream distance between the samples of one task (the world
+            size for a sharded sampler, 1 otherwise): seeds follow global positions,
+            so a sample's augmentation does not depend on the world size.
     """
 
-    def __init__(self, dataset: Any, collate_fn: Callable[[Any], Any], augmentation_seed: int, batched: bool) -> None:
+    def __init__(
+        self, dataset: Any, collate_fn: Callable[[Any], Any], augmentation_seed: int, batched: bool, stride: int = 1
+    ) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.augmentation_seed = augmentation_seed
         self.batched = batched
+        self.stride = stride
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names this object lacks; private names are refused so that
@@ -124,12 +130,14 @@ class BatchFetcher(Dataset):
         dataset, base = self.dataset, self.augmentation_seed
         batch = indices if self.batched else (indices,)
         samples = []
-        for offset, (index, seed) in enumerate(zip(batch, derive_seeds(base, first_position, len(batch)))):
+        stride = self.stride
+        seeds = derive_seeds(base, first_position, len(batch), stride=stride)
+        for offset, (index, seed) in enumerate(zip(batch, seeds)):
             seed_cpu_generators(seed)
             try:
                 samples.append(dataset[index])
             except Exception as exc:
-                position = first_position + offset
+                position = first_position + offset * stride
                 return FetchFailure(first_position, index, position, "dataset", exc, in_worker=in_worker)
         seed_cpu_generators(collate_seed(base, first_position))
         try:

@@ -32,6 +32,8 @@ class Source(Protocol):
     def validate(self, state: Mapping[str, Any]) -> None: ...
     def apply(self, state: Mapping[str, Any]) -> None: ...
     def delivered_batches(self, state: Mapping[str, Any]) -> int: ...
+    @property
+    def stride(self) -> int: ...
 
 
 def _check_contiguous(expected: Any, recorded: Any, what: str) -> None:
@@ -48,21 +50,27 @@ class SamplerSource:
         self.sampler = sampler
         self.batch_size = batch_size
 
+    @property
+    def stride(self) -> int:
+        """Distance in the global stream between two samples of one batch (the world size)."""
+        return self.sampler.num_replicas
+
     def tasks(self, pending: deque[Pending]) -> Iterator[Task]:
         return self._tasks(self.sampler.consumed, self.sampler.reader(), pending)
 
-    def _tasks(self, position: int, reader: Any, pending: deque[Pending]) -> Iterator[Task]:
-        size = self.batch_size
+    def _tasks(self, cursor: int, reader: Any, pending: deque[Pending]) -> Iterator[Task]:
+        # Cursors are global; this rank's samples sit at cursor + rank + i * stride.
+        size, stride, rank = self.batch_size, self.sampler.num_replicas, self.sampler.rank
         if size is None:
             while True:
-                pending.append((position, position, position + 1))
-                yield position, reader.take(position, 1)[0]
-                position += 1
+                pending.append((cursor + rank, cursor, cursor + stride))
+                yield cursor + rank, reader.take(cursor + rank, 1, stride)[0]
+                cursor += stride
         while True:
-            indices = reader.take(position, size)
-            pending.append((position, position, position + size))
-            yield position, indices
-            position += size
+            indices = reader.take(cursor + rank, size, stride)
+            pending.append((cursor + rank, cursor, cursor + size * stride))
+            yield cursor + rank, indices
+            cursor += size * stride
 
     def commit(self, before: int, after: int) -> None:
         _check_contiguous(before, self.sampler.consumed, "stream position")
@@ -78,11 +86,14 @@ class SamplerSource:
         self.sampler._apply_state(state)
 
     def delivered_batches(self, state: Mapping[str, Any]) -> int:
+        # Global batches: all ranks together at the same step k deliver k * num_replicas.
         return state["consumed"] // (self.batch_size or 1)
 
 
 class BatchSamplerSource:
     """The batches of a resumable batch sampler, from its delivered cursor."""
+
+    stride = 1  # a batch is contiguous in the global stream (ranks take whole batches)
 
     def __init__(self, batch_sampler: ResumableBatchSampler) -> None:
         self.batch_sampler = batch_sampler

@@ -32,6 +32,7 @@ AUGMENTATION_SEED = "augmentation_seed"
 BATCH_SIZE = "batch_size"
 DELIVERED_BATCHES = "delivered_batches"
 SAMPLER = "sampler"
+NUM_REPLICAS = "num_replicas"  # world size the state was written with (absent in older states: 1)
 
 SEED_LIMIT = 1 << 63  # seeds and positions stay below 2**63 (derive_seed's range)
 
@@ -88,3 +89,13 @@ def check_equal(state: Mapping[str, Any], what: str, key: str, expected: Any, hi
     value = state[key]
     if type(value) is not type(expected) or value != expected:
         raise LoaderStateError(f"{what}[{key!r}] is {value!r} but this {hint} is {expected!r}")
+
+
+def check_replicas(state: Mapping[str, Any], what: str) -> int:
+    """The optional ``num_replicas`` entry: an int >= 1; states written before it existed read as 1."""
+    if NUM_REPLICAS not in state:
+        return 1
+    value = state[NUM_REPLICAS]
+    if not is_int(value) or not 1 <= value < SEED_LIMIT:
+        raise LoaderStateError(f"{what}[{NUM_REPLICAS!r}] must be an int >= 1, got {value!r}")
+    return value

@@ -49,6 +49,8 @@ def build_batch_sampler(
     drop_last: bool,
     resumable: bool = False,
     generator: torch.Generator | None = None,
+    num_replicas: int | None = None,
+    rank: int | None = None,
     **options: Any,
 ) -> ResumableBatchSampler:
     """Build the batch sampler named by ``_target_``.
@@ -79,13 +81,19 @@ def build_batch_sampler(
         drop_last: Drop each cycle's last partial batch.
         resumable: Keep a delivered cursor with ``state_dict`` / ``load_state_dict``.
         generator: Draws the sampler's seed (torch's default CPU generator if None).
+            Every rank must draw the same seed.
+        num_replicas: Ranks sharing the global batch stream (default: the world
+            size of an initialized ``torch.distributed`` process group, else 1).
+        rank: This rank, in ``[0, num_replicas)`` (default: the process group's
+            rank, else 0). Rank ``r`` takes global batches ``r, r + W, ...``.
         **options: The target's options.
 
     Raises:
         ValueError: unknown ``_target_``, labels/groups of the wrong length, bad ratios.
         TypeError: an option the target does not take, or a wrongly typed argument.
         ResumableBatchConfigurationError: empty dataset, ``batch_size < 1``, settings
-            that yield no batch, or a ratio for a group with no index.
+            that yield no batch, a ratio for a group with no index, or
+            ``repeat=False`` with batches per cycle not divisible by ``num_replicas``.
     """
     try:
         cls = BATCH_SAMPLER_TARGETS[_target_]
@@ -101,5 +109,7 @@ def build_batch_sampler(
         drop_last=drop_last,
         resumable=resumable,
         generator=generator,
+        num_replicas=num_replicas,
+        rank=rank,
         **options,
     )

@@ -195,7 +195,13 @@ class ResumableDataLoader(DataLoader):
         worker_seeds = torch.Generator()
         worker_seeds.manual_seed(derive_seed(stream.augmentation_seed, _WORKER_SEED_SALT))
         return DataLoader(
-            BatchFetcher(self.dataset, self.collate_fn, stream.augmentation_seed, self.batch_sampler is not None),
+            BatchFetcher(
+                self.dataset,
+                self.collate_fn,
+                stream.augmentation_seed,
+                self.batch_sampler is not None,
+                stream.source.stride,
+            ),
             batch_size=None,
             sampler=Tasks(stream.source),
             num_workers=self.num_workers,

@@ -8,10 +8,15 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from ..errors import LoaderStateError, ResumableBatchConfigurationError, ResumableModeRequiredError
+from ..errors import (
+    LoaderStateError,
+    ResumableBatchConfigurationError,
+    ResumableModeRequiredError,
+)
 from ..state import SamplerState
 from . import _state as keys
 from ._cycles import CycleReader, permutation
+from ._sharding import resolve_replicas
 
 __all__ = ["InfiniteRandomSampler"]
 
@@ -37,14 +42,28 @@ class InfiniteRandomSampler(Sampler[int]):
 
     The stream has no end, so ``len()`` is not defined.
 
+    Sharding: with ``num_replicas = W`` and ``rank = r`` the sampler reads rank
+    ``r``'s slice of the one global stream: from the cursor ``C`` it yields the
+    global positions ``C + r, C + r + W, C + r + 2W, ...``. The cursor is global:
+    delivering ``k`` samples on a rank moves it by ``k * W``, so when every rank has
+    delivered the same number of samples all ranks hold the same cursor and every
+    global position below it was delivered exactly once. A state saved with one
+    world size therefore continues with any other: rank ``r'`` of ``W'`` resumes at
+    ``C + r'``. Every rank must draw the same seed (seed ``generator`` or torch's
+    default generator identically on all ranks).
+
     Args:
         data_source: A sized dataset (only ``len()`` is used).
         generator: Draws the seed; torch's default CPU generator when ``None``.
         resumable: Keep a cursor and offer ``state_dict`` / ``load_state_dict``.
+        num_replicas: Number of ranks sharing the stream (default: the world size of
+            an initialized ``torch.distributed`` process group, else 1).
+        rank: This rank (default: the process group's rank, else 0).
 
     Raises:
         ResumableBatchConfigurationError: ``data_source`` is empty.
-        TypeError: ``resumable`` is not a bool.
+        TypeError: ``resumable`` is not a bool, ``num_replicas`` / ``rank`` not ints.
+        ValueError: ``num_replicas < 1`` or ``rank`` outside ``[0, num_replicas)``.
     """
 
     def __init__(
@@ -53,9 +72,12 @@ class InfiniteRandomSampler(Sampler[int]):
         *,
         generator: torch.Generator | None = None,
         resumable: bool = False,
+        num_replicas: int | None = None,
+        rank: int | None = None,
     ) -> None:
         if not isinstance(resumable, bool):
             raise TypeError(f"resumable must be a bool, got {type(resumable).__name__}")
+        self.num_replicas, self.rank = resolve_replicas(num_replicas, rank)
         size = len(data_source)
         if size < 1:
             raise ResumableBatchConfigurationError("InfiniteRandomSampler got an empty dataset")
@@ -77,21 +99,22 @@ class InfiniteRandomSampler(Sampler[int]):
 
     @property
     def consumed(self) -> int:
-        """Delivered samples since the start of the stream (0 when not resumable)."""
+        """The global cursor: samples of the global stream delivered by all ranks together
+        (0 when not resumable); with one replica, the delivered samples."""
         return self._consumed
 
     def __iter__(self) -> Iterator[int]:
         return self._indices_from(self._consumed if self.resumable else 0)
 
     def _indices_from(self, start: int) -> Iterator[int]:
-        size, seed = self._size, self._seed
-        cycle, offset = divmod(start, size)
+        # This rank's slice from global cursor ``start``; the reader holds one cycle at a time.
+        reader, stride, size = self.reader(), self.num_replicas, self._size
+        position = start + self.rank
         while True:
-            order = permutation(size, seed, cycle)
-            for begin in range(offset, size, _CHUNK):
-                yield from order[begin : begin + _CHUNK].tolist()
-            del order
-            cycle, offset = cycle + 1, 0
+            # Never past the current cycle: a cycle is built only when iteration reaches it.
+            count = min(_CHUNK, -(-(size - position % size) // stride))
+            yield from reader.take(position, count, stride)
+            position += count * stride
 
     def reader(self) -> CycleReader:
         """A reader of this stream's positions (captures the current seed)."""
@@ -126,8 +149,11 @@ class InfiniteRandomSampler(Sampler[int]):
             state,
             what,
             (keys.FORMAT, keys.DATASET_SIZE, keys.SEED, keys.CONSUMED, keys.CYCLE, keys.OFFSET),
+            (keys.NUM_REPLICAS,),
         )
         keys.check_format(state, what, keys.SAMPLER_FORMAT)
+        # Any world size may read a state back: the cursor is global (see the class docstring).
+        keys.check_replicas(state, what)
         size = keys.check_count(state, what, keys.DATASET_SIZE)
         if size != self._size:
             raise LoaderStateError(
@@ -154,7 +180,7 @@ class InfiniteRandomSampler(Sampler[int]):
         self._apply_state(state)
 
     def advance(self, count: int) -> None:
-        """Record ``count`` more samples as delivered.
+        """Record ``count`` more samples as delivered by this rank (the global cursor moves by ``count * num_replicas``).
 
         Raises:
             ResumableModeRequiredError: the sampler was built with ``resumable=False``.
@@ -166,9 +192,9 @@ class InfiniteRandomSampler(Sampler[int]):
             raise TypeError(f"count must be an int, got {type(count).__name__}: {count!r}")
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        if self._consumed + count >= keys.SEED_LIMIT:
+        if self._consumed + count * self.num_replicas >= keys.SEED_LIMIT:
             raise ValueError(f"advancing by {count} would move the cursor past 2**63 samples")
-        self._commit(self._consumed + count)
+        self._commit(self._consumed + count * self.num_replicas)
 
     def _state(self) -> SamplerState:
         """Hook: the current cursor as a :class:`SamplerState`."""
@@ -180,6 +206,7 @@ class InfiniteRandomSampler(Sampler[int]):
             keys.CONSUMED: self._consumed,
             keys.CYCLE: cycle,
             keys.OFFSET: offset,
+            keys.NUM_REPLICAS: self.num_replicas,
         }  # type: ignore[return-value]
 
     def _apply_state(self, state: Mapping[str, Any]) -> None:
@@ -200,7 +227,8 @@ class InfiniteRandomSampler(Sampler[int]):
             )
 
     def __repr__(self) -> str:
+        shard = f", num_replicas={self.num_replicas}, rank={self.rank}" if self.num_replicas > 1 else ""
         return (
-            f"{type(self).__name__}(dataset_size={self._size}, resumable={self.resumable}"
+            f"{type(self).__name__}(dataset_size={self._size}, resumable={self.resumable}{shard}"
             + (f", consumed={self._consumed})" if self.resumable else ")")
         )

@@ -1,0 +1,285 @@
+"""Ranks of a small DDP training run (gloo, CPU) for the distributed tests.
+
+Module level on purpose: ``torch.multiprocessing`` spawn imports this module by name
+in every rank. Each rank writes ``result_<tag>_rank<r>.pt`` (weights, optimizer and
+scheduler states, every batch, the sample ids per step) or ``error_<tag>_rank<r>.txt``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+import traceback
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset
+
+from trainer_resume.distributed import WorldSizeChangeWarning
+from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
+from trainer_resume.mixin import TrainingResumeMixin, training_step
+
+SIZE = 24
+BATCH = 2  # per rank
+FEATURES = 4
+CONFIG = {
+    "model": {"hidden": 8, "dropout": 0.25},
+    "optim": {"lr": 0.05, "decay": 0.9},
+    "data": {"size": SIZE},
+}
+JOIN_TIMEOUT_S = 90.0
+
+
+class IdDataset(Dataset):
+    """Sample ``i``: features with random augmentation, a target, and the id ``i``."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(7)
+        self.x = torch.randn(SIZE, FEATURES, generator=generator)
+        self.y = torch.randn(SIZE, 1, generator=generator)
+
+    def __len__(self) -> int:
+        return SIZE
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x = self.x[index] + 0.1 * torch.randn(FEATURES) * float(
+            np.random.uniform(0.5, 1.5)
+        )
+        return (-x if random.random() < 0.5 else x), self.y[index], index
+
+
+class DDPTrainer(TrainingResumeMixin):
+    """A DDP-wrapped model with Dropout, AdamW and a per-step LR schedule."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        random.seed(0)
+        np.random.seed(0)
+        hidden, dropout = CONFIG["model"]["hidden"], CONFIG["model"]["dropout"]
+        self.module = nn.Sequential(
+            nn.Linear(FEATURES, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, 1),
+        )
+        distributed = dist.is_available() and dist.is_initialized()
+        self.model = (
+            DistributedDataParallel(self.module) if distributed else self.module
+        )
+        self.optimizer = torch.optim.AdamW(
+            self.module.parameters(), lr=CONFIG["optim"]["lr"]
+        )
+        decay = CONFIG["optim"]["decay"]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: decay**step
+        )
+        dataset = IdDataset()
+        # Same seeds on every rank: one global stream; the sampler shards it by the process group.
+        sampler = InfiniteRandomSampler(
+            dataset, generator=torch.Generator().manual_seed(11), resumable=True
+        )
+        self.loader = ResumableDataLoader(
+            dataset,
+            batch_size=BATCH,
+            sampler=sampler,
+            generator=torch.Generator().manual_seed(12),
+            resumable=True,
+        )
+        self.iterator = iter(self.loader)
+        # Each rank's main-process generators differ (dropout masks differ per rank), so
+        # resuming a rank with another rank's RNG state would show.
+        rank = dist.get_rank() if distributed else 0
+        torch.manual_seed(100 + rank)
+        random.seed(100 + rank)
+        np.random.seed(100 + rank)
+        self.batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.kill_in_pause: int | None = (
+            None  # completed step at which this rank dies inside pause()
+        )
+        self.extra = {"marker": 1}
+        self._initialize_training_resume(CONFIG, version="1")
+
+    def _resume_objects(self) -> dict[str, Any]:
+        return {
+            "model": self.module,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+        }
+
+    def _resume_loaders(self) -> dict[str, Any]:
+        return {"train": self.loader}
+
+    def _resume_extra_state(self) -> dict[str, Any]:
+        if (
+            self.kill_in_pause is not None
+            and self.completed_steps == self.kill_in_pause
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)  # dies before its state reaches rank 0
+        return dict(self.extra)
+
+    def _load_resume_extra_state(self, state: Any) -> None:
+        self.extra = dict(state)
+
+    def _rebuild_resume_iterators(self) -> None:
+        self.iterator = iter(self.loader)
+
+    @training_step
+    def step(self) -> None:
+        x, y, ids = next(self.iterator)
+        loss = nn.functional.mse_loss(self.model(x), y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.batches.append((x, y, ids))
+
+
+def _kill_at_replace(trainer: DDPTrainer, step: int) -> None:
+    """Rank 0 dies inside the durable write of the pause at ``step``, before the rename."""
+    real = os.replace
+
+    def dying_replace(*args: Any, **kwargs: Any) -> Any:
+        if trainer.completed_steps == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+
+    os.replace = dying_replace
+
+
+def rank_main(
+    rank: int, world: int, init_file: str, job: dict[str, Any], out: str
+) -> None:
+    """One rank: optionally resume, run steps, honour pause requests, save the result.
+
+    ``job`` keys: ``tag``; ``steps`` (run until ``completed_steps`` reaches it) or
+    ``more`` (run this many steps after resuming); ``resume`` (pause file);
+    ``requests`` ({step: [pause file, requesting rank]}: that rank asks for a pause
+    before the step, so all ranks pause when it completes); ``kill`` ([rank, step,
+    "state" | "replace"]).
+    """
+    tag = job["tag"]
+    try:
+        torch.set_num_threads(1)
+        warnings.simplefilter("always", WorldSizeChangeWarning)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=60),
+        )
+        trainer = DDPTrainer()
+        kill = job.get("kill")
+        if kill is not None and kill[0] == rank:
+            if kill[2] == "state":
+                trainer.kill_in_pause = kill[1]
+            else:
+                _kill_at_replace(trainer, kill[1])
+        caught: list[str] = []
+        resumed_steps = None
+        if job.get("resume"):
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always", WorldSizeChangeWarning)
+                trainer.resume(job["resume"])
+            caught = [
+                str(w.message)
+                for w in seen
+                if issubclass(w.category, WorldSizeChangeWarning)
+            ]
+            resumed_steps = trainer.completed_steps
+        target = (
+            job["steps"] if "steps" in job else trainer.completed_steps + job["more"]
+        )
+        requests = {int(step): value for step, value in job.get("requests", {}).items()}
+        paused_at = []
+        while trainer.completed_steps < target:
+            request = requests.get(trainer.completed_steps + 1)
+            if request is not None and request[1] == rank:
+                trainer.request_pause(request[0])
+            trainer.step()
+            if trainer.paused:
+                paused_at.append(trainer.completed_steps)
+                if job.get("continue_after_pause"):
+                    trainer.resume(
+                        requests[trainer.completed_steps][0]
+                    )  # in-process: the same state
+                    continue
+                break
+        torch.save(
+            {
+                "model": trainer.module.state_dict(),
+                "optimizer": trainer.optimizer.state_dict(),
+                "scheduler_last_epoch": trainer.scheduler.last_epoch,
+                "batches": trainer.batches,
+                "ids": [ids.tolist() for _, _, ids in trainer.batches],
+                "completed_steps": trainer.completed_steps,
+                "resumed_steps": resumed_steps,
+                "paused_at": paused_at,
+                "warnings": caught,
+                "lr": trainer.optimizer.param_groups[0]["lr"],
+            },
+            Path(out, f"result_{tag}_rank{rank}.pt"),
+        )
+        trainer.loader.close()
+        dist.destroy_process_group()
+    except BaseException:
+        Path(out, f"error_{tag}_rank{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def launch(
+    world: int, job: dict[str, Any], out: Path, *, timeout: float = JOIN_TIMEOUT_S
+) -> list[int | None]:
+    """Run ``world`` ranks of ``job``; returns their exit codes (killed ranks: negative).
+
+    Every rank is joined with a deadline; ranks still alive after it (e.g. blocked in
+    a collective after a peer died) are killed.
+    """
+    init_file = out / f"init_{job['tag']}"
+    context = mp.start_processes(
+        rank_main,
+        args=(world, str(init_file), job, str(out)),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + timeout
+    processes = context.processes
+    grace: float | None = None
+    while time.monotonic() < deadline and any(
+        process.is_alive() for process in processes
+    ):
+        if grace is None and any(
+            process.exitcode not in (None, 0) for process in processes
+        ):
+            # A rank died: the others may be blocked in a collective with it.
+            grace = time.monotonic() + 10.0
+        if grace is not None and time.monotonic() > grace:
+            break
+        processes[0].join(0.1)
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+        process.join(10)
+    return [process.exitcode for process in processes]
+
+
+def load_results(world: int, tag: str, out: Path) -> list[dict[str, Any]]:
+    results = []
+    for rank in range(world):
+        error = out / f"error_{tag}_rank{rank}.txt"
+        assert not error.exists(), error.read_text()
+        results.append(
+            torch.load(out / f"result_{tag}_rank{rank}.pt", weights_only=True)
+        )
+    return results

@@ -1,0 +1,379 @@
+"""Collective pause and resume for trainers running under ``torch.distributed``.
+
+Used by :class:`~trainer_resume.mixin.TrainingResumeMixin` when a process group with
+more than one rank is initialized; a single process never runs a collective.
+
+The commit rule: one pause file, written by rank 0 through ``save_checkpoint``
+(atomic: temp file, fsync, replace), holds every rank's loader, extra and RNG
+state under ``"distributed"``. Either the whole pause is in that file or the
+previous file is left untouched, so a pause interrupted on any rank (a rank killed
+before the states were gathered, rank 0 killed while writing) is never resumed.
+
+Resume rules (``rank_view``):
+
+* Same world size: rank ``r`` takes rank ``r``'s states: bit-exact.
+* Another world size: the loaders continue from the *global position* (every rank
+  saved the same global cursor, because all ranks paused at the same completed
+  step) and re-shard it over the new ranks; each rank's RNG is re-derived as
+  ``derive_seed(rng_base_seed, completed_steps, rank)``; extra states must be equal
+  on all saved ranks; the step count is converted so that the number of samples
+  seen is kept: ``completed_steps_new = completed_steps_old * W_old // W_new``
+  (per-rank batch size unchanged), and per-step LR schedulers (``last_epoch ==
+  completed_steps_old``) are moved to ``completed_steps_new``. A warning says the
+  run is sample-exact but not bit-comparable to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .errors import (
+    CheckpointFormatError,
+    CheckpointWriteError,
+    ResumeStateMismatchError,
+)
+from .rng import derive_seed, random_state, restore_random_state
+from .state import PauseCheckpoint, RandomState
+
+__all__ = [
+    "DISTRIBUTED_FORMAT",
+    "DISTRIBUTED_KEY",
+    "DistributedPauseState",
+    "RankPauseState",
+    "WorldSizeChangeWarning",
+    "agree",
+    "any_rank",
+    "commit",
+    "converted_steps",
+    "gather_pause",
+    "is_distributed",
+    "pause_path_agreed",
+    "rank_view",
+    "world",
+]
+
+DISTRIBUTED_FORMAT = "trainer_resume.distributed/1"
+DISTRIBUTED_KEY = "distributed"
+
+
+class WorldSizeChangeWarning(UserWarning):
+    """A pause is resumed with another number of ranks: sample-exact, not bit-comparable."""
+
+
+class RankPauseState(TypedDict):
+    """What differs between ranks at a pause."""
+
+    loaders: dict[
+        str, Any
+    ]  # name -> LoaderState (the same global cursor on every rank)
+    extra: dict[str, Any]
+    rng: RandomState
+
+
+class DistributedPauseState(TypedDict):
+    """The ``"distributed"`` entry of a pause file written by several ranks.
+
+    The top-level ``loaders`` / ``extra`` / ``rng`` of the file are rank 0's, so the
+    file also reads as a single-process pause file.
+    """
+
+    format: str  # DISTRIBUTED_FORMAT
+    world_size: int
+    rng_base_seed: int  # base of the per-rank RNG re-derived for another world size
+    ranks: list[RankPauseState]  # by rank
+
+
+# ----------------------------------------------------------------------- the group
+
+
+def is_distributed() -> bool:
+    """True when a ``torch.distributed`` process group with more than one rank is initialized."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world() -> tuple[int, int]:
+    """``(world_size, rank)`` of the initialized process group, ``(1, 0)`` without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _device() -> torch.device:
+    # NCCL reduces CUDA tensors only; gloo (and the others) take CPU tensors.
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def any_rank(flag: bool) -> bool:
+    """All-reduce ``flag`` with MAX: true on every rank when it is true on one."""
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def agree(local_error: str | None, action: str) -> None:
+    """Raise on every rank when any rank reports an error (so none waits in a later collective).
+
+    Raises:
+        RuntimeError: another rank reported ``local_error``; the caller raises its own
+            error first when it has one.
+    """
+    errors: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, local_error)
+    failed = [(rank, error) for rank, error in enumerate(errors) if error is not None]
+    if failed:
+        rank, error = failed[0]
+        raise RuntimeError(f"{action} refused on rank {rank}: {error}")
+
+
+def pause_path_agreed(requested: str | None) -> str | None:
+    """At a step boundary: the pause path when any rank asked for a pause, else ``None``.
+
+    One small all-reduce per step; the paths are exchanged only when a pause is due.
+    """
+    if not any_rank(requested is not None):
+        return None
+    paths: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(paths, requested)
+    return next(path for path in paths if path is not None)
+
+
+# ----------------------------------------------------------------------- pause
+
+
+def _rng_base_seed(state: RandomState) -> int:
+    # A fixed function of the saved torch CPU state: no generator is drawn from at pause.
+    digest = hashlib.sha256(state["torch"].numpy().tobytes()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def gather_pause(checkpoint: PauseCheckpoint) -> PauseCheckpoint | None:
+    """Collect every rank's loader, extra and RNG state; rank 0 gets the whole pause, others ``None``.
+
+    Raises:
+        RuntimeError: the ranks are not at the same completed step (on every rank).
+    """
+    size, rank = dist.get_world_size(), dist.get_rank()
+    mine = (
+        checkpoint["completed_steps"],
+        {
+            "loaders": checkpoint["loaders"],
+            "extra": checkpoint["extra"],
+            "rng": checkpoint["rng"],
+        },
+    )
+    gathered: list[Any] = [None] * size
+    dist.all_gather_object(gathered, mine)
+    steps = [entry[0] for entry in gathered]
+    if len(set(steps)) != 1:
+        raise RuntimeError(
+            f"pause() needs every rank at the same completed step; the ranks are at {steps}"
+        )
+    if rank != 0:
+        return None
+    combined = dict(checkpoint)
+    combined[DISTRIBUTED_KEY] = {
+        "format": DISTRIBUTED_FORMAT,
+        "world_size": size,
+        "rng_base_seed": _rng_base_seed(checkpoint["rng"]),
+        "ranks": [entry[1] for entry in gathered],
+    }
+    return combined  # type: ignore[return-value]
+
+
+def commit(write: Callable[[], None], path: str) -> None:
+    """Rank 0 runs ``write``; every rank learns whether it succeeded (this is also the barrier).
+
+    Raises:
+        CheckpointWriteError: on every rank when rank 0's write failed.
+    """
+    error: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            write()
+        except Exception as exc:  # noqa: BLE001 - reported to every rank below, then re-raised here
+            error = exc
+    if any_rank(error is not None):
+        if isinstance(error, CheckpointWriteError):
+            raise error
+        if error is not None:
+            raise CheckpointWriteError(
+                f"{path}: {type(error).__name__}: {error}"
+            ) from error
+        raise CheckpointWriteError(
+            f"{path}: rank 0 could not write the pause file; the previous one is intact"
+        )
+
+
+# ----------------------------------------------------------------------- resume
+
+
+def converted_steps(completed_steps: int, saved_world: int, world_size: int) -> int:
+    """Steps at the same number of seen samples: ``completed_steps * saved_world // world_size``."""
+    return completed_steps * saved_world // world_size
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return list(a) == list(b) and all(_equal(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _ranks(
+    checkpoint: Mapping[str, Any], location: str
+) -> tuple[int, list[Mapping[str, Any]], int | None]:
+    entry = checkpoint.get(DISTRIBUTED_KEY)
+    if entry is None:  # a single-process pause file: one rank, the top-level states
+        return 1, [checkpoint], None
+    if not isinstance(entry, Mapping) or entry.get("format") != DISTRIBUTED_FORMAT:
+        found = (
+            entry.get("format") if isinstance(entry, Mapping) else type(entry).__name__
+        )
+        raise CheckpointFormatError(
+            f"{location}: {DISTRIBUTED_KEY!r} has format {found!r}, expected {DISTRIBUTED_FORMAT!r}"
+        )
+    size, ranks, base = (
+        entry.get("world_size"),
+        entry.get("ranks"),
+        entry.get("rng_base_seed"),
+    )
+    if (
+        not isinstance(size, int)
+        or size < 1
+        or not isinstance(ranks, list)
+        or len(ranks) != size
+    ):
+        raise CheckpointFormatError(
+            f"{location}: {DISTRIBUTED_KEY!r} must hold world_size >= 1 and one state per rank"
+        )
+    for index, state in enumerate(ranks):
+        if not isinstance(state, Mapping) or not all(
+            isinstance(state.get(key), dict) for key in ("loaders", "extra", "rng")
+        ):
+            raise CheckpointFormatError(
+                f"{location}: rank {index}'s state lacks loaders, extra or rng"
+            )
+    if not isinstance(base, int):
+        raise CheckpointFormatError(
+            f"{location}: {DISTRIBUTED_KEY!r} lacks an int rng_base_seed"
+        )
+    return size, ranks, base
+
+
+def _derived_rng(seed: int, device: int | None) -> RandomState:
+    """The RNG state a fresh rank starts from: every main-process generator seeded from ``seed``."""
+    current = random_state(device)
+    try:
+        random.seed(seed)
+        np.random.seed(seed & 0xFFFF_FFFF)
+        torch.default_generator.manual_seed(seed)
+        if device is not None:
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
+        return random_state(device)
+    finally:
+        restore_random_state(current, device)
+
+
+def rank_view(
+    checkpoint: PauseCheckpoint,
+    *,
+    world_size: int,
+    rank: int,
+    location: str,
+    device: int | None,
+    objects: Mapping[str, Any],
+) -> PauseCheckpoint:
+    """This rank's view of a pause file: a single-rank checkpoint the usual checks and restore take.
+
+    Changes nothing outside the returned dict (schedulers' saved states are copied
+    before their step counts are converted).
+
+    Raises:
+        CheckpointFormatError: the ``"distributed"`` entry is malformed.
+        ResumeStateMismatchError: the saved ranks' loader positions or extra states
+            differ, so they cannot be redistributed over another world size.
+    """
+    saved_world, ranks, base = _ranks(checkpoint, location)
+    view: dict[str, Any] = dict(checkpoint)
+    view.pop(DISTRIBUTED_KEY, None)
+    if saved_world == world_size:
+        mine = ranks[rank]
+        view["loaders"], view["extra"], view["rng"] = (
+            mine["loaders"],
+            mine["extra"],
+            mine["rng"],
+        )
+        return view  # type: ignore[return-value]
+    for name in ("loaders", "extra"):
+        for index, other in enumerate(ranks[1:], start=1):
+            if not _equal(other[name], ranks[0][name]):
+                what = "loader positions" if name == "loaders" else "extra states"
+                raise ResumeStateMismatchError(
+                    f"{location} was paused with {saved_world} rank(s) whose {what} differ (rank 0 and rank {index}); "
+                    f"they cannot be redistributed over {world_size} rank(s): resume with {saved_world}"
+                )
+    steps = checkpoint["completed_steps"]
+    new_steps = converted_steps(steps, saved_world, world_size)
+    seed_base = base if base is not None else _single_base(ranks[0]["rng"])
+    view["loaders"], view["extra"] = ranks[0]["loaders"], ranks[0]["extra"]
+    view["rng"] = _derived_rng(derive_seed(seed_base, steps, rank), device)
+    view["completed_steps"] = new_steps
+    view["objects"] = _converted_schedulers(
+        dict(checkpoint["objects"]), objects, steps, new_steps
+    )
+    warnings.warn(
+        WorldSizeChangeWarning(
+            f"{location} was paused with {saved_world} rank(s) and is resumed with {world_size}: the loaders continue "
+            f"the global stream from the same position (no sample lost or repeated) and steps are converted "
+            f"{steps} -> {new_steps}, but each rank's RNG is re-derived, so the run is sample-exact, not "
+            f"bit-comparable to an uninterrupted one"
+        ),
+        stacklevel=3,
+    )
+    return view  # type: ignore[return-value]
+
+
+def _single_base(state: Any) -> int:
+    try:
+        return _rng_base_seed(state)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointFormatError(f"rng state has no torch CPU state: {exc}") from exc
+
+
+def _converted_schedulers(
+    states: dict[str, Any], objects: Mapping[str, Any], steps: int, new_steps: int
+) -> dict[str, Any]:
+    schedulers = torch.optim.lr_scheduler.LRScheduler
+    for name, obj in objects.items():
+        state = states.get(name)
+        if (
+            isinstance(obj, schedulers)
+            and isinstance(state, Mapping)
+            and state.get("last_epoch") == steps
+        ):
+            state = dict(state)  # the loaded file's dict stays as read
+            state["last_epoch"] = new_steps
+            if "_step_count" in state:
+                state["_step_count"] = new_steps + 1
+            states[name] = state
+    return states
