@@ -6,6 +6,7 @@ from __future__ import annotations
 from .errors import *  # noqa: F401,F403  (the error catalogue is public API)
 from .errors import __all__ as _error_names
 from .amp import restore_grad_scaler_state
+from .distributed import WorldSizeChangeWarning
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header, save_checkpoint
 from .mixin import TrainingResumeMixin, serialized_training, training_step
 from .rng import derive_seed, random_state, restore_random_state, rng_scope
@@ -31,5 +32,6 @@ __all__ = [
     "config_signature",
     "config_difference",
     "canonical_config",
+    "WorldSizeChangeWarning",
     *_error_names,
 ]
