@@ -19,10 +19,10 @@ from torch.utils.data import Sampler
 from ..errors import (
     LoaderStateError,
     ResumableBatchConfigurationError,
-    ResumableModeRequiredError,
 )
 from ..state import BatchSamplerSettings, BatchSamplerState
 from . import _state as keys
+from ._cursor import ResumableCursor
 from ._cycles import cycle_generator
 from ._sharding import resolve_replicas
 
@@ -41,7 +41,7 @@ def _require_bool(name: str, value: Any) -> bool:
     return value
 
 
-class ResumableBatchSampler(Sampler[list[int]]):
+class ResumableBatchSampler(ResumableCursor[BatchSamplerState], Sampler[list[int]]):
     """Batches cut from an endless stream of cycles; built by :func:`build_batch_sampler`.
 
     Each cycle is an order of ``cycle_samples`` indices fixed by ``(seed, cycle)``
@@ -229,18 +229,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
         """The global cursor after this rank delivers the batch read from cursor ``(cycle, offset)``."""
         return divmod(cycle * self._batches_per_cycle + offset + self.num_replicas, self._batches_per_cycle)
 
-    # --- state (public guards; the hooks below do the work) -----------------------
-    # The guards check the mode and validate completely before any hook runs, so a
-    # rejected state never reaches the cursor; subclasses override hooks, not guards.
-
-    def state_dict(self) -> BatchSamplerState:
-        """Return the delivered cursor as plain data.
-
-        Raises:
-            ResumableModeRequiredError: built with ``resumable=False``.
-        """
-        self._require_resumable("state_dict")
-        return self._state()
+    # --- state: ResumableCursor's guards call the hooks below -------------------
 
     def validate_state_dict(self, state: Mapping[str, Any]) -> None:
         """Check ``state`` completely against this sampler's settings; changes nothing.
@@ -283,34 +272,6 @@ class ResumableBatchSampler(Sampler[list[int]]):
                 f"{cycle}*{self._cycle_samples}+{offset}*{self.batch_size} = {expected}"
             )
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Validate ``state`` completely, then adopt its seed and cursor.
-
-        Raises:
-            Same as :meth:`validate_state_dict`; nothing changes when it raises.
-        """
-        self.validate_state_dict(state)
-        self._apply_state(state)
-
-    def advance(self, count: int) -> None:
-        """Record ``count`` more batches as delivered by this rank (the global cursor moves ``count * num_replicas``).
-
-        Raises:
-            ResumableModeRequiredError: built with ``resumable=False``.
-            TypeError: ``count`` is not an int.
-            ValueError: ``count`` is negative.
-        """
-        self._require_resumable("advance")
-        if not keys.is_int(count):
-            raise TypeError(f"count must be an int, got {type(count).__name__}: {count!r}")
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
-        moved = count * self.num_replicas
-        cycle, offset = divmod(self._cycle * self._batches_per_cycle + self._offset + moved, self._batches_per_cycle)
-        if self.consumed_at(cycle, offset) >= keys.SEED_LIMIT:
-            raise ValueError(f"advancing by {count} batches would move the cursor past 2**63 samples")
-        self._commit(cycle, offset)
-
     def advance_batch(self) -> None:
         """Record one more batch (whatever its size) as delivered."""
         self.advance(1)
@@ -332,6 +293,14 @@ class ResumableBatchSampler(Sampler[list[int]]):
         """Hook: adopt an already validated state."""
         self._seed = state[keys.SEED]
         self._commit(state[keys.CYCLE], state[keys.OFFSET])
+
+    def _advance(self, count: int) -> None:
+        """Hook: ``count`` more batches delivered by this rank."""
+        moved = count * self.num_replicas
+        cycle, offset = divmod(self._cycle * self._batches_per_cycle + self._offset + moved, self._batches_per_cycle)
+        if self.consumed_at(cycle, offset) >= keys.SEED_LIMIT:
+            raise ValueError(f"advancing by {count} batches would move the cursor past 2**63 samples")
+        self._commit(cycle, offset)
 
     def _commit(self, cycle: int, offset: int) -> None:
         """Hook: set the delivered cursor."""
@@ -361,14 +330,6 @@ class ResumableBatchSampler(Sampler[list[int]]):
             digest.update(len(part).to_bytes(8, "little"))
             digest.update(part)
         return digest.hexdigest()
-
-    def _require_resumable(self, method: str) -> None:
-        if not self.__dict__.get("resumable", False):
-            if "_digest" not in self.__dict__:
-                raise RuntimeError(f"{type(self).__name__}.__init__ was not called")
-            raise ResumableModeRequiredError(
-                f"{type(self).__name__}.{method}() needs a batch sampler built with resumable=True"
-            )
 
     def __repr__(self) -> str:
         return (

@@ -11,10 +11,10 @@ from torch.utils.data import Sampler
 from ..errors import (
     LoaderStateError,
     ResumableBatchConfigurationError,
-    ResumableModeRequiredError,
 )
 from ..state import SamplerState
 from . import _state as keys
+from ._cursor import ResumableCursor
 from ._cycles import CycleReader, permutation
 from ._sharding import resolve_replicas
 
@@ -23,7 +23,7 @@ __all__ = ["InfiniteRandomSampler"]
 _CHUNK = 1 << 16  # indices converted to Python ints at a time (bounds memory for big datasets)
 
 
-class InfiniteRandomSampler(Sampler[int]):
+class InfiniteRandomSampler(ResumableCursor[SamplerState], Sampler[int]):
     """An endless stream of dataset indices; cycle ``c`` is a permutation fixed by ``(seed, c)``.
 
     The seed is drawn once, at construction, from ``generator`` (torch's default CPU
@@ -121,19 +121,6 @@ class InfiniteRandomSampler(Sampler[int]):
         size, seed = self._size, self._seed
         return CycleReader(size, lambda cycle: permutation(size, seed, cycle))
 
-    # The public methods below are the guards: they check the mode and the input,
-    # then call the hooks (_state, _apply_state, _commit). Overriding a guard would
-    # let a bad state reach the cursor half-applied, so subclasses override hooks only.
-
-    def state_dict(self) -> SamplerState:
-        """Return the cursor as plain data.
-
-        Raises:
-            ResumableModeRequiredError: the sampler was built with ``resumable=False``.
-        """
-        self._require_resumable("state_dict")
-        return self._state()
-
     def validate_state_dict(self, state: Mapping[str, Any]) -> None:
         """Check ``state`` completely against this sampler; changes nothing.
 
@@ -170,32 +157,6 @@ class InfiniteRandomSampler(Sampler[int]):
                 f"{what}: consumed {consumed} != cycle*dataset_size+offset = {cycle}*{size}+{offset}"
             )
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Validate ``state`` completely, then move the cursor and seed to it.
-
-        Raises:
-            Same as :meth:`validate_state_dict`; nothing changes when it raises.
-        """
-        self.validate_state_dict(state)
-        self._apply_state(state)
-
-    def advance(self, count: int) -> None:
-        """Record ``count`` more samples as delivered by this rank (the global cursor moves by ``count * num_replicas``).
-
-        Raises:
-            ResumableModeRequiredError: the sampler was built with ``resumable=False``.
-            TypeError: ``count`` is not an int.
-            ValueError: ``count`` is negative.
-        """
-        self._require_resumable("advance")
-        if not keys.is_int(count):
-            raise TypeError(f"count must be an int, got {type(count).__name__}: {count!r}")
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
-        if self._consumed + count * self.num_replicas >= keys.SEED_LIMIT:
-            raise ValueError(f"advancing by {count} would move the cursor past 2**63 samples")
-        self._commit(self._consumed + count * self.num_replicas)
-
     def _state(self) -> SamplerState:
         """Hook: the current cursor as a :class:`SamplerState`."""
         cycle, offset = divmod(self._consumed, self._size)
@@ -214,17 +175,15 @@ class InfiniteRandomSampler(Sampler[int]):
         self._seed = state[keys.SEED]
         self._consumed = state[keys.CONSUMED]
 
+    def _advance(self, count: int) -> None:
+        """Hook: ``count`` more samples delivered by this rank."""
+        if self._consumed + count * self.num_replicas >= keys.SEED_LIMIT:
+            raise ValueError(f"advancing by {count} would move the cursor past 2**63 samples")
+        self._commit(self._consumed + count * self.num_replicas)
+
     def _commit(self, consumed: int) -> None:
         """Hook: set the delivered-samples cursor."""
         self._consumed = consumed
-
-    def _require_resumable(self, method: str) -> None:
-        if not self.__dict__.get("resumable", False):
-            if "_size" not in self.__dict__:
-                raise RuntimeError("InfiniteRandomSampler.__init__ was not called")
-            raise ResumableModeRequiredError(
-                f"InfiniteRandomSampler.{method}() needs a sampler built with resumable=True"
-            )
 
     def __repr__(self) -> str:
         shard = f", num_replicas={self.num_replicas}, rank={self.rank}" if self.num_replicas > 1 else ""
