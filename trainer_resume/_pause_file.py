@@ -10,7 +10,7 @@ import torch
 
 from .errors import CheckpointFormatError, ResumeStateMismatchError
 from .rng import random_state, restore_random_state
-from .state import PAUSE_FORMAT
+from .state import PAUSE_FORMAT, map_tensors
 
 __all__ = ["check_layout", "check_names", "check_random_state", "check_saveable", "object_states", "to_cpu"]
 
@@ -31,7 +31,7 @@ _REQUIRED: tuple[tuple[str, type | tuple[type, ...]], ...] = (
 )
 
 
-def to_cpu(value: Any, memo: dict[int, torch.Tensor]) -> Any:
+def to_cpu(value: Any, memo: dict[Any, tuple[torch.Tensor, torch.Tensor]]) -> Any:
     """Move nested tensor state to CPU; CPU tensors are kept, not copied.
 
     pause() serialises the result while it holds the training lock, so nothing can
@@ -39,25 +39,11 @@ def to_cpu(value: Any, memo: dict[int, torch.Tensor]) -> Any:
     and time of a pause. A tensor met twice (tied weights, shared keys) stays one
     tensor.
     """
-    if isinstance(value, torch.Tensor):
-        moved = memo.get(id(value))
-        if moved is None:
-            moved = value.detach() if value.device.type == "cpu" else value.detach().to("cpu")
-            memo[id(value)] = moved
-        return moved
-    if isinstance(value, OrderedDict):
-        result: Any = OrderedDict((key, to_cpu(item, memo)) for key, item in value.items())
-        metadata = getattr(value, "_metadata", None)
-        if metadata is not None:
-            result._metadata = to_cpu(metadata, memo)
-        return result
-    if isinstance(value, dict):
-        return {key: to_cpu(item, memo) for key, item in value.items()}
-    if isinstance(value, list):
-        return [to_cpu(item, memo) for item in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(to_cpu(item, memo) for item in value)
-    return value
+    return map_tensors(value, _detached_on_cpu, memo)
+
+
+def _detached_on_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach() if tensor.device.type == "cpu" else tensor.detach().to("cpu")
 
 
 def check_saveable(value: Any, where: str = "checkpoint") -> None:

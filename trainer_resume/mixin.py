@@ -379,7 +379,7 @@ class TrainingResumeMixin:
             if name not in objects or regular_source is None or name not in regular_source:
                 where = "the resume objects" if name not in objects else "the regular checkpoint"
                 raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
-        memo: dict[int, torch.Tensor] = {}
+        memo: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
         regular = None if regular_source is None else to_cpu(dict(regular_source), memo)
         object_states: dict[str, Any] = {}
         for name, obj in objects.items():

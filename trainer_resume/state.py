@@ -8,12 +8,14 @@ document the keys so an editor shows what a checkpoint holds.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, TypedDict
 
 import torch
 
 __all__ = [
     "cpu_state",
+    "map_tensors",
     "PythonRandomState",
     "NumpyRandomState",
     "RandomState",
@@ -45,7 +47,7 @@ def cpu_state(value: Any) -> Any:
     Returns:
         The copy, with the same container types and key order.
     """
-    return _copy(value, {})
+    return map_tensors(value, _independent_cpu_copy, {})
 
 
 def _alias_key(tensor: torch.Tensor) -> tuple[Any, ...]:
@@ -65,28 +67,44 @@ def _alias_key(tensor: torch.Tensor) -> tuple[Any, ...]:
     )
 
 
-def _copy(value: Any, memo: dict[tuple[Any, ...], torch.Tensor]) -> Any:
+def map_tensors(
+    value: Any,
+    convert: Callable[[torch.Tensor], torch.Tensor],
+    memo: dict[Any, tuple[torch.Tensor, torch.Tensor]],
+) -> Any:
+    """Rebuild nested state with ``convert`` applied to every tensor.
+
+    ``dict``, ``OrderedDict`` (with its ``_metadata``), ``list``, ``tuple`` and named
+    tuples are rebuilt with the same types and key order; other values are returned
+    as they are. ``memo`` maps views of the same storage to one converted tensor, so
+    aliases (tied weights, shared entries) stay aliases; pass the same ``memo`` to
+    several calls to keep them shared across calls. The memo keeps each source
+    tensor alive, so a freed tensor's address can never be taken for an alias.
+    """
     if isinstance(value, torch.Tensor):
         key = _alias_key(value)
-        copied = memo.get(key)
-        if copied is None:
-            copied = value.detach().to("cpu", copy=True)
-            memo[key] = copied
-        return copied
+        entry = memo.get(key)
+        if entry is None:
+            entry = memo[key] = (value, convert(value))
+        return entry[1]
     if isinstance(value, OrderedDict):
-        result: Any = OrderedDict((key, _copy(item, memo)) for key, item in value.items())
+        result: Any = OrderedDict((key, map_tensors(item, convert, memo)) for key, item in value.items())
         metadata = getattr(value, "_metadata", None)
         if metadata is not None:
-            result._metadata = _copy(metadata, memo)
+            result._metadata = map_tensors(metadata, convert, memo)
         return result
     if isinstance(value, dict):
-        return {key: _copy(item, memo) for key, item in value.items()}
+        return {key: map_tensors(item, convert, memo) for key, item in value.items()}
     if isinstance(value, list):
-        return [_copy(item, memo) for item in value]
+        return [map_tensors(item, convert, memo) for item in value]
     if isinstance(value, tuple):
-        items = [_copy(item, memo) for item in value]
+        items = [map_tensors(item, convert, memo) for item in value]
         return type(value)._make(items) if hasattr(value, "_fields") else tuple(items)
     return value
+
+
+def _independent_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
 
 
 class PythonRandomState(TypedDict):
