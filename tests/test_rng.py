@@ -17,6 +17,7 @@ from trainer_resume.rng import (
     random_state,
     restore_random_state,
     rng_scope,
+    validate_random_state,
 )
 
 
@@ -381,3 +382,17 @@ def test_derive_seeds_with_a_stride_equals_derive_seed_of_every_strided_position
     first = (1 << 63) - 5
     expected = [derive_seed(11, first + offset * stride) for offset in range(9)]
     assert derive_seeds(11, first, 9, stride=stride) == expected
+
+
+def test_validate_random_state_accepts_a_captured_state_and_changes_nothing():
+    state = random_state()
+    before = _global_states()
+    validate_random_state(state)
+    _assert_globals_equal(before, _global_states())
+
+
+def test_validate_random_state_refuses_what_restore_refuses():
+    state = random_state()
+    state["numpy"]["pos"] = 625
+    with pytest.raises(ValueError):
+        validate_random_state(state)

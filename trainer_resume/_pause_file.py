@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .errors import CheckpointFormatError, ResumeStateMismatchError
-from .rng import random_state, restore_random_state
+from .rng import validate_random_state
 from .state import PAUSE_FORMAT, map_tensors
 
 __all__ = ["check_layout", "check_names", "check_random_state", "check_saveable", "object_states", "to_cpu"]
@@ -118,20 +118,13 @@ def check_names(kind: str, saved: Iterable[str], expected: Iterable[str]) -> Non
 
 
 def check_random_state(state: Any, path: str, device: int | None) -> None:
-    """Refuse an RNG state that ``restore_random_state`` would reject, before restoring begins.
-
-    The trial restore runs the very checks of ``restore_random_state`` (which changes
-    nothing when it refuses); on success the current states are put straight back.
-    The caller holds the training lock, so no step draws numbers in between.
-    """
-    current = random_state(device)
+    """Refuse an RNG state that ``restore_random_state`` would reject, before restoring begins."""
     try:
-        restore_random_state(state, device)
+        validate_random_state(state, device)
     except ValueError as error:
         raise CheckpointFormatError(f"{path}: rng: {error}") from error
     except RuntimeError as error:  # a CUDA generator state where no such device exists
         raise ResumeStateMismatchError(f"{path}: rng: {error}") from error
-    restore_random_state(current, device)
 
 
 def _name(kind: type | tuple[type, ...]) -> str:

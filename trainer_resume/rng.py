@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ __all__ = [
     "derive_seed",
     "derive_seeds",
     "seed_cpu_generators",
+    "validate_random_state",
     "RNG_FORMAT",
 ]
 
@@ -253,25 +254,24 @@ def _generator_state(value: Any, what: str, device: torch.device) -> torch.Tenso
     return value
 
 
-def restore_random_state(state: RandomState, device: torch.device | str | int | None = None) -> None:
-    """Restore generators captured by :func:`random_state`.
+class _Checked(NamedTuple):
+    python: tuple[int, tuple[int, ...], float | None]
+    numpy: tuple[str, np.ndarray, int, int, float]
+    torch: torch.Tensor
+    cuda: torch.Tensor | None
+    cuda_index: int | None
 
-    Every part is validated (also by a trial load into scratch generators) before
-    any global generator changes, so a rejected state leaves all of them as they were.
 
-    Args:
-        state: A state from :func:`random_state` (also after ``torch.save`` /
-            ``torch.load(weights_only=True)``).
-        device: Where to restore a saved CUDA state: ``None`` means the device it
-            was captured from; otherwise a CUDA device. Without a saved CUDA state
-            no CUDA generator is changed.
+def validate_random_state(state: RandomState, device: torch.device | str | int | None = None) -> None:
+    """Check that :func:`restore_random_state` would accept ``state``; changes nothing.
 
     Raises:
-        ValueError: the state is malformed, or it holds a CUDA state and ``device``
-            is not a CUDA device (nothing was changed).
-        RuntimeError: the state holds a CUDA state but CUDA is not available, or
-            the target CUDA device does not exist (nothing was changed).
+        ValueError, RuntimeError: as :func:`restore_random_state`.
     """
+    _check(state, device)
+
+
+def _check(state: Any, device: torch.device | str | int | None) -> _Checked:
     _require(isinstance(state, dict), f"expected a dict, got {type(state).__name__}")
     _require(state.get("format") == RNG_FORMAT, f"format {state.get('format')!r} is not {RNG_FORMAT!r}")
     python = _python_tuple(state.get("python"))
@@ -304,8 +304,31 @@ def restore_random_state(state: RandomState, device: torch.device | str | int | 
             )
         cuda_state = _generator_state(cuda, "cuda", torch.device("cuda", cuda_index))
 
-    random.setstate(python)
-    np.random.set_state(numpy_state)
-    torch.set_rng_state(torch_state)
-    if cuda_state is not None:
-        torch.cuda.set_rng_state(cuda_state, cuda_index)
+    return _Checked(python, numpy_state, torch_state, cuda_state, cuda_index)
+
+
+def restore_random_state(state: RandomState, device: torch.device | str | int | None = None) -> None:
+    """Restore generators captured by :func:`random_state`.
+
+    Every part is validated (also by a trial load into scratch generators) before
+    any global generator changes, so a rejected state leaves all of them as they were.
+
+    Args:
+        state: A state from :func:`random_state` (also after ``torch.save`` /
+            ``torch.load(weights_only=True)``).
+        device: Where to restore a saved CUDA state: ``None`` means the device it
+            was captured from; otherwise a CUDA device. Without a saved CUDA state
+            no CUDA generator is changed.
+
+    Raises:
+        ValueError: the state is malformed, or it holds a CUDA state and ``device``
+            is not a CUDA device (nothing was changed).
+        RuntimeError: the state holds a CUDA state but CUDA is not available, or
+            the target CUDA device does not exist (nothing was changed).
+    """
+    checked = _check(state, device)
+    random.setstate(checked.python)
+    np.random.set_state(checked.numpy)
+    torch.set_rng_state(checked.torch)
+    if checked.cuda is not None:
+        torch.cuda.set_rng_state(checked.cuda, checked.cuda_index)
