@@ -26,12 +26,10 @@ Resume rules (``rank_view``):
 from __future__ import annotations
 
 import hashlib
-import random
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -40,7 +38,7 @@ from .errors import (
     CheckpointWriteError,
     ResumeStateMismatchError,
 )
-from .rng import derive_seed, random_state, restore_random_state
+from .rng import derive_seed, random_state, restore_random_state, seed_cpu_generators
 from .state import PauseCheckpoint, RandomState
 
 __all__ = [
@@ -283,9 +281,7 @@ def _derived_rng(seed: int, device: int | None) -> RandomState:
     """The RNG state a fresh rank starts from: every main-process generator seeded from ``seed``."""
     current = random_state(device)
     try:
-        random.seed(seed)
-        np.random.seed(seed & 0xFFFF_FFFF)
-        torch.default_generator.manual_seed(seed)
+        seed_cpu_generators(seed)
         if device is not None:
             with torch.cuda.device(device):
                 torch.cuda.manual_seed(seed)

@@ -31,7 +31,7 @@ from ..errors import (
     TrainingPausedError,
     UnsupportedResumeConfigurationError,
 )
-from ..rng import random_state, restore_random_state
+from ..rng import random_state, restore_random_state, validate_random_state
 from ..signature import canonical_config, config_difference, config_signature
 from ..state import RandomState
 from .lightning_io import DurableCheckpointIO, PauseFileReader
@@ -368,19 +368,16 @@ class ResumeCallback(Callback):
         if not isinstance(states, list) or len(states) != trainer.world_size:
             raise CheckpointFormatError(f"{source}: 'rng' must hold one random state per rank")
         state = states[trainer.global_rank]
-        # Validate now, before any training step, without changing the generators:
-        # restore (which validates first) and put the current state back. The module
-        # may not be on its device yet, so probe the CUDA device the state came from.
+        # Validate now, before any training step, without changing the generators. The
+        # module may not be on its device yet, so check against the CUDA device the
+        # state came from.
         saved_cuda = state.get("cuda_device") if isinstance(state, Mapping) else None
         cuda = isinstance(saved_cuda, int) and torch.cuda.is_available()
         device = torch.device("cuda", saved_cuda) if cuda else None
-        current = random_state(device)
         try:
-            restore_random_state(state, device)
+            validate_random_state(state, device)
         except ValueError as exc:
             raise CheckpointFormatError(f"{source}: {exc}") from exc
-        finally:
-            restore_random_state(current, device)
         return state
 
 
