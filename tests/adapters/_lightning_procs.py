@@ -46,31 +46,41 @@ def run_and_signal(
     lines: list[str] = []
     sent = False
     with open(log, "w") as errors:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, env=_environment())
+        # Binary stdout read with os.read on the descriptor, never through a buffered
+        # reader: readline() may pull several lines into its buffer at once, and select()
+        # would then wait on an empty pipe while the awaited line sits unread in that
+        # buffer until the child gives up and exits.
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, env=_environment())
         try:
             assert process.stdout is not None
+            descriptor = process.stdout.fileno()
             selector = selectors.DefaultSelector()
-            selector.register(process.stdout, selectors.EVENT_READ)
+            selector.register(descriptor, selectors.EVENT_READ)
+            partial = b""
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise AssertionError(f"{command[2]} run passed its deadline; stdout so far: {lines[-5:]}")
                 if not selector.select(timeout=min(remaining, 1.0)):
                     continue
-                text = process.stdout.readline()
-                if not text:
+                chunk = os.read(descriptor, 65536)
+                if not chunk:
                     break
-                lines.append(text.rstrip("\n"))
-                if not sent and lines[-1] == line:
-                    process.send_signal(signum)
-                    sent = True
+                *complete, partial = (partial + chunk).split(b"\n")
+                for raw in complete:
+                    lines.append(raw.decode(errors="replace"))
+                    if not sent and lines[-1] == line:
+                        process.send_signal(signum)
+                        sent = True
+            if partial:
+                lines.append(partial.decode(errors="replace"))
             status = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
         finally:
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=30)
     if not sent:
-        raise AssertionError(f"{line!r} never appeared; exit {status}; stderr in {log}:\n{_tail(log)}")
+        raise AssertionError(f"{line!r} never appeared; {describe_exit(status, lines, log)}")
     return status, lines
 
 
@@ -79,6 +89,11 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def describe_exit(status: int, lines: list[str], log: Path) -> str:
+    """The exit status, the last stdout lines and the stderr tail of a finished run."""
+    return f"exit {status}; stdout tail: {lines[-5:]}\nstderr:\n{_tail(log)}"
 
 
 def describe_failure(process: subprocess.CompletedProcess[str], log: Path) -> str:

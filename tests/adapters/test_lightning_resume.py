@@ -58,7 +58,11 @@ def _pause_then_resume(out: Path, mode: str, epoch_batches: int, pause_step: int
         line=f"STEP {pause_step}",
         signum=procs.SIGTERM,
     )
-    first = torch.load(out / f"result_{mode}.pt", weights_only=True)
+    written = out / f"result_{mode}.pt"
+    assert written.is_file(), f"{mode} run wrote no result after SIGTERM: " + procs.describe_exit(
+        status, lines, out / f"stderr_{mode}.txt"
+    )
+    first = torch.load(written, weights_only=True)
     second_mode = mode.replace("pause", "resume")
     done = procs.run(procs.child_command(second_mode, out, *options), out / f"stderr_{second_mode}.txt")
     assert done.returncode == 0, procs.describe_failure(done, out / f"stderr_{second_mode}.txt")
@@ -97,6 +101,24 @@ def test_sigterm_pause_and_fresh_process_resume_equal_uninterrupted_fit(
     for name, value in reference["model"].items():
         assert torch.equal(value, resumed["model"][name]), name
     _assert_optimizer_states_equal(reference["optimizer"], resumed["optimizer"])
+
+
+def test_signal_is_sent_at_a_line_that_arrives_together_with_the_previous_one(tmp_path: Path) -> None:
+    # Both lines in one write, as a busy parent reads them after a fast step; the
+    # child exits 3 if no signal comes and 7 from its handler.
+    child = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: os._exit(7))\n"
+        "os.write(1, b'STEP 5\\nSTEP 6\\n')\n"
+        "time.sleep(30)\n"
+        "os._exit(3)\n"
+    )
+
+    status, lines = procs.run_and_signal(
+        [procs.sys.executable, "-c", child], tmp_path / "stderr.txt", line="STEP 6", signum=procs.SIGTERM, timeout=60
+    )
+
+    assert (status, lines) == (7, ["STEP 5", "STEP 6"])
 
 
 def test_plain_lightning_checkpoint_resume_ends_with_different_weights(tmp_path: Path, references: Any) -> None:
