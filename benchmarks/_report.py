@@ -1,0 +1,404 @@
+"""RESULTS.md from the suite's JSON: target checks, tables, notes (pure functions, stdlib only).
+
+Every figure in the generated file comes from a JSON written by a benchmark script
+in the same run; nothing here holds a measured number.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PASS, MISS, NOT_MEASURED = "PASS", "MISS", "NOT MEASURED"
+
+THROUGHPUT_TARGET = 0.97  # ResumableDataLoader / DataLoader samples/s at 200 µs per sample
+THROUGHPUT_COST_US = 200.0
+RESUME_FLAT_TARGET = 1.2  # max/min of the median time to first batch over positions
+RESUME_FAR_POSITION = 100_000_000
+PAUSE_TIME_TARGET = 1.15  # pause() / (torch.save + fsync), medians
+PAUSE_RSS_TARGET = 1.1  # peak RSS above baseline / state size
+
+Results = Mapping[str, Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class TargetCheck:
+    """One measured figure against one target."""
+
+    target: str
+    status: str  # PASS, MISS or NOT MEASURED
+    measured: str
+    source: str
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    """What the runner recorded for one benchmark script."""
+
+    name: str
+    command: str
+    status: str  # "ok", "failed (exit N)", "timed out after N s", "not available: ..."
+    seconds: float | None
+    output: str
+
+
+def _missing(target: str, source: str, why: str) -> TargetCheck:
+    return TargetCheck(target, NOT_MEASURED, why, source)
+
+
+def _status(ok: bool) -> str:
+    return PASS if ok else MISS
+
+
+def throughput_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
+    """ResumableDataLoader / DataLoader >= 0.97 at 200 µs per sample, one check per setting."""
+    target = f"loader throughput >= {THROUGHPUT_TARGET} x DataLoader at {THROUGHPUT_COST_US:.0f} µs/sample"
+    source = "loader_throughput.json"
+    if data is None:
+        return [_missing(target, source, "no result from this run")]
+    try:
+        default_workers = data.get("settings", {}).get("num_workers")
+        checks = []
+        for entry in data["results"]:
+            if abs(float(entry["cost_us"]) - THROUGHPUT_COST_US) > 1e-9:
+                continue
+            ours, theirs = entry["resumable_samples_per_s"], entry["torch_samples_per_s"]
+            ratio = ours / theirs
+            workers = entry.get("num_workers", default_workers)
+            setting = f"num_workers={workers}: " if workers is not None else ""
+            checks.append(TargetCheck(
+                target, _status(ratio >= THROUGHPUT_TARGET),
+                f"{setting}{ratio:.3f} ({ours:,.0f} vs {theirs:,.0f} samples/s, medians)", source,
+            ))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        return [_missing(target, source, f"unexpected JSON layout ({type(error).__name__}: {error})")]
+    return checks or [_missing(target, source, f"no run at {THROUGHPUT_COST_US:.0f} µs/sample")]
+
+
+def _medians(runs: Mapping[str, Sequence[float]]) -> dict[int, float]:
+    return {int(position): statistics.median(times) for position, times in runs.items() if times}
+
+
+def resume_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
+    """Ours flat in position (max/min <= 1.2 up to 1e8); StatefulDataLoader's grows."""
+    flat = f"resume time flat in position (max/min <= {RESUME_FLAT_TARGET}, positions up to 1e8)"
+    grows = f"StatefulDataLoader resume time grows with position (max/min > {RESUME_FLAT_TARGET})"
+    source = "loader_resume.json"
+    if data is None:
+        return [_missing(flat, source, "no result from this run"), _missing(grows, source, "no result from this run")]
+    checks = []
+    try:
+        ours = _medians(data["resumable"])
+        spread = max(ours.values()) / min(ours.values())
+        reached = max(ours)
+        figures = ", ".join(f"{position:,}: {seconds * 1e3:.1f} ms" for position, seconds in sorted(ours.items()))
+        if reached < RESUME_FAR_POSITION:
+            checks.append(TargetCheck(flat, MISS, f"max/min {spread:.2f}, but positions only up to {reached:,}",
+                                      source))
+        else:
+            checks.append(TargetCheck(flat, _status(spread <= RESUME_FLAT_TARGET),
+                                      f"max/min {spread:.2f} ({figures})", source))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        checks.append(_missing(flat, source, f"unexpected JSON layout ({type(error).__name__}: {error})"))
+    try:
+        theirs = _medians(data.get("stateful_dataloader") or {})
+        if len(theirs) < 2:
+            skipped = data.get("stateful_dataloader_skipped") or {}
+            why = "; ".join(f"{position}: {reason}" for position, reason in skipped.items()) or "not run"
+            checks.append(_missing(grows, source, f"fewer than two positions measured ({why})"))
+        else:
+            first, last = min(theirs), max(theirs)
+            growth = theirs[last] / theirs[first]
+            checks.append(TargetCheck(
+                grows, _status(growth > RESUME_FLAT_TARGET),
+                f"x{growth:.2f} from position {first:,} ({theirs[first] * 1e3:.1f} ms) to {last:,} "
+                f"({theirs[last] * 1e3:.1f} ms)", source,
+            ))
+    except (TypeError, ValueError, ZeroDivisionError) as error:
+        checks.append(_missing(grows, source, f"unexpected JSON layout ({type(error).__name__}: {error})"))
+    return checks
+
+
+def _params(size: Mapping[str, Any]) -> str:
+    return f"{size['parameters'] / 1e6:.1f}M params"
+
+
+def pause_time_checks(checkpointing: Mapping[str, Any] | None, pause: Mapping[str, Any] | None) -> list[TargetCheck]:
+    """pause() <= 1.15 x torch.save + fsync: each state size of checkpointing.py, and pause.py."""
+    target = f"pause() <= {PAUSE_TIME_TARGET} x torch.save + fsync"
+    checks = []
+    if checkpointing is None:
+        checks.append(_missing(target, "checkpointing.json", "no result from this run"))
+    else:
+        try:
+            for size in checkpointing["sizes"]:
+                ours, reference = size["save"]["pause()"], size["save"]["torch.save + fsync"]
+                ratio = ours["median_seconds"] / reference["median_seconds"]
+                checks.append(TargetCheck(
+                    target, _status(ratio <= PAUSE_TIME_TARGET),
+                    f"{_params(size)}, fresh process per run: {ratio:.2f}x ({ours['median_seconds']:.3f} s vs "
+                    f"{reference['median_seconds']:.3f} s, medians)", "checkpointing.json",
+                ))
+        except (KeyError, TypeError, ZeroDivisionError) as error:
+            checks.append(_missing(target, "checkpointing.json",
+                                   f"unexpected JSON layout ({type(error).__name__}: {error})"))
+    if pause is not None:
+        try:
+            blocking = pause["blocking"]
+            ratio = blocking["pause_median_s"] / blocking["torch_save_fsync_median_s"]
+            checks.append(TargetCheck(
+                target, _status(ratio <= PAUSE_TIME_TARGET),
+                f"{pause['parameters'] / 1e6:.1f}M params, same process: {ratio:.2f}x "
+                f"({blocking['pause_median_s']:.3f} s vs {blocking['torch_save_fsync_median_s']:.3f} s, medians)",
+                "pause.json",
+            ))
+        except (KeyError, TypeError, ZeroDivisionError) as error:
+            checks.append(_missing(target, "pause.json", f"unexpected JSON layout ({type(error).__name__}: {error})"))
+    return checks
+
+
+def worst_pause_size(checkpointing: Mapping[str, Any] | None) -> str | None:
+    """The state size label whose pause() time ratio misses the target by most (None: no miss)."""
+    worst: tuple[float, str] | None = None
+    try:
+        for size in (checkpointing or {}).get("sizes", []):
+            ratio = size["save"]["pause()"]["median_seconds"] / size["save"]["torch.save + fsync"]["median_seconds"]
+            if ratio > PAUSE_TIME_TARGET and (worst is None or ratio > worst[0]):
+                worst = (ratio, size["label"])
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    return None if worst is None else worst[1]
+
+
+def pause_memory_checks(checkpointing: Mapping[str, Any] | None) -> list[TargetCheck]:
+    """Peak RSS above baseline during pause() <= 1.1 x the state size."""
+    target = f"peak RSS during pause() <= {PAUSE_RSS_TARGET} x state size above baseline"
+    source = "checkpointing.json"
+    if checkpointing is None:
+        return [_missing(target, source, "no result from this run")]
+    checks = []
+    try:
+        for size in checkpointing["sizes"]:
+            peak = size["save"]["pause()"]["max_peak_rss_above_baseline_bytes"]
+            state = size["state_bytes"]
+            ratio = peak / state
+            checks.append(TargetCheck(
+                target, _status(ratio <= PAUSE_RSS_TARGET),
+                f"{_params(size)}: {ratio:.2f}x ({peak / (1 << 20):,.1f} MiB above baseline for "
+                f"{state / (1 << 20):,.1f} MiB of state, worst run)", source,
+            ))
+    except (KeyError, TypeError, ZeroDivisionError) as error:
+        return [_missing(target, source, f"unexpected JSON layout ({type(error).__name__}: {error})")]
+    return checks
+
+
+def check_targets(results: Results) -> list[TargetCheck]:
+    """Every target of the suite, checked from the scripts' JSON (None: no JSON from this run)."""
+    return [
+        *throughput_checks(results.get("loader_throughput")),
+        *resume_checks(results.get("loader_resume")),
+        *pause_time_checks(results.get("checkpointing"), results.get("pause")),
+        *pause_memory_checks(results.get("checkpointing")),
+    ]
+
+
+Section = tuple[str, Sequence[str], Sequence[Sequence[str]]]
+
+
+def checkpoint_summary(results: Results) -> list[Section]:
+    """Tables that put checkpointing.json and pause.json side by side (save, resume, file size, overhead)."""
+    sections: list[Section] = []
+    checkpointing, pause = results.get("checkpointing"), results.get("pause")
+    try:
+        if checkpointing is not None:
+            rows = []
+            for size in checkpointing["sizes"]:
+                state = size["state_bytes"]
+                for name, result in size["save"].items():
+                    rows.append([
+                        _params(size), name, f"{result['median_seconds']:.3f}", f"{result['ratio_to_reference']:.2f}",
+                        f"{result['max_peak_rss_above_baseline_bytes'] / state:.2f}",
+                        f"{result['file_bytes'] / (1 << 20):,.1f}",
+                    ])
+            sections.append((
+                "Checkpoint save (checkpointing.py, fresh process per run)",
+                ["state", "method", "median s", "x torch.save + fsync", "peak RSS above baseline / state",
+                 "file MiB"],
+                rows,
+            ))
+            rows = [
+                [_params(size), name, f"{result['median_seconds']:.3f}", f"{result['ratio_to_reference']:.2f}",
+                 f"{result['max_peak_rss_above_baseline_bytes'] / size['state_bytes']:.2f}"]
+                for size in checkpointing["sizes"] for name, result in size["load"].items()
+            ]
+            sections.append((
+                "Resume (checkpointing.py, the file just written)",
+                ["state", "method", "median s", "x torch.load + load_state_dict", "peak RSS above baseline / state"],
+                rows,
+            ))
+        rows = []
+        if pause is not None:
+            sizes = pause["file_size"]
+            rows += [
+                ["pause file, shared keys (pause.py)", f"{sizes['shared_bytes'] / (1 << 20):,.1f} MiB",
+                 f"{sizes['shared_bytes'] / sizes['separate_bytes']:.3f} x separate copies"],
+                ["pause file, separate copies (pause.py)", f"{sizes['separate_bytes'] / (1 << 20):,.1f} MiB", ""],
+            ]
+        overhead = (checkpointing or {}).get("step_overhead") or (pause or {}).get("overhead")
+        if overhead is not None:
+            rows += [
+                ["@training_step overhead per call", f"{overhead['training_step_overhead_us']:.3f} µs",
+                 f"{overhead['training_step_call_us']:.3f} µs wrapped vs {overhead['plain_call_us']:.3f} µs plain"],
+                ["@serialized_training overhead per call", f"{overhead['serialized_training_overhead_us']:.3f} µs",
+                 ""],
+            ]
+        if rows:
+            sections.append(("Shared keys and step overhead", ["what", "measured", "context"], rows))
+    except (KeyError, TypeError, ZeroDivisionError) as error:
+        sections.append(("Checkpoint summary", ["problem"],
+                         [[f"unexpected JSON layout ({type(error).__name__}: {error})"]]))
+    return sections
+
+
+def where_pause_time_goes(profile: Mapping[str, Any] | None) -> str | None:
+    """A paragraph from profile_pause.json: pause()'s time by category against torch.save + fsync."""
+    if profile is None:
+        return None
+    try:
+        ours = profile["writers"]["pause()"]
+        theirs = profile["writers"]["torch.save + fsync"]
+        total_ours, total_theirs = ours["profiled_s"], theirs["profiled_s"]
+        parts = [
+            f"{category} {seconds:.3f} s ({seconds / total_ours:.0%})"
+            for category, seconds in sorted(ours["categories"].items(), key=lambda item: -item[1])
+            if seconds >= 0.0005
+        ]
+        differences = sorted(
+            ((category, ours["categories"][category] - theirs["categories"].get(category, 0.0))
+             for category in ours["categories"]),
+            key=lambda item: -item[1],
+        )
+        extra = [f"{category} {delta:+.3f} s" for category, delta in differences if delta >= 0.0005][:3]
+        top = ", ".join(f"`{entry['function']}` {entry['tottime_s']:.3f} s" for entry in ours["top"][:4])
+    except (KeyError, TypeError, ZeroDivisionError) as error:
+        return f"profile_pause.json has an unexpected layout ({type(error).__name__}: {error})."
+    return (
+        f"cProfile of {profile['parameters'] / 1e6:.1f}M parameters + AdamW "
+        f"({profile['state_bytes'] / (1 << 20):,.1f} MiB), fastest of {profile['runs']} runs each: pause() "
+        f"{total_ours:.3f} s against {total_theirs:.3f} s for torch.save + fsync "
+        f"({total_ours / total_theirs:.2f}x under the profiler). pause() by category: {'; '.join(parts)}. "
+        f"Largest additions over torch.save + fsync: {', '.join(extra) or 'none'}. "
+        f"Most own time: {top}."
+    )
+
+
+def where_loader_time_goes(profile: Mapping[str, Any] | None) -> str | None:
+    """A paragraph from profile_loader.json: CPU per sample of both loaders and the profile's additions."""
+    if profile is None:
+        return None
+    try:
+        medians = profile["median_cpu_us_per_sample"]
+        ours, theirs = medians["ResumableDataLoader"], medians["DataLoader"]
+        extra = profile["profiles"]["ResumableDataLoader"]["categories_us_per_sample"]
+        base = profile["profiles"]["DataLoader"]["categories_us_per_sample"]
+        differences = sorted(((category, extra[category] - base[category]) for category in extra),
+                             key=lambda item: -item[1])
+        added = ", ".join(f"{category} {delta:+.1f} µs" for category, delta in differences if delta >= 0.05)
+        top = ", ".join(f"`{entry['function']}` {entry['own_us_per_sample']:.1f} µs"
+                        for entry in profile["profiles"]["ResumableDataLoader"]["top"][:4])
+    except (KeyError, TypeError) as error:
+        return f"profile_loader.json has an unexpected layout ({type(error).__name__}: {error})."
+    return (
+        f"In one process (num_workers=0, {profile['cost_us']:.0f} µs spin per sample, median of "
+        f"{profile['repeats']}), a sample costs {ours:.1f} CPU µs with ResumableDataLoader against {theirs:.1f} µs "
+        f"with DataLoader: {ours - theirs:+.1f} µs per sample, a throughput ratio of {theirs / ours:.3f} wherever "
+        f"CPU is the bottleneck (as with 2 workers on 2 cores). Under cProfile with "
+        f"{profile['profile_cost_us']:.0f} µs spin, the per-sample additions by category: {added or 'none'}; "
+        f"most own time in the resumable loader: {top}."
+    )
+
+
+def where_resume_time_goes(profile: Mapping[str, Any] | None) -> str | None:
+    """A paragraph from profile_resume.json: in-process time by position, and the workers' fixed cost."""
+    if profile is None:
+        return None
+    try:
+        medians = _medians(profile["in_process_seconds"])
+        startup = statistics.median(profile["worker_startup_seconds"])
+        shares = {int(position): item["randperm_s"] / item["profiled_s"]
+                  for position, item in profile["profiles"].items()}
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        return f"profile_resume.json has an unexpected layout ({type(error).__name__}: {error})."
+    figures = ", ".join(f"{position:,}: {seconds * 1e3:.1f} ms" for position, seconds in sorted(medians.items()))
+    low, high = f"{min(shares.values()):.0%}", f"{max(shares.values()):.0%}"
+    share = low if low == high else f"{low}-{high}"
+    dominated = (
+        " With workers the first batch is therefore mostly worker start-up, a cost that does not depend on the "
+        "position." if startup > max(medians.values()) else ""
+    )
+    return (
+        f"In one process (num_workers=0, median of {profile['repeats']}), load_state_dict + the first batch takes "
+        f"{figures} (max/min {max(medians.values()) / min(medians.values()):.2f}); under cProfile "
+        f"torch.randperm (the one permutation of the position's cycle) is {share} of it. A fresh "
+        f"num_workers={profile['num_workers_for_startup']} loader with no state loaded needs {startup * 1e3:.1f} ms "
+        f"(median) for its first batch.{dominated}"
+    )
+
+
+def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    def cell(value: str) -> str:
+        return str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def render_results(
+    *,
+    command: str,
+    generated: str,
+    machine: Mapping[str, str],
+    runs: Sequence[ScriptRun],
+    checks: Sequence[TargetCheck],
+    notes: Sequence[tuple[str, str]],
+    sections: Sequence[Section] = (),
+) -> str:
+    """The text of RESULTS.md."""
+    lines = [
+        "# Benchmark results",
+        "",
+        (f"Generated by `{command}` on {generated}. This file is written by the benchmark runner "
+         "(`benchmarks/run.py`); rerun the command to refresh it rather than editing it."),
+        "",
+        "## Machine",
+        "",
+        *_markdown_table(["", ""], [[key, value] for key, value in machine.items()]),
+        "",
+        "## Targets",
+        "",
+    ]
+    lines += _markdown_table(["target", "status", "measured", "from"],
+                             [[c.target, f"**{c.status}**", c.measured, c.source] for c in checks])
+    counts = {status: sum(c.status == status for c in checks) for status in (PASS, MISS, NOT_MEASURED)}
+    lines += ["", f"{counts[PASS]} passed, {counts[MISS]} missed, {counts[NOT_MEASURED]} not measured.", ""]
+    if sections:
+        lines += ["## Summary", ""]
+        for title, headers, rows in sections:
+            lines += [f"### {title}", "", *_markdown_table(headers, rows), ""]
+    lines += ["## Runs", ""]
+    lines += _markdown_table(["benchmark", "command", "status", "wall s"],
+                             [[run.name, f"`{run.command}`", run.status,
+                               "" if run.seconds is None else f"{run.seconds:.0f}"] for run in runs])
+    lines.append("")
+    for run in runs:
+        lines += [f"### {run.name}", "", f"`{run.command}` ({run.status})", ""]
+        if run.output.strip():
+            lines += ["```text", run.output.rstrip(), "```", ""]
+    if notes:
+        lines += ["## Notes", ""]
+        for title, text in notes:
+            lines += [f"### {title}", "", text, ""]
+    return "\n".join(lines).rstrip() + "\n"

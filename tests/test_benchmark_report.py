@@ -1,0 +1,156 @@
+"""The benchmark report checks each target from the scripts' JSON (pure functions, no benchmark runs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks._report import (
+    MISS,
+    NOT_MEASURED,
+    PASS,
+    ScriptRun,
+    check_targets,
+    pause_memory_checks,
+    pause_time_checks,
+    render_results,
+    resume_checks,
+    throughput_checks,
+    worst_pause_size,
+)
+
+MIB = 1 << 20
+
+
+def _throughput(ratio_at_200: float, ratio_at_0: float = 0.5) -> dict[str, Any]:
+    return {
+        "settings": {"num_workers": 2},
+        "results": [
+            {"cost_us": 0.0, "torch_samples_per_s": 10_000.0, "resumable_samples_per_s": 10_000.0 * ratio_at_0},
+            {"cost_us": 200.0, "torch_samples_per_s": 4_000.0, "resumable_samples_per_s": 4_000.0 * ratio_at_200},
+        ],
+    }
+
+
+def _checkpointing(pause_s: float, reference_s: float, peak_mib: float, state_mib: float = 100.0) -> dict[str, Any]:
+    return {
+        "sizes": [{
+            "parameters": 10_500_000,
+            "state_bytes": int(state_mib * MIB),
+            "save": {
+                "pause()": {"median_seconds": pause_s, "max_peak_rss_above_baseline_bytes": int(peak_mib * MIB)},
+                "torch.save + fsync": {"median_seconds": reference_s, "max_peak_rss_above_baseline_bytes": 0},
+            },
+        }],
+    }
+
+
+def _resume(ours: dict[int, list[float]], theirs: dict[int, list[float]]) -> dict[str, Any]:
+    return {
+        "resumable": {str(p): times for p, times in ours.items()},
+        "stateful_dataloader": {str(p): times for p, times in theirs.items()},
+        "stateful_dataloader_skipped": {"100000000": "n/a: beyond one epoch"},
+    }
+
+
+def test_throughput_passes_at_ratio_097_and_ignores_the_zero_cost_setting() -> None:
+    [check] = throughput_checks(_throughput(0.98, ratio_at_0=0.5))
+    assert check.status == PASS
+    assert "0.980" in check.measured and "num_workers=2" in check.measured
+
+
+def test_throughput_below_097_at_200us_is_a_miss_with_the_ratio() -> None:
+    [check] = throughput_checks(_throughput(0.9))
+    assert check.status == MISS
+    assert "0.900" in check.measured
+
+
+def test_throughput_without_a_200us_run_is_not_measured() -> None:
+    data = _throughput(1.0)
+    data["results"] = data["results"][:1]
+    [check] = throughput_checks(data)
+    assert check.status == NOT_MEASURED
+
+
+def test_resume_flat_up_to_1e8_passes_and_growing_stateful_loader_passes() -> None:
+    ours = {0: [0.30, 0.50, 0.31], 1_000_000: [0.28, 0.29, 0.9], 100_000_000: [0.33, 0.32, 0.2]}  # medians .31 .29 .32
+    theirs = {0: [1.0, 1.2, 1.1], 1_000_000: [3.0, 3.3, 3.6]}  # medians 1.1 and 3.3
+    flat, grows = resume_checks(_resume(ours, theirs))
+    assert flat.status == PASS
+    assert "1.10" in flat.measured  # 0.32 / 0.29
+    assert grows.status == PASS
+    assert "x3.00" in grows.measured
+
+
+def test_resume_spread_above_12_is_a_miss() -> None:
+    ours = {0: [0.2], 1_000_000: [0.2], 100_000_000: [0.3]}
+    flat, _ = resume_checks(_resume(ours, {0: [1.0], 1_000_000: [3.0]}))
+    assert flat.status == MISS
+    assert "1.50" in flat.measured
+
+
+def test_resume_measured_only_up_to_1e6_cannot_pass_the_flatness_target() -> None:
+    flat, _ = resume_checks(_resume({0: [0.2], 1_000_000: [0.2]}, {0: [1.0], 1_000_000: [3.0]}))
+    assert flat.status == MISS
+    assert "1,000,000" in flat.measured
+
+
+def test_stateful_loader_that_stays_flat_is_a_miss_and_one_position_is_not_measured() -> None:
+    ours = {0: [0.2], 100_000_000: [0.2]}
+    _, flat_theirs = resume_checks(_resume(ours, {0: [1.0], 1_000_000: [1.1]}))
+    assert flat_theirs.status == MISS
+    _, single = resume_checks(_resume(ours, {0: [1.0]}))
+    assert single.status == NOT_MEASURED
+    assert "beyond one epoch" in single.measured
+
+
+def test_pause_time_ratio_passes_at_115_and_misses_above() -> None:
+    [ok] = pause_time_checks(_checkpointing(1.15, 1.0, 1.0), None)
+    [missed] = pause_time_checks(_checkpointing(1.2, 1.0, 1.0), None)
+    assert ok.status == PASS and "1.15x" in ok.measured
+    assert missed.status == MISS and "1.20x" in missed.measured
+
+
+def test_pause_time_also_checks_the_pause_script_json() -> None:
+    pause = {"parameters": 100_700_000, "blocking": {"pause_median_s": 3.0, "torch_save_fsync_median_s": 2.0}}
+    checks = pause_time_checks(_checkpointing(1.0, 1.0, 1.0), pause)
+    assert [c.status for c in checks] == [PASS, MISS]
+    assert "1.50x" in checks[1].measured and checks[1].source == "pause.json"
+
+
+def test_profile_follows_the_state_size_that_missed_the_pause_target_most() -> None:
+    small, large = _checkpointing(1.3, 1.0, 1.0)["sizes"][0], _checkpointing(2.0, 1.0, 1.0)["sizes"][0]
+    small["label"], large["label"] = "10M", "100M"
+    assert worst_pause_size({"sizes": [small, large]}) == "100M"
+    met = _checkpointing(1.1, 1.0, 1.0)["sizes"][0]
+    met["label"] = "10M"
+    assert worst_pause_size({"sizes": [met]}) is None
+
+
+def test_pause_peak_rss_within_11_times_state_passes_and_above_misses() -> None:
+    [ok] = pause_memory_checks(_checkpointing(1.0, 1.0, peak_mib=5.0, state_mib=100.0))
+    [missed] = pause_memory_checks(_checkpointing(1.0, 1.0, peak_mib=120.0, state_mib=100.0))
+    assert ok.status == PASS and "0.05x" in ok.measured
+    assert missed.status == MISS and "1.20x" in missed.measured
+
+
+def test_missing_or_malformed_json_is_not_measured_never_pass() -> None:
+    checks = check_targets({"checkpointing": {"sizes": [{"parameters": 1}]}})
+    assert checks and all(check.status == NOT_MEASURED for check in checks)
+
+
+def test_rendered_results_show_each_check_status_and_figure() -> None:
+    checks = check_targets({
+        "loader_throughput": _throughput(0.9),
+        "checkpointing": _checkpointing(1.0, 1.0, 1.0),
+    })
+    text = render_results(
+        command="python -m benchmarks --quick", generated="2030-01-01 00:00 UTC", machine={"CPU": "test cpu"},
+        runs=[ScriptRun("pause", "python benchmarks/pause.py --quick", "not available: missing", None, "")],
+        checks=checks, notes=[("Where the time goes: pause()", "fsync 1.000 s")],
+    )
+    assert "`python -m benchmarks --quick`" in text
+    assert "| test cpu |" in text
+    assert "**MISS** | num_workers=2: 0.900" in text
+    assert "not available: missing" in text
+    assert "fsync 1.000 s" in text
+    assert "2 passed, 1 missed, 2 not measured." in text
