@@ -22,7 +22,7 @@ STEPS = 5  # 20 samples delivered: cycle 1, offset 8
 
 
 class SmallTrainer(TrainingResumeMixin):
-    def __init__(self) -> None:
+    def __init__(self, *, num_replicas: int = 1) -> None:
         torch.manual_seed(0)
         self.model = nn.Linear(4, 3)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
@@ -30,7 +30,7 @@ class SmallTrainer(TrainingResumeMixin):
         self.loader = ResumableDataLoader(
             data,
             batch_size=BATCH_SIZE,
-            sampler=InfiniteRandomSampler(data, resumable=True),
+            sampler=InfiniteRandomSampler(data, resumable=True, num_replicas=num_replicas, rank=0),
             resumable=True,
         )
         self.batches = iter(self.loader)
@@ -125,6 +125,21 @@ def test_inspect_json_reports_the_same_facts(pause_file, capsys):
     assert summary["loaders"]["train"]["consumed"] == STEPS * BATCH_SIZE
     assert summary["extra"] == ["seen", "warmed_up"]
     assert len(summary["config_signature"]) == 64
+
+
+def test_inspect_shows_the_process_count_and_a_sharded_loaders_global_position(tmp_path, capsys):
+    path = tmp_path / "sharded.ckpt"
+    trainer = SmallTrainer(num_replicas=2)  # this process reads rank 0's half of a 2-rank stream
+    for _ in range(STEPS):
+        trainer.step()
+    trainer.pause(path)
+    trainer.loader.close()
+    assert main(["inspect", str(path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["world_size"] == 1
+    # The cursor is global: each delivered batch of rank 0 stands for one batch of every rank.
+    assert summary["loaders"]["train"]["consumed"] == STEPS * BATCH_SIZE * 2
+    assert summary["loaders"]["train"]["num_replicas"] == 2
 
 
 def test_inspect_of_plain_torch_save_file_fails_with_code_321(tmp_path, capsys):

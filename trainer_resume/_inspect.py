@@ -45,7 +45,7 @@ def _position(state: Any) -> dict[str, Any]:
     """consumed / cycle / offset of a loader state (kept by its sampler or batch sampler)."""
     found: dict[str, Any] = {}
     if isinstance(state, Mapping):
-        for key in ("consumed", "cycle", "offset"):
+        for key in ("consumed", "cycle", "offset", "num_replicas"):
             if key in state:
                 found[key] = state[key]
         if len(found) < 3:
@@ -130,6 +130,7 @@ def summarize(path: str, *, key: bytes | None = None) -> dict[str, Any]:
         module_version=content.get("module_version"),
         config_signature=content.get("config_signature"),
         completed_steps=content.get("completed_steps"),
+        world_size=(content.get("distributed") or {}).get("world_size", 1),
     )
     seen: set[int] = set()
     summary["objects"] = {}
@@ -178,6 +179,7 @@ def _print_text(summary: dict[str, Any], out: TextIO) -> None:
             ("module version", summary["module_version"]),
             ("config signature", summary["config_signature"]),
             ("completed steps", summary["completed_steps"]),
+            ("processes", summary["world_size"]),
         ]
     width = max(len(label) for label, _ in lines)
     for label, value in lines:
@@ -202,11 +204,19 @@ def _print_text(summary: dict[str, Any], out: TextIO) -> None:
         )
     if summary["loaders"]:
         rows = [
-            (name, p.get("consumed", "?"), p.get("cycle", "?"), p.get("offset", "?"), p.get("delivered_batches", "?"))
+            (
+                name,
+                p.get("consumed", "?"),
+                p.get("cycle", "?"),
+                p.get("offset", "?"),
+                p.get("delivered_batches", "?"),
+                p.get("num_replicas", 1),
+            )
             for name, p in summary["loaders"].items()
         ]
+        header = ("loader", "consumed", "cycle", "offset", "delivered batches", "ranks")
         print(
-            "\n" + format_table(("loader", "consumed", "cycle", "offset", "delivered batches"), rows, indent=""),
+            "\n" + format_table(header, rows, indent=""),
             file=out,
         )
     else:
