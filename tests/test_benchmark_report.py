@@ -154,3 +154,17 @@ def test_rendered_results_show_each_check_status_and_figure() -> None:
     assert "not available: missing" in text
     assert "fsync 1.000 s" in text
     assert "2 passed, 1 missed, 2 not measured." in text
+
+
+def test_throughput_checks_each_num_workers_row_at_200us_separately() -> None:
+    data = {
+        "settings": {"num_workers": [0, 2]},
+        "results": [
+            {"num_workers": workers, "cost_us": 200.0, "torch_samples_per_s": 4_000.0,
+             "resumable_samples_per_s": 4_000.0 * ratio}
+            for workers, ratio in ((0, 0.99), (2, 0.9))
+        ],
+    }
+    at_0, at_2 = throughput_checks(data)
+    assert at_0.status == PASS and at_0.measured.startswith("num_workers=0: 0.990")
+    assert at_2.status == MISS and at_2.measured.startswith("num_workers=2: 0.900")
