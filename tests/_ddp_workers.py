@@ -7,9 +7,11 @@ scheduler states, every batch, the sample ids per step) or ``error_<tag>_rank<r>
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
 import signal
+import sys
 import time
 import traceback
 import warnings
@@ -156,6 +158,15 @@ def _kill_at_replace(trainer: DDPTrainer, step: int) -> None:
     os.replace = dying_replace
 
 
+def _capture_stderr(path: Path) -> None:
+    """Send this rank's fd 2 to ``path``: C++ aborts (gloo, ``terminate called``) and
+    faulthandler's Python traceback on a fatal signal land there for ``describe_exits``."""
+    sys.stderr.flush()
+    stream = open(path, "w", buffering=1)  # noqa: SIM115 - lives as long as the process
+    os.dup2(stream.fileno(), 2)
+    faulthandler.enable(file=stream, all_threads=True)
+
+
 def rank_main(
     rank: int, world: int, init_file: str, job: dict[str, Any], out: str
 ) -> None:
@@ -168,6 +179,7 @@ def rank_main(
     "state" | "replace"]).
     """
     tag = job["tag"]
+    _capture_stderr(Path(out, f"stderr_{tag}_rank{rank}.txt"))
     try:
         torch.set_num_threads(1)
         warnings.simplefilter("always", WorldSizeChangeWarning)
@@ -231,6 +243,8 @@ def rank_main(
             Path(out, f"result_{tag}_rank{rank}.pt"),
         )
         trainer.loader.close()
+        # No rank tears its connections down while a peer may still read from them.
+        dist.barrier()
         dist.destroy_process_group()
     except BaseException:
         Path(out, f"error_{tag}_rank{rank}.txt").write_text(traceback.format_exc())
@@ -272,6 +286,22 @@ def launch(
             process.kill()
         process.join(10)
     return [process.exitcode for process in processes]
+
+
+def describe_exits(
+    codes: list[int | None], tag: str, out: Path, *, lines: int = 30
+) -> str:
+    """The exit codes, then the tail of each failed rank's traceback file and stderr."""
+    parts = [f"exit codes {codes}"]
+    for rank, code in enumerate(codes):
+        if code == 0:
+            continue
+        for kind in ("error", "stderr"):
+            path = out / f"{kind}_{tag}_rank{rank}.txt"
+            text = path.read_text(errors="replace") if path.exists() else "(none)"
+            tail = "\n".join(text.splitlines()[-lines:])
+            parts.append(f"--- rank {rank} (exit {code}) {path.name}:\n{tail}")
+    return "\n".join(parts)
 
 
 def load_results(world: int, tag: str, out: Path) -> list[dict[str, Any]]:

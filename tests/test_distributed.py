@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from _ddp_workers import DDPTrainer, launch, load_results
+from _ddp_workers import DDPTrainer, describe_exits, launch, load_results
 
 from trainer_resume.distributed import DISTRIBUTED_KEY
 from trainer_resume.durable import load_checkpoint, save_checkpoint
@@ -30,9 +30,11 @@ WORLD = 2
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("ddp")
     pause_file = out / "pause.pt"
-    assert launch(WORLD, {"tag": "reference", "steps": STEPS}, out) == [0, 0]
+    codes = launch(WORLD, {"tag": "reference", "steps": STEPS}, out)
+    assert codes == [0, 0], describe_exits(codes, "reference", out)
     job = {"tag": "paused", "steps": STEPS, "requests": {PAUSE: [str(pause_file), 1]}}
-    assert launch(WORLD, job, out) == [0, 0]
+    codes = launch(WORLD, job, out)
+    assert codes == [0, 0], describe_exits(codes, "paused", out)
     return {
         "out": out,
         "pause_file": pause_file,
@@ -46,7 +48,7 @@ def _resume(
 ) -> list[dict[str, Any]]:
     out = runs["out"]
     codes = launch(world, {"tag": tag, "resume": str(runs["pause_file"]), **job}, out)
-    assert codes == [0] * world, codes
+    assert codes == [0] * world, describe_exits(codes, tag, out)
     return load_results(world, tag, out)
 
 
@@ -141,8 +143,9 @@ def test_a_rank_killed_during_the_pause_leaves_the_previous_committed_pause(
         "kill": kill,
     }
     codes = launch(WORLD, job, tmp_path, timeout=60)
-    assert codes[kill[0]] == -9, codes  # the victim died by SIGKILL
-    assert codes[1 - kill[0]] != 0  # the survivor did not finish the run
+    report = describe_exits(codes, "kill", tmp_path)
+    assert codes[kill[0]] == -9, report  # the victim died by SIGKILL
+    assert codes[1 - kill[0]] != 0, report  # the survivor did not finish the run
     committed = load_checkpoint(
         pause_file
     )  # verified: the partial pause never replaced it
