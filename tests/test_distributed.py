@@ -11,13 +11,13 @@ import collections
 from typing import Any
 
 import pytest
-import torch
 from _ddp_workers import DDPTrainer, describe_exits, launch, load_results
 
 from trainer_resume.distributed import DISTRIBUTED_KEY
 from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import ResumeStateMismatchError
 from trainer_resume.rng import random_state, restore_random_state
+from trainer_resume.testing import first_difference
 
 pytestmark = pytest.mark.slow
 
@@ -53,18 +53,8 @@ def _resume(
 
 
 def _assert_equal(expected: Any, actual: Any, where: str) -> None:
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(actual, torch.Tensor) and torch.equal(expected, actual), where
-    elif isinstance(expected, dict):
-        assert expected.keys() == actual.keys(), where
-        for key in expected:
-            _assert_equal(expected[key], actual[key], f"{where}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(expected) == len(actual), where
-        for index, (a, b) in enumerate(zip(expected, actual)):
-            _assert_equal(a, b, f"{where}[{index}]")
-    else:
-        assert expected == actual, where
+    difference = first_difference(expected, actual)
+    assert difference is None, f"{where}: {difference.describe()}"
 
 
 def _global_ids(results: list[dict[str, Any]]) -> collections.Counter:

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer_resume.testing import first_difference
+
 try:
     from . import _lightning_procs as procs
 except ImportError:
@@ -41,18 +43,8 @@ def _results(out: Path, mode: str) -> list[dict]:
 
 
 def _assert_equal(expected, actual, where: str) -> None:
-    if isinstance(expected, torch.Tensor):
-        assert torch.equal(expected, actual), where
-    elif isinstance(expected, dict):
-        assert expected.keys() == actual.keys(), where
-        for key in expected:
-            _assert_equal(expected[key], actual[key], f"{where}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(expected) == len(actual), where
-        for index, (a, b) in enumerate(zip(expected, actual)):
-            _assert_equal(a, b, f"{where}[{index}]")
-    else:
-        assert expected == actual, where
+    difference = first_difference(expected, actual)
+    assert difference is None, f"{where}: {difference.describe()}"
 
 
 def test_ddp_fit_paused_by_sigterm_on_rank_0_resumes_bitwise_equal_on_both_ranks(
