@@ -6,6 +6,8 @@ module by name to unpickle what the tests send it.
 
 from __future__ import annotations
 
+import io
+import json
 import multiprocessing
 import os
 import random
@@ -205,3 +207,12 @@ def run_spawned(function: Any, *args: Any, out: Path, timeout: float = 240) -> d
     if "error" in saved or process.exitcode != 0:
         raise AssertionError(f"spawned process failed (exit code {process.exitcode}):\n{saved.get('error')}")
     return saved
+
+
+def assert_plain_data(state: Any) -> None:
+    """``state`` comes back unchanged from ``torch.load(weights_only=True)`` and from JSON."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True) == state
+    assert json.loads(json.dumps(state)) == state
