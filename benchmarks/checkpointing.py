@@ -341,17 +341,24 @@ def _mib(value: float) -> str:
     return f"{value / (1 << 20):,.1f}"
 
 
+def _timing_cells(name: str, result: dict[str, Any]) -> list[str]:
+    """Method, median, ratio, every run and peak RSS: the columns both tables share."""
+    return [
+        name,
+        f"{result['median_seconds']:.3f}",
+        f"{result['ratio_to_reference']:.2f}",
+        " ".join(f"{value:.3f}" for value in result["seconds"]),
+        _mib(result["max_peak_rss_above_baseline_bytes"]),
+    ]
+
+
 def print_tables(sizes: list[dict[str, Any]], overhead: dict[str, float], repeats: int, skipped: dict[str, str]) -> None:
     for size in sizes:
         state = size["state_bytes"]
         rows = []
         for name, result in size["save"].items():
             rows.append([
-                name,
-                f"{result['median_seconds']:.3f}",
-                f"{result['ratio_to_reference']:.2f}",
-                " ".join(f"{value:.3f}" for value in result["seconds"]),
-                _mib(result["max_peak_rss_above_baseline_bytes"]),
+                *_timing_cells(name, result),
                 f"{result['max_peak_rss_above_baseline_bytes'] / state:.2f}",
                 _mib(result["file_bytes"]),
             ])
@@ -365,13 +372,7 @@ def print_tables(sizes: list[dict[str, Any]], overhead: dict[str, float], repeat
         )
         rows = []
         for name, result in size["load"].items():
-            rows.append([
-                name,
-                f"{result['median_seconds']:.3f}",
-                f"{result['ratio_to_reference']:.2f}",
-                " ".join(f"{value:.3f}" for value in result["seconds"]),
-                _mib(result["max_peak_rss_above_baseline_bytes"]),
-            ])
+            rows.append(_timing_cells(name, result))
         load_only = size["load"][LOAD_REFERENCE].get("torch_load_only_median_seconds")
         print_table(
             f"Resume, {size['parameters'] / 1e6:.1f}M parameters: the file just written, read back in the "
