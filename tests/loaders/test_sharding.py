@@ -322,34 +322,12 @@ def test_resuming_repeat_false_where_the_rest_of_the_cycle_cannot_be_shared_fail
     for writer in writers:
         writer.advance(1)
     state = writers[0].state_dict()
-    reader = build_batch_sampler(
-        "naive",
-        streams.AugmentedDataset(),
-        1,
-        repeat=False,
-        shuffle=True,
-        drop_last=False,
-        resumable=True,
-        generator=_generator(),
-        num_replicas=5,
-        rank=0,
-    )
+    reader = _sampler("naive", world=5, rank=0, repeat=False, batch=1)
     before = reader.state_dict()
     with pytest.raises(LoaderStateError, match="cannot share evenly"):
         reader.load_state_dict(state)
     assert reader.state_dict() == before
     # One rank can take the 8 that are left.
-    one = build_batch_sampler(
-        "naive",
-        streams.AugmentedDataset(),
-        1,
-        repeat=False,
-        shuffle=True,
-        drop_last=False,
-        resumable=True,
-        generator=_generator(),
-        num_replicas=1,
-        rank=0,
-    )
+    one = _sampler("naive", world=1, rank=0, repeat=False, batch=1)
     one.load_state_dict(state)
     assert len(list(iter(one))) == 8
