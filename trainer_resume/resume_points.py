@@ -14,7 +14,7 @@ host memory holds at most one snapshot besides the live state.
 When a point is due while the previous write still runs, the policy ``when_busy``
 decides: ``"skip"`` (the default) does not block the step; the point is taken at
 the first step boundary after the write finished and ``skipped`` counts the
-boundaries that were passed over. ``"wait"`` blocks the step until the write is
+scheduled points that were passed over. ``"wait"`` blocks the step until the write is
 done, then takes the point, so points are never later than scheduled.
 
 A write that fails is reported by the next training step (it raises the
@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -48,6 +49,20 @@ _log = logging.getLogger("trainer_resume")
 
 StrPath = str | os.PathLike[str]
 WhenBusy = Literal["skip", "wait"]
+
+_ACTIVE: weakref.WeakSet[ResumePoints] = weakref.WeakSet()
+
+
+def _wait_for_writes_at_exit() -> None:
+    for points in list(_ACTIVE):
+        points.wait()
+
+
+# The writer is not a daemon thread, so the interpreter joins it at exit, but only
+# after the threading exit hooks ran, and one of them shuts down concurrent.futures
+# (the digest's helper thread). Hooks run last-registered first: this one, registered
+# after concurrent.futures was imported, lets the write in flight finish before that.
+getattr(threading, "_register_atexit", lambda hook: None)(_wait_for_writes_at_exit)
 
 
 def host_snapshot(value: Any, memo: dict[Any, tuple[torch.Tensor, torch.Tensor]]) -> Any:
@@ -173,7 +188,7 @@ class ResumePoints:
             is durable.
         when_busy: What happens when a point is due while the previous write still
             runs: ``"skip"`` (take it at the first boundary after the write is done;
-            ``skipped`` counts the boundaries passed over) or ``"wait"`` (block the
+            ``skipped`` counts the scheduled points passed over) or ``"wait"`` (block the
             step until the write is done).
 
     Raises:
@@ -205,7 +220,7 @@ class ResumePoints:
         self.every_seconds = every_seconds
         self.keep = keep
         self.when_busy: WhenBusy = when_busy
-        self.skipped = 0  # boundaries at which a due point waited for the previous write
+        self.skipped = 0  # points that were due while the previous write still ran
         self._overdue = False  # a point was skipped: take one at the next free boundary
         self.written = 0  # points made durable
         self._owner: int | None = None
@@ -276,8 +291,7 @@ class ResumePoints:
         failure = self._take_failure()
         if self._requested or self._due(completed_steps):
             if self._busy() and self.when_busy == "skip" and not self._requested:
-                self.skipped += 1
-                self._overdue = True
+                self._skip(completed_steps)
             else:
                 self.take(completed_steps, snapshot, key=key)
         return failure
@@ -296,10 +310,19 @@ class ResumePoints:
 
     # ----------------------------------------------------------------- inside
 
+    def _skip(self, completed_steps: int) -> None:
+        # Count each point the schedule asked for, not each boundary it waited at.
+        if not self._overdue or self._step_scheduled(completed_steps):
+            self.skipped += 1
+        self._overdue = True
+
+    def _step_scheduled(self, completed_steps: int) -> bool:
+        return self.every_steps is not None and completed_steps % self.every_steps == 0
+
     def _due(self, completed_steps: int) -> bool:
         if self._overdue:
             return True
-        if self.every_steps is not None and completed_steps % self.every_steps == 0:
+        if self._step_scheduled(completed_steps):
             last = self._last
             if last is None or last.completed_steps != completed_steps:
                 return True
@@ -329,6 +352,7 @@ class ResumePoints:
         self._last = point
         self._last_time = time.monotonic()
         self._overdue = False
+        _ACTIVE.add(self)
         if not write:  # another rank writes this point
             point._finish(None)
             return point
@@ -380,8 +404,7 @@ class ResumePoints:
         # Rank 0 writes, so its writer decides for every rank whether the point waits.
         busy = _distributed.any_ranks([rank == 0 and self._busy()])[0]
         if busy and self.when_busy == "skip" and not requested:
-            self.skipped += 1
-            self._overdue = True
+            self._skip(completed_steps)
             return failure
         if rank == 0:
             self.wait()
