@@ -290,15 +290,16 @@ def test_checkpoint_without_resume_points_names_the_missing_argument():
         trainer.checkpoint()
 
 
-def test_retired_points_leave_a_finished_run_that_resume_latest_refuses(tmp_path):
-    trainer = points_trainer(tmp_path, every_steps=2, when_busy="wait")
-    run_steps(trainer, 4)
-    points = trainer.points
-    points.retire(completed_steps=trainer.completed_steps)
-    assert steps_on_disk(tmp_path) == []
-    assert run_finished(tmp_path).completed_steps == 4
+def test_finish_retires_the_points_and_resume_latest_reports_the_finished_run(tmp_path):
+    points_dir, pause = tmp_path / "points", tmp_path / "pause.ckpt"
+    trainer = points_trainer(points_dir, every_steps=2)
+    run_steps(trainer, 5)  # the write of step 4's point may still be in flight
+    trainer.finish(pause)
+    assert steps_on_disk(points_dir) == []
+    assert os.listdir(points_dir) == ["run.finished"]
+    assert run_finished(points_dir).completed_steps == 5
     with pytest.raises(RunFinishedError):
-        points_trainer(tmp_path, every_steps=2).resume_latest()
+        points_trainer(points_dir, every_steps=2).resume_latest()
 
 
 @pytest.mark.parametrize(

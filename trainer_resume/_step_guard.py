@@ -25,9 +25,15 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 class StepGuard:
-    """Per-trainer lock, step counter and pause/lock flags."""
+    """Per-trainer lock, step counter and pause/lock flags.
 
-    def __init__(self) -> None:
+    Args:
+        at_boundary: Called with the trainer after an outermost step completes when a
+            pause may be due; it writes a pending pause (the mixin's boundary check).
+    """
+
+    def __init__(self, at_boundary: Callable[[Any], object]) -> None:
+        self.at_boundary = at_boundary
         self.lock = threading.RLock()
         self.depth = 0  # nesting of @training_step calls in the thread holding the lock
         self.completed_steps = 0
@@ -134,7 +140,7 @@ def training_step(method: _Method) -> _Method:
                 or is_distributed()
                 or (points is not None and points.wants_boundary(guard.completed_steps))
             ):
-                self._pause_at_step_boundary()
+                guard.at_boundary(self)
             return result
 
     return wrapper  # type: ignore[return-value]

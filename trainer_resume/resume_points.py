@@ -38,9 +38,15 @@ import torch
 
 from . import distributed as _distributed
 from .durable import save_checkpoint
-from .errors import CheckpointWriteError
+from .errors import CheckpointWriteError, UnsupportedResumeConfigurationError
 from .finished import mark_finished
-from .point_files import point_name, remove_points, remove_stale_temp_files, retain_points
+from .point_files import (
+    point_name,
+    remove_points,
+    remove_stale_temp_files,
+    retain_points,
+)
+from .sharded import first_dtensor
 from .state import map_tensors
 
 __all__ = ["ResumePoint", "ResumePoints", "host_snapshot"]
@@ -74,7 +80,7 @@ def host_snapshot(value: Any, memo: dict[Any, tuple[torch.Tensor, torch.Tensor]]
     aliases (``memo``, shared with the other calls of one snapshot).
 
     Raises:
-        NotImplementedError: the state holds sharded tensors (``DTensor``).
+        UnsupportedResumeConfigurationError: the state holds sharded tensors (``DTensor``).
     """
     copied = map_tensors(value, _host_copy, memo)
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -83,10 +89,10 @@ def host_snapshot(value: Any, memo: dict[Any, tuple[torch.Tensor, torch.Tensor]]
 
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
-    if _is_sharded(tensor):
-        raise NotImplementedError(
-            "resume points of sharded (DTensor / FSDP2) state are not supported yet; "
-            "use pause() for sharded models or run without resume_points"
+    if first_dtensor(tensor, "") is not None:
+        raise UnsupportedResumeConfigurationError(
+            "resume points of a sharded model (DTensor / fully_shard) are not supported yet: "
+            "train it unsharded (e.g. DistributedDataParallel) or run without resume_points"
         )
     tensor = tensor.detach()
     if tensor.device.type == "cpu":
@@ -98,14 +104,6 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.to("cpu", copy=True)
         return pinned.copy_(tensor, non_blocking=True)
     return tensor.to("cpu", copy=True)
-
-
-def _is_sharded(tensor: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - builds without distributed support
-        return False
-    return isinstance(tensor, DTensor)
 
 
 class ResumePoint:

@@ -1,7 +1,8 @@
 """The ``trainer-resume`` command: ``demo``, ``inspect`` and ``audit-loader``.
 
 This module only builds the parser and dispatches; each subcommand lives in its
-own private module, imported when it runs so ``--help`` stays fast.
+own module of this package (``inspect``, ``audit``, ``demo``), imported when it runs
+so ``--help`` stays fast. What they share is in ``_common``.
 """
 
 from __future__ import annotations
@@ -11,13 +12,24 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["UsageError", "build_parser", "main"]
+from ._common import (
+    EXIT_CHECK_FAILED,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+)
 
-# Exit statuses, the same for every subcommand (documented in --help and README).
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_ERROR = 3
+__all__ = [
+    "EXIT_CHECK_FAILED",
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageError",
+    "build_parser",
+    "main",
+]
 
 _EXIT_TEXT = """\
 exit status:
@@ -80,21 +92,26 @@ imported with the current directory first on sys.path). It is called as
 FACTORY(num_workers=W) when it has a num_workers parameter, else as FACTORY().
 It returns either
   - a map-style dataset (__getitem__ and __len__): the audit loads it with
-    torch's DataLoader(batch_size=--batch-size, shuffle=False, num_workers=W); or
+    torch's DataLoader(batch_size=--batch-size, shuffle=False, num_workers=W)
+    and no collation, so samples are compared exactly as dataset[i] returns them; or
   - a torch DataLoader (a ResumableDataLoader too) over a map-style dataset; the
     factory must then take num_workers and build the loader with it.
-Every sample is a dict with an "id" field (an int, a str or a 0-d integer
-tensor) that is unique in the dataset, plus any other fields. The default
-collate keeps it as the batch's "id" entry; a custom collate_fn must keep it too.
+A sample may be anything: a tensor, a tuple such as (image, label), a dict,
+nested containers. It is identified by its dataset index (the audit tags each
+dataset[i] on its way through the loader; the loader's collate_fn still gets the
+bare samples), and compared whole, field by field.
 
 Checks:
-  contract    dataset[i] before collation: every field (nested dicts and lists
-              too) has one type, dtype and shape; each differing sample is
-              named by its id (and index), as are repeated ids and failures
-  workers     each worker count against num_workers=0, from the same seed:
-              the same ids in the same order, and the same contents
-  epochs      duplicate ids and ids never delivered (gaps) in each epoch (an
-              endless loader is cut into windows of len(dataset) samples)
+  contract    dataset[i] before collation: every field ([0] of a tuple, image of
+              a dict, nested containers too) has one type, dtype and shape; each
+              differing or failing sample is named by its index; and which
+              global generators (torch, random, numpy) dataset[i] draws from
+  workers     each worker count against num_workers=0, from the same seed: the
+              same indices in the same order, the same samples (the first
+              differing field is named), the same collated batches; the known
+              causes of a difference are explained
+  epochs      duplicate indices and indices never delivered (gaps) in each epoch
+              (an endless loader is cut into windows of len(dataset) samples)
   throughput  samples/s of every epoch of every setting, and the median; the
               first batch of each epoch (worker start-up) is excluded and shown
 """
@@ -108,10 +125,6 @@ examples:
 """
     + _EXIT_TEXT
 )
-
-
-class UsageError(Exception):
-    """A subcommand cannot run as asked (bad config key, unusable factory...): exit status 2."""
 
 
 def _worker_list(text: str) -> list[int]:
@@ -136,7 +149,7 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the ``trainer-resume`` command."""
-    from . import __version__
+    from .. import __version__
 
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
@@ -244,7 +257,7 @@ def _resume_error(error: Exception) -> None:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
-        from ._demo import run_demo
+        from .demo import run_demo
 
         return run_demo(
             config_path=args.config,
@@ -255,10 +268,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             out=sys.stdout,
         )
     if args.command == "inspect":
-        from ._inspect import run_inspect
+        from .inspect import run_inspect
 
         return run_inspect(args.path, as_json=args.json, key_file=args.key_file, out=sys.stdout)
-    from ._audit import run_audit
+    from .audit import run_audit
 
     return run_audit(
         args.target,
@@ -282,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = [item for item in rest if not ("=" in item and not item.startswith("-"))]
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    from .errors import ResumeError
+    from ..errors import ResumeError
 
     try:
         return _dispatch(args)
@@ -305,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         _error("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
