@@ -8,8 +8,8 @@ import pytest
 import torch
 from _cli import run_cli
 
-from trainer_resume._demo_compare import compare
-from trainer_resume._demo_report import Results, print_report
+from trainer_resume.cli.demo.compare import compare
+from trainer_resume.cli.demo.report import Results, print_report
 from trainer_resume.cli import main
 
 

@@ -8,6 +8,7 @@ from .errors import __all__ as _error_names
 from .amp import restore_grad_scaler_state
 from .distributed import WorldSizeChangeWarning
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header, save_checkpoint
+from .finished import FinishedRun, mark_finished, run_finished
 from .mixin import TrainingResumeMixin, serialized_training, training_step
 from .rng import derive_seed, random_state, restore_random_state, rng_scope
 from .signature import canonical_config, config_difference, config_signature
@@ -33,5 +34,8 @@ __all__ = [
     "config_difference",
     "canonical_config",
     "WorldSizeChangeWarning",
+    "run_finished",
+    "mark_finished",
+    "FinishedRun",
     *_error_names,
 ]

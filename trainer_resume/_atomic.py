@@ -153,7 +153,7 @@ def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
             raise
         raise CheckpointWriteError(f"could not write {path}: {exc!r}") from exc
     try:
-        _fsync_directory(directory)
+        fsync_directory(directory)
     except OSError as exc:
         raise CheckpointWriteError(
             f"{path} was replaced but its directory could not be synced ({exc!r}); "
@@ -193,7 +193,8 @@ def _writer_alive(pid: int) -> bool:
     return True
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
+    """fsync a directory so a rename or removal in it is durable (a no-op where unsupported)."""
     if os.name == "nt":
         return  # a directory cannot be opened for fsync on Windows; NTFS journals the rename
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

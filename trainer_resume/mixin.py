@@ -43,6 +43,7 @@ from .errors import (
     VersionMismatchError,
 )
 from .rng import random_state, restore_random_state
+from .sharded import refuse_dtensors
 from .signature import canonical_config, config_difference, config_signature
 from .state import PAUSE_FORMAT, PauseCheckpoint
 
@@ -401,6 +402,7 @@ class TrainingResumeMixin:
             "extra": to_cpu(dict(self._resume_extra_state()), memo),
             "rng": random_state(_rng_device()),
         }
+        refuse_dtensors(checkpoint, "checkpoint")
         check_saveable(checkpoint)
         return checkpoint
 

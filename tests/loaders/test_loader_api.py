@@ -28,10 +28,7 @@ from trainer_resume.loaders import (
     build_batch_sampler,
 )
 
-try:
-    from . import _loader_streams as streams
-except ImportError:
-    import _loader_streams as streams
+import _loader_streams as streams
 
 
 def test_signature_is_dataloaders_plus_keyword_only_resumable():

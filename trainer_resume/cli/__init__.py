@@ -1,7 +1,8 @@
 """The ``trainer-resume`` command: ``demo``, ``inspect`` and ``audit-loader``.
 
 This module only builds the parser and dispatches; each subcommand lives in its
-own private module, imported when it runs so ``--help`` stays fast.
+own module of this package (``inspect``, ``audit``, ``demo``), imported when it runs
+so ``--help`` stays fast. What they share is in ``_common``.
 """
 
 from __future__ import annotations
@@ -11,13 +12,24 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["UsageError", "build_parser", "main"]
+from ._common import (
+    EXIT_CHECK_FAILED,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+)
 
-# Exit statuses, the same for every subcommand (documented in --help and README).
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_ERROR = 3
+__all__ = [
+    "EXIT_CHECK_FAILED",
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageError",
+    "build_parser",
+    "main",
+]
 
 _EXIT_TEXT = """\
 exit status:
@@ -110,10 +122,6 @@ examples:
 )
 
 
-class UsageError(Exception):
-    """A subcommand cannot run as asked (bad config key, unusable factory...): exit status 2."""
-
-
 def _worker_list(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
@@ -136,7 +144,7 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the ``trainer-resume`` command."""
-    from . import __version__
+    from .. import __version__
 
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
@@ -244,7 +252,7 @@ def _resume_error(error: Exception) -> None:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
-        from ._demo import run_demo
+        from .demo import run_demo
 
         return run_demo(
             config_path=args.config,
@@ -255,10 +263,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             out=sys.stdout,
         )
     if args.command == "inspect":
-        from ._inspect import run_inspect
+        from .inspect import run_inspect
 
         return run_inspect(args.path, as_json=args.json, key_file=args.key_file, out=sys.stdout)
-    from ._audit import run_audit
+    from .audit import run_audit
 
     return run_audit(
         args.target,
@@ -282,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = [item for item in rest if not ("=" in item and not item.startswith("-"))]
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    from .errors import ResumeError
+    from ..errors import ResumeError
 
     try:
         return _dispatch(args)
@@ -305,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         _error("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

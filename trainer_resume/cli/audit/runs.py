@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ._audit_contract import ID_FIELD, AuditUsageError
+from .contract import ID_FIELD, AuditUsageError
 
 __all__ = ["EpochRun", "Target", "build_target", "is_endless", "load_factory", "run_epochs", "seed_everything"]
 

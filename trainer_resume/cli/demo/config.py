@@ -9,7 +9,7 @@ from typing import cast
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .cli import UsageError
+from .._common import UsageError
 
 __all__ = ["DemoConfigError", "bundled_config_text", "load_demo_config"]
 

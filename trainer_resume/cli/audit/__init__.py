@@ -7,9 +7,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TextIO
 
-from ._audit_contract import AuditUsageError, ContractReport, check_contract, describe
-from ._audit_runs import EpochRun, build_target, is_endless, load_factory, run_epochs, seed_everything
-from ._cli_table import format_table
+from .._common import EXIT_CHECK_FAILED, EXIT_OK, format_table
+from .contract import AuditUsageError, ContractReport, check_contract, describe
+from .runs import EpochRun, build_target, is_endless, load_factory, run_epochs, seed_everything
 
 __all__ = ["AuditUsageError", "run_audit"]
 
@@ -188,7 +188,7 @@ def run_audit(
             "(collation would fail on them or hide them)",
             file=out,
         )
-        return 1
+        return EXIT_CHECK_FAILED
 
     runs: dict[int, list[EpochRun]] = {}
     failures: list[str] = []
@@ -212,14 +212,14 @@ def run_audit(
         print("\n".join(failures), file=out)
     if 0 not in runs:
         print(f"\nresult: {len(failures)} problem(s) found; the reference setting failed", file=out)
-        return 1
+        return EXIT_CHECK_FAILED
 
     problems = len(failures) + _compare_workers(runs, out)
     expected = contract.ids if contract.complete else None
     problems += _check_epochs(runs, expected, dataset_size, endless, out)
     _print_throughput(runs, out)
     print(f"\nresult: {'ok' if not problems else f'{problems} problem(s) found'}", file=out)
-    return 1 if problems else 0
+    return EXIT_CHECK_FAILED if problems else EXIT_OK
 
 
 def _close(loader: object) -> None:

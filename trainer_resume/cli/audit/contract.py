@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cli import UsageError
+from .._common import UsageError
 
 __all__ = ["ID_FIELD", "AuditUsageError", "ContractReport", "Violation", "check_contract", "sample_id"]
 

@@ -23,8 +23,8 @@ import sys
 
 from omegaconf import OmegaConf
 
-from .durable import save_checkpoint
-from .example import run_training
+from ...durable import save_checkpoint
+from ...example import run_training
 
 __all__ = ["main"]
 
@@ -54,7 +54,7 @@ def run(mode: str, config_path: str, pause_file: str, result_path: str, steps: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer_resume._demo_worker")
+    parser = argparse.ArgumentParser(prog="python -m trainer_resume.cli.demo.worker")
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--pause-file", required=True)

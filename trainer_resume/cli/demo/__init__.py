@@ -1,6 +1,6 @@
 """``trainer-resume demo``: an exact resume against the usual weights-only resume.
 
-Four training subprocesses (see ``_demo_worker``): an uninterrupted reference, a
+Four training subprocesses (see ``worker``): an uninterrupted reference, a
 run that receives a real SIGTERM after step K and pauses, an exact resume of its
 pause file in a fresh process, and a weights-only resume of the same file. The
 results are compared tensor by tensor.
@@ -19,9 +19,10 @@ from typing import TextIO
 
 from omegaconf import DictConfig, OmegaConf
 
-from ._demo_config import DemoConfigError, load_demo_config
-from ._demo_process import DemoPhaseError, PhaseResult, run_phase
-from ._demo_report import Results, print_report
+from .._common import EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_OK
+from .config import DemoConfigError, load_demo_config
+from .process import DemoPhaseError, PhaseResult, run_phase
+from .report import Results, print_report
 
 __all__ = ["run_demo"]
 
@@ -93,12 +94,12 @@ def run_demo(
         except DemoPhaseError as error:
             keep = True  # the logs and files explain the failure
             print(f"error: {error}\nthe demo's files are kept in {directory}", file=sys.stderr)
-            return 3
+            return EXIT_ERROR
         identical = print_report(results, out)
         print(f"\ndemo finished in {time.perf_counter() - start:.0f} s", file=out)
         if workdir:
             print(f"pause file kept: {pause_file} (see: trainer-resume inspect {pause_file})", file=out)
-        return 0 if identical else 1
+        return EXIT_OK if identical else EXIT_CHECK_FAILED
     finally:
         if not keep:
             shutil.rmtree(directory, ignore_errors=True)

@@ -1,10 +1,34 @@
-"""Plain-text tables for the ``trainer-resume`` command's reports."""
+"""What every ``trainer-resume`` subcommand shares: exit statuses, ``UsageError``, tables.
+
+The dispatcher (``cli/__init__.py``) and the subcommands import from here; this module
+imports nothing of the package, so no subcommand needs the dispatcher.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["format_table", "format_bytes"]
+__all__ = [
+    "EXIT_CHECK_FAILED",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageError",
+    "format_bytes",
+    "format_table",
+]
+
+# Exit statuses, the same for every subcommand (documented in --help and README).
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_ERROR = 3
+EXIT_INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C (128 + SIGINT)
+
+
+class UsageError(Exception):
+    """A subcommand cannot run as asked (bad config key, unusable factory...): exit status 2."""
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, indent: str = "  ") -> str:

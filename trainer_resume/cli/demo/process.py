@@ -1,6 +1,6 @@
 """Run one demo phase in a subprocess and follow its step reports.
 
-The child (``python -m trainer_resume._demo_worker``) prints one protocol line per
+The child (``python -m trainer_resume.cli.demo.worker``) prints one protocol line per
 event on stdout (``step N``, ``paused N``, ``done N``); everything else it writes
 goes to its stderr, kept in a log file that is shown when the phase fails.
 """
@@ -71,7 +71,7 @@ def run_phase(
     Raises:
         DemoPhaseError: non-zero exit, a stall, or a malformed report.
     """
-    command = [sys.executable, "-m", "trainer_resume._demo_worker", *arguments]
+    command = [sys.executable, "-m", "trainer_resume.cli.demo.worker", *arguments]
     environment = dict(os.environ, PYTHONUNBUFFERED="1")
     result = PhaseResult()
     start = time.perf_counter()

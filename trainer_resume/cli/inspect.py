@@ -10,10 +10,9 @@ from typing import Any, TextIO
 
 import torch
 
-from ._cli_table import format_bytes, format_table
-from .cli import UsageError
-from .durable import load_checkpoint, read_checkpoint_header
-from .state import PAUSE_FORMAT
+from ..durable import load_checkpoint, read_checkpoint_header
+from ..state import PAUSE_FORMAT
+from ._common import EXIT_OK, UsageError, format_bytes, format_table
 
 __all__ = ["InspectUsageError", "run_inspect", "summarize"]
 
@@ -244,4 +243,4 @@ def run_inspect(path: str, *, as_json: bool, key_file: str | None, out: TextIO) 
         print(json.dumps(summary, indent=2, default=str), file=out)
     else:
         _print_text(summary, out)
-    return 0
+    return EXIT_OK

@@ -9,9 +9,9 @@ from typing import Any, TextIO
 
 import torch
 
-from ._cli_table import format_table
-from ._demo_compare import Comparison, compare
-from .durable import load_checkpoint
+from ...durable import load_checkpoint
+from .._common import format_table
+from .compare import Comparison, compare
 
 __all__ = ["Results", "print_report"]
 
