@@ -9,6 +9,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+import _loader_streams as streams
 import torch
 from torch.utils.data import (
     BatchSampler,
@@ -20,11 +21,6 @@ from torch.utils.data import (
 )
 
 from trainer_resume.loaders import ResumableDataLoader
-
-try:
-    from . import _loader_streams as streams
-except ImportError:
-    import _loader_streams as streams
 
 SIZE = 23  # batches of 7: 7, 7, 7, 2 per epoch
 EPOCHS = 3
@@ -49,17 +45,33 @@ def _sampler_arguments(kind: str, dataset: Any) -> dict[str, Any]:
     if kind == "random-generator":
         return {"sampler": RandomSampler(dataset, generator=_generator(12))}
     if kind == "random-replacement":
-        return {"sampler": RandomSampler(dataset, replacement=True, num_samples=17, generator=_generator(13))}
+        return {
+            "sampler": RandomSampler(
+                dataset, replacement=True, num_samples=17, generator=_generator(13)
+            )
+        }
     if kind == "random-num-samples":
         return {"sampler": RandomSampler(dataset, num_samples=30)}
     if kind == "subset":
         return {"sampler": SubsetRandomSampler(list(range(3, 20)))}
     if kind == "weighted":
-        return {"sampler": WeightedRandomSampler([float(1 + i % 4) for i in range(SIZE)], 19)}
+        return {
+            "sampler": WeightedRandomSampler(
+                [float(1 + i % 4) for i in range(SIZE)], 19
+            )
+        }
     if kind == "distributed":
-        return {"sampler": DistributedSampler(dataset, num_replicas=3, rank=1, shuffle=True, seed=5)}
+        return {
+            "sampler": DistributedSampler(
+                dataset, num_replicas=3, rank=1, shuffle=True, seed=5
+            )
+        }
     if kind == "batch-sampler":
-        return {"batch_sampler": BatchSampler(RandomSampler(dataset, generator=_generator(14)), 6, True)}
+        return {
+            "batch_sampler": BatchSampler(
+                RandomSampler(dataset, generator=_generator(14)), 6, True
+            )
+        }
     raise ValueError(kind)
 
 
@@ -78,23 +90,35 @@ KINDS = (
 )
 
 
-def make_loader(kind: str, batch_size: int | None = 7, num_workers: int = 0, **options: Any) -> ResumableDataLoader:
+def make_loader(
+    kind: str, batch_size: int | None = 7, num_workers: int = 0, **options: Any
+) -> ResumableDataLoader:
     dataset = streams.AugmentedDataset(SIZE)
     arguments = _sampler_arguments(kind, dataset)
     if "batch_sampler" not in arguments:
         arguments["batch_size"] = batch_size
     return ResumableDataLoader(
-        dataset, num_workers=num_workers, collate_fn=streams.noisy_collate if batch_size else None,
-        resumable=True, **arguments, **options,
+        dataset,
+        num_workers=num_workers,
+        collate_fn=streams.noisy_collate if batch_size else None,
+        resumable=True,
+        **arguments,
+        **options,
     )
 
 
-def run_epochs(loader: ResumableDataLoader, epochs: int = EPOCHS, *, after: list | None = None):
+def run_epochs(
+    loader: ResumableDataLoader, epochs: int = EPOCHS, *, after: list | None = None
+):
     """The usual epoch loop from the loader's own epoch counter to ``epochs``: batches, and
     the state after each batch (``after`` gets the state after each epoch's loop too)."""
     batches, states = [], []
     for epoch in range(loader.epoch, epochs):
-        sampler = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
+        sampler = (
+            loader.sampler
+            if loader.batch_sampler is None
+            else loader.batch_sampler.sampler
+        )
         if isinstance(sampler, DistributedSampler):
             sampler.set_epoch(epoch)
         for batch in loader:
@@ -109,7 +133,9 @@ def resume_epoch_jobs(jobs: list[tuple[str, int | None, dict]], out: str) -> Non
     """Spawned-process entry: for each ``(kind, batch_size, state)`` build a fresh loader,
     load ``state``, finish the epoch loop and save the batches to ``out``."""
     try:
-        torch.manual_seed(987654321)  # seeded unlike the parent: the state must fix every order
+        torch.manual_seed(
+            987654321
+        )  # seeded unlike the parent: the state must fix every order
         results = []
         for kind, batch_size, state in jobs:
             loader = make_loader(kind, batch_size)

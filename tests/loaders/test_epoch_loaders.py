@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import _epoch_streams as epochs
+import _loader_streams as streams
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
@@ -20,16 +22,11 @@ from trainer_resume.loaders import (
 )
 from trainer_resume.testing import first_difference
 
-try:
-    from . import _epoch_streams as epochs
-    from . import _loader_streams as streams
-except ImportError:
-    import _epoch_streams as epochs
-    import _loader_streams as streams
-
 
 def _assert_same(expected: list, got: list, what: str) -> None:
-    assert len(got) == len(expected), f"{what}: {len(got)} batches instead of {len(expected)}"
+    assert len(got) == len(expected), (
+        f"{what}: {len(got)} batches instead of {len(expected)}"
+    )
     for number, (a, b) in enumerate(zip(expected, got)):
         assert torch.equal(a, b), f"{what}: batch {number} differs"
 
@@ -49,8 +46,12 @@ def _pause_points(batches_per_epoch: int, total: int) -> list[int]:
     return sorted({k for k in (0, 1, 10, batches_per_epoch) if k < total})
 
 
-def _resume(kind: str, batch_size: int | None, state: dict, seed: int = 1234, **options) -> list:
-    torch.manual_seed(seed)  # unlike the uninterrupted run: the state must fix every order
+def _resume(
+    kind: str, batch_size: int | None, state: dict, seed: int = 1234, **options
+) -> list:
+    torch.manual_seed(
+        seed
+    )  # unlike the uninterrupted run: the state must fix every order
     loader = epochs.make_loader(kind, batch_size, **options)
     loader.load_state_dict(state)
     batches, _ = epochs.run_epochs(loader)
@@ -60,22 +61,37 @@ def _resume(kind: str, batch_size: int | None, state: dict, seed: int = 1234, **
 
 @pytest.mark.parametrize("batch_size", [7, None])
 @pytest.mark.parametrize("kind", epochs.KINDS)
-def test_resume_in_a_fresh_loader_continues_the_uninterrupted_epoch_loop(kind, batch_size):
+def test_resume_in_a_fresh_loader_continues_the_uninterrupted_epoch_loop(
+    kind, batch_size
+):
     if kind == "batch-sampler" and batch_size is None:
         pytest.skip("a batch sampler fixes its own batch size")
     batches, states, _ = _uninterrupted(kind, batch_size)
     per_epoch = len(epochs.make_loader(kind, batch_size))
     assert len(batches) == epochs.EPOCHS * per_epoch
     for k in _pause_points(per_epoch, len(batches)):
-        _assert_same(batches[k:], _resume(kind, batch_size, states[k]), f"{kind} paused after {k}")
+        _assert_same(
+            batches[k:],
+            _resume(kind, batch_size, states[k]),
+            f"{kind} paused after {k}",
+        )
 
 
-@pytest.mark.parametrize("kind", ["shuffle", "random-generator", "weighted", "distributed"])
-def test_a_state_taken_after_an_epoch_loop_resumes_at_the_first_batch_of_the_next_epoch(kind):
+@pytest.mark.parametrize(
+    "kind", ["shuffle", "random-generator", "weighted", "distributed"]
+)
+def test_a_state_taken_after_an_epoch_loop_resumes_at_the_first_batch_of_the_next_epoch(
+    kind,
+):
     batches, states, after_loops = _uninterrupted(kind, 7)
     per_epoch = len(batches) // epochs.EPOCHS
-    assert first_difference(states[per_epoch], after_loops[0]) is None  # after the loop == after its last batch
-    assert after_loops[0]["sampler"]["epoch"] == 1 and after_loops[0]["sampler"]["offset"] == 0
+    assert (
+        first_difference(states[per_epoch], after_loops[0]) is None
+    )  # after the loop == after its last batch
+    assert (
+        after_loops[0]["sampler"]["epoch"] == 1
+        and after_loops[0]["sampler"]["offset"] == 0
+    )
     _assert_same(batches[per_epoch:], _resume(kind, 7, after_loops[0]), kind)
 
 
@@ -92,8 +108,13 @@ def test_the_epoch_orders_do_not_depend_on_the_global_seed_after_a_resume():
 def test_every_epoch_of_an_uninterrupted_run_is_a_new_order(kind):
     batches, _, _ = _uninterrupted(kind, 7)
     per_epoch = len(batches) // epochs.EPOCHS
-    orders = [torch.cat([b[:-1, 0] for b in batches[e * per_epoch : (e + 1) * per_epoch]]) for e in range(3)]
-    assert not torch.equal(orders[0], orders[1]) and not torch.equal(orders[1], orders[2])
+    orders = [
+        torch.cat([b[:-1, 0] for b in batches[e * per_epoch : (e + 1) * per_epoch]])
+        for e in range(3)
+    ]
+    assert not torch.equal(orders[0], orders[1]) and not torch.equal(
+        orders[1], orders[2]
+    )
 
 
 @pytest.mark.parametrize("kind", ["shuffle", "sequential", "distributed"])
@@ -147,7 +168,10 @@ def test_an_iterator_replaced_after_delivering_ends_its_epoch_as_with_dataloader
     for batch in loader:
         break  # leave the first epoch after one batch
     assert torch.equal(batch, batches[0])
-    assert (loader.epoch, loader.state_dict()["sampler"]["offset"]) == (0, 1)  # a pause here resumes epoch 0
+    assert (loader.epoch, loader.state_dict()["sampler"]["offset"]) == (
+        0,
+        1,
+    )  # a pause here resumes epoch 0
     second_epoch = list(loader)
     _assert_same(batches[4:8], second_epoch, "second epoch")
     assert loader.epoch == 2
@@ -160,9 +184,13 @@ def test_distributed_sampler_state_records_its_epoch_and_a_set_epoch_after_loadi
     assert state["sampler"]["sampler_epoch"] == 1
     loader = epochs.make_loader("distributed")
     loader.load_state_dict(state)
-    assert loader.sampler.epoch == 1  # restored, so a loop without set_epoch is right too
+    assert (
+        loader.sampler.epoch == 1
+    )  # restored, so a loop without set_epoch is right too
     loader.sampler.set_epoch(1)  # the usual call at the top of the resumed epoch
-    _assert_same(batches[per_epoch + 1 : 2 * per_epoch], list(loader), "rest of epoch 1")
+    _assert_same(
+        batches[per_epoch + 1 : 2 * per_epoch], list(loader), "rest of epoch 1"
+    )
 
 
 def test_a_set_epoch_to_another_epoch_before_a_mid_epoch_resume_is_refused_naming_the_fix():
@@ -176,7 +204,12 @@ def test_a_set_epoch_to_another_epoch_before_a_mid_epoch_resume_is_refused_namin
 
 
 def test_len_is_the_batches_of_one_epoch():
-    for kind, expected in [("shuffle", 4), ("random-replacement", 3), ("subset", 3), ("batch-sampler", 3)]:
+    for kind, expected in [
+        ("shuffle", 4),
+        ("random-replacement", 3),
+        ("subset", 3),
+        ("batch-sampler", 3),
+    ]:
         loader = epochs.make_loader(kind)
         assert len(loader) == expected == len(epochs.run_epochs(loader, 1)[0]), kind
 
@@ -198,11 +231,17 @@ def test_epoch_state_round_trips_through_weights_only_torch_load(kind):
     ("source", "target", "match"),
     [
         pytest.param("shuffle", "sequential", "setting 'sampler'", id="other-sampler"),
-        pytest.param("shuffle", "shuffle-generator", "setting 'generator'", id="generator-added"),
-        pytest.param("random-generator", "random-replacement", "setting", id="replacement"),
+        pytest.param(
+            "shuffle", "shuffle-generator", "setting 'generator'", id="generator-added"
+        ),
+        pytest.param(
+            "random-generator", "random-replacement", "setting", id="replacement"
+        ),
     ],
 )
-def test_a_state_of_another_sampler_configuration_is_refused_and_changes_nothing(source, target, match):
+def test_a_state_of_another_sampler_configuration_is_refused_and_changes_nothing(
+    source, target, match
+):
     _, states, _ = _uninterrupted(source, 7)
     loader = epochs.make_loader(target)
     before = loader.state_dict()
@@ -215,7 +254,11 @@ def test_a_state_of_another_sampler_configuration_is_refused_and_changes_nothing
     ("change", "match"),
     [
         pytest.param({"offset": 4}, "offset", id="offset-past-the-epoch"),
-        pytest.param({"generator": torch.zeros(3, dtype=torch.uint8)}, "generator", id="generator-state"),
+        pytest.param(
+            {"generator": torch.zeros(3, dtype=torch.uint8)},
+            "generator",
+            id="generator-state",
+        ),
         pytest.param({"generator": None}, "generator", id="missing-generator-state"),
         pytest.param({"epoch": -1}, "epoch", id="negative-epoch"),
     ],
@@ -235,7 +278,9 @@ def test_a_batch_sampler_over_an_infinite_sampler_is_refused():
     inner = InfiniteRandomSampler(dataset, resumable=True)
     with pytest.raises(UnsupportedResumeConfigurationError, match="use one of"):
         ResumableDataLoader(
-            dataset, batch_sampler=torch.utils.data.BatchSampler(inner, 2, False), resumable=True
+            dataset,
+            batch_sampler=torch.utils.data.BatchSampler(inner, 2, False),
+            resumable=True,
         )
 
 
@@ -252,13 +297,20 @@ def test_endless_batch_samplers_keep_one_shared_stream():
 @pytest.mark.slow
 def test_resume_in_a_new_process_continues_the_uninterrupted_epoch_loop(tmp_path):
     jobs, expected = [], []
-    for kind, batch_size in [("shuffle", 7), ("random-generator", None), ("distributed", 7), ("weighted", 7)]:
+    for kind, batch_size in [
+        ("shuffle", 7),
+        ("random-generator", None),
+        ("distributed", 7),
+        ("weighted", 7),
+    ]:
         batches, states, _ = _uninterrupted(kind, batch_size)
         per_epoch = len(batches) // epochs.EPOCHS
         for k in (1, per_epoch):
             jobs.append((kind, batch_size, states[k]))
             expected.append((f"{kind}/{k}", batches[k:]))
-    results = streams.run_spawned(epochs.resume_epoch_jobs, jobs, out=tmp_path / "resumed.pt")["results"]
+    results = streams.run_spawned(
+        epochs.resume_epoch_jobs, jobs, out=tmp_path / "resumed.pt"
+    )["results"]
     for (what, batches), got in zip(expected, results):
         _assert_same(batches, got, what)
 
@@ -267,11 +319,17 @@ def test_resume_in_a_new_process_continues_the_uninterrupted_epoch_loop(tmp_path
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("kind", ["shuffle", "distributed"])
-def test_three_workers_give_the_single_process_epochs_and_resume_exactly(kind, persistent):
+def test_three_workers_give_the_single_process_epochs_and_resume_exactly(
+    kind, persistent
+):
     single, _, _ = _uninterrupted(kind, 7)
     options = {"persistent_workers": persistent, "prefetch_factor": 3}
     batches, states, _ = _uninterrupted(kind, 7, num_workers=3, **options)
     _assert_same(single, batches, "3 workers vs none")
     per_epoch = len(batches) // epochs.EPOCHS
     for k in (1, per_epoch):
-        _assert_same(batches[k:], _resume(kind, 7, states[k], num_workers=3, **options), f"{kind} at {k}")
+        _assert_same(
+            batches[k:],
+            _resume(kind, 7, states[k], num_workers=3, **options),
+            f"{kind} at {k}",
+        )

@@ -31,7 +31,9 @@ def _is_epoch_sampler(sampler: Any) -> bool:
     return type(sampler) in EPOCH_SAMPLERS
 
 
-def check_resumable_configuration(dataset: Any, sampler: Any, batch_sampler: Any, in_order: bool) -> None:
+def check_resumable_configuration(
+    dataset: Any, sampler: Any, batch_sampler: Any, in_order: bool
+) -> None:
     """Refuse, before anything is built, what a resumable loader cannot resume exactly.
 
     Raises:
@@ -56,7 +58,9 @@ def check_resumable_configuration(dataset: Any, sampler: Any, batch_sampler: Any
                     "the batch sampler was built with resumable=False; build it with resumable=True"
                 )
             return
-        if type(batch_sampler) is BatchSampler and _is_epoch_sampler(batch_sampler.sampler):
+        if type(batch_sampler) is BatchSampler and _is_epoch_sampler(
+            batch_sampler.sampler
+        ):
             return
         raise UnsupportedResumeConfigurationError(
             f"batch_sampler {type(batch_sampler).__name__} (over "

@@ -45,10 +45,18 @@ __all__ = ["EPOCH_SAMPLERS", "EpochSource"]
 
 # Exact types only: a subclass may order its epoch differently (or from global RNG),
 # which a recorded generator state would not reproduce.
-EPOCH_SAMPLERS = (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler, DistributedSampler)
+EPOCH_SAMPLERS = (
+    SequentialSampler,
+    RandomSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    DistributedSampler,
+)
 _GENERATOR_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
-_ORDER_SALT = 0x6F72_6465_72  # b"order": seeds of the orders of samplers without a generator
+_ORDER_SALT = (
+    0x6F72_6465_72  # b"order": seeds of the orders of samplers without a generator
+)
 _EPOCH_SALT = 0x6570_6F63_68  # b"epoch": per-epoch base of the augmentation seeds
 
 Cursor = tuple[int, int]
@@ -60,7 +68,12 @@ class _Epoch:
     __slots__ = ("generator_state", "items", "number", "sampler_epoch", "starts")
 
     def __init__(
-        self, number: int, items: list[Any], starts: list[int], generator_state: Any, sampler_epoch: Any
+        self,
+        number: int,
+        items: list[Any],
+        starts: list[int],
+        generator_state: Any,
+        sampler_epoch: Any,
     ) -> None:
         self.number = number
         self.items = items
@@ -82,19 +95,29 @@ class EpochSource:
     epochs = True  # each iter(loader) is one epoch
     format = keys.EPOCH_SAMPLER_FORMAT
 
-    def __init__(self, sampler: Any, batch_sampler: BatchSampler | None, dataset_size: int) -> None:
+    def __init__(
+        self, sampler: Any, batch_sampler: BatchSampler | None, dataset_size: int
+    ) -> None:
         self.sampler = sampler
         self.batch_sampler = batch_sampler
         self.generator: torch.Generator | None = (
             sampler.generator if isinstance(sampler, _GENERATOR_SAMPLERS) else None
         )
         distributed = isinstance(sampler, DistributedSampler)
-        self._replicas, self._rank = (sampler.num_replicas, sampler.rank) if distributed else (1, 0)
+        self._replicas, self._rank = (
+            (sampler.num_replicas, sampler.rank) if distributed else (1, 0)
+        )
         self._settings: EpochSamplerSettings = {
             "sampler": type(sampler).__name__,
-            "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
-            "batch_size": batch_sampler.batch_size if batch_sampler is not None else None,
-            "drop_last": bool(batch_sampler.drop_last) if batch_sampler is not None else False,
+            "batch_sampler": type(batch_sampler).__name__
+            if batch_sampler is not None
+            else None,
+            "batch_size": batch_sampler.batch_size
+            if batch_sampler is not None
+            else None,
+            "drop_last": bool(batch_sampler.drop_last)
+            if batch_sampler is not None
+            else False,
             "dataset_size": dataset_size,
             "sampler_length": len(sampler),
             "replacement": bool(getattr(sampler, "replacement", False)),
@@ -117,7 +140,9 @@ class EpochSource:
         return self._epoch, self._offset
 
     def _length(self) -> int:
-        return len(self.batch_sampler if self.batch_sampler is not None else self.sampler)
+        return len(
+            self.batch_sampler if self.batch_sampler is not None else self.sampler
+        )
 
     # --- epochs ----------------------------------------------------------------------
 
@@ -138,7 +163,9 @@ class EpochSource:
                     f"call set_epoch({expected}) (the epoch the state was saved in) before iterating"
                 )
         self._expected_sampler_epoch = None
-        generator_state = self.generator.get_state() if self.generator is not None else None
+        generator_state = (
+            self.generator.get_state() if self.generator is not None else None
+        )
         items = self._order(augmentation_seed)
         if self._offset > len(items):
             raise LoaderStateError(
@@ -149,7 +176,9 @@ class EpochSource:
         for item in items:
             starts.append(total)
             total += len(item) if self.batch_sampler is not None else 1
-        self._computed = _Epoch(self._epoch, items, starts, generator_state, sampler_epoch)
+        self._computed = _Epoch(
+            self._epoch, items, starts, generator_state, sampler_epoch
+        )
 
     def _order(self, augmentation_seed: int) -> list[Any]:
         source = self.batch_sampler if self.batch_sampler is not None else self.sampler
@@ -158,7 +187,9 @@ class EpochSource:
             return list(source)
         generator = torch.Generator()
         generator.manual_seed(derive_seed(augmentation_seed, _ORDER_SALT, self._epoch))
-        sampler.generator = generator  # only for this computation: no global generator is drawn
+        sampler.generator = (
+            generator  # only for this computation: no global generator is drawn
+        )
         try:
             return list(source)
         finally:
@@ -173,10 +204,18 @@ class EpochSource:
     def tasks(self, pending: deque[Pending], augmentation_seed: int) -> Iterator[Task]:
         computed = self._computed
         if computed is None or computed.number != self._epoch:
-            raise RuntimeError("EpochSource.begin() was not called for the epoch being iterated")
+            raise RuntimeError(
+                "EpochSource.begin() was not called for the epoch being iterated"
+            )
         return self._tasks(computed, self._offset, pending, augmentation_seed)
 
-    def _tasks(self, computed: _Epoch, offset: int, pending: deque[Pending], augmentation_seed: int) -> Iterator[Task]:
+    def _tasks(
+        self,
+        computed: _Epoch,
+        offset: int,
+        pending: deque[Pending],
+        augmentation_seed: int,
+    ) -> Iterator[Task]:
         number, items, starts = computed.number, computed.items, computed.starts
         base = derive_seed(augmentation_seed, _EPOCH_SALT, number)
         stride, rank, last = self._replicas, self._rank, len(items) - 1
@@ -199,10 +238,19 @@ class EpochSource:
     def state(self) -> EpochSamplerState:
         computed = self._computed
         if computed is not None and computed.number == self._epoch:
-            generator_state, sampler_epoch = computed.generator_state, computed.sampler_epoch
+            generator_state, sampler_epoch = (
+                computed.generator_state,
+                computed.sampler_epoch,
+            )
         else:
-            generator_state = self.generator.get_state() if self.generator is not None else None
-            sampler_epoch = self.sampler.epoch if isinstance(self.sampler, DistributedSampler) else None
+            generator_state = (
+                self.generator.get_state() if self.generator is not None else None
+            )
+            sampler_epoch = (
+                self.sampler.epoch
+                if isinstance(self.sampler, DistributedSampler)
+                else None
+            )
         return {
             keys.FORMAT: keys.EPOCH_SAMPLER_FORMAT,
             keys.SETTINGS: dict(self._settings),
@@ -218,14 +266,26 @@ class EpochSource:
         keys.check_mapping(
             state,
             what,
-            (keys.FORMAT, keys.SETTINGS, keys.EPOCH, keys.OFFSET, keys.DELIVERED, keys.GENERATOR, keys.SAMPLER_EPOCH),
+            (
+                keys.FORMAT,
+                keys.SETTINGS,
+                keys.EPOCH,
+                keys.OFFSET,
+                keys.DELIVERED,
+                keys.GENERATOR,
+                keys.SAMPLER_EPOCH,
+            ),
         )
         keys.check_format(state, what, keys.EPOCH_SAMPLER_FORMAT)
         settings = state[keys.SETTINGS]
         if not isinstance(settings, Mapping):
             raise LoaderStateError(f"{what}[{keys.SETTINGS!r}] must be a dict")
         for name, value in self._settings.items():
-            if name not in settings or settings[name] != value or type(settings[name]) is not type(value):
+            if (
+                name not in settings
+                or settings[name] != value
+                or type(settings[name]) is not type(value)
+            ):
                 raise LoaderStateError(
                     f"{what}: setting {name!r} was {settings.get(name)!r}, this loader has {value!r}; "
                     f"build the loader with the arguments the state was saved with"
@@ -235,27 +295,45 @@ class EpochSource:
         keys.check_count(state, what, keys.DELIVERED)
         length = self._length()
         if offset >= max(length, 1):
-            raise LoaderStateError(f"{what}[{keys.OFFSET!r}] = {offset} but an epoch has {length} batch(es)")
+            raise LoaderStateError(
+                f"{what}[{keys.OFFSET!r}] = {offset} but an epoch has {length} batch(es)"
+            )
         self._check_generator(state[keys.GENERATOR], what)
         sampler_epoch = state[keys.SAMPLER_EPOCH]
         if isinstance(self.sampler, DistributedSampler):
             if not keys.is_int(sampler_epoch):
-                raise LoaderStateError(f"{what}[{keys.SAMPLER_EPOCH!r}] must be an int, got {sampler_epoch!r}")
+                raise LoaderStateError(
+                    f"{what}[{keys.SAMPLER_EPOCH!r}] must be an int, got {sampler_epoch!r}"
+                )
         elif sampler_epoch is not None:
-            raise LoaderStateError(f"{what}[{keys.SAMPLER_EPOCH!r}] must be None for a {self._settings['sampler']}")
+            raise LoaderStateError(
+                f"{what}[{keys.SAMPLER_EPOCH!r}] must be None for a {self._settings['sampler']}"
+            )
 
     def _check_generator(self, value: Any, what: str) -> None:
         generator = self.generator
         if generator is None:
             if value is not None:
-                raise LoaderStateError(f"{what}[{keys.GENERATOR!r}] must be None: this sampler has no generator")
+                raise LoaderStateError(
+                    f"{what}[{keys.GENERATOR!r}] must be None: this sampler has no generator"
+                )
             return
-        if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
-            raise LoaderStateError(f"{what}[{keys.GENERATOR!r}] must be a 1-D uint8 tensor (a generator state)")
+        if (
+            not isinstance(value, torch.Tensor)
+            or value.dtype != torch.uint8
+            or value.dim() != 1
+        ):
+            raise LoaderStateError(
+                f"{what}[{keys.GENERATOR!r}] must be a 1-D uint8 tensor (a generator state)"
+            )
         try:
-            torch.Generator(device=generator.device).set_state(value)  # trial on a scratch generator
+            torch.Generator(device=generator.device).set_state(
+                value
+            )  # trial on a scratch generator
         except (RuntimeError, ValueError) as exc:
-            raise LoaderStateError(f"{what}[{keys.GENERATOR!r}] is not a state of this generator: {exc}") from exc
+            raise LoaderStateError(
+                f"{what}[{keys.GENERATOR!r}] is not a state of this generator: {exc}"
+            ) from exc
 
     def apply(self, state: Mapping[str, Any]) -> None:
         self._epoch, self._offset = state[keys.EPOCH], state[keys.OFFSET]
