@@ -17,7 +17,7 @@ from ..errors import (
 )
 from ..rng import derive_seed
 from ..state import LoaderState
-from . import _state as keys
+from . import _state_keys as keys
 from ._batching import ResumableBatchSampler
 from ._fetch import BatchFetcher, as_is
 from ._iterator import ResumableIterator, Stream, shutdown
