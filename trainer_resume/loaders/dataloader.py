@@ -17,7 +17,7 @@ from ..errors import (
 )
 from ..rng import derive_seed
 from ..state import LoaderState
-from . import _state as keys
+from . import _state_keys as keys
 from ._batching import ResumableBatchSampler
 from ._configuration import check_resumable_configuration, source_of
 from ._fetch import BatchFetcher, as_is
