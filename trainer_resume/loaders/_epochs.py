@@ -38,7 +38,7 @@ from torch.utils.data import (
 from ..errors import LoaderStateError
 from ..rng import derive_seed
 from ..state import EpochSamplerSettings, EpochSamplerState
-from . import _state as keys
+from . import _state_keys as keys
 from ._sources import Pending, Task
 
 __all__ = ["EPOCH_SAMPLERS", "EpochSource"]

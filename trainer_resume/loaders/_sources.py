@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from ..state import BatchSamplerState, SamplerState
-from . import _state as keys
+from . import _state_keys as keys
 from ._batching import ResumableBatchSampler
 from .sampler import InfiniteRandomSampler
 
