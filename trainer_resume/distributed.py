@@ -33,6 +33,7 @@ from typing import Any, TypedDict
 import torch
 import torch.distributed as dist
 
+from .difference import first_difference
 from .errors import (
     CheckpointFormatError,
     CheckpointWriteError,
@@ -242,22 +243,6 @@ def converted_steps(completed_steps: int, saved_world: int, world_size: int) -> 
     return completed_steps * saved_world // world_size
 
 
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and torch.equal(a, b)
-        )
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return list(a) == list(b) and all(_equal(a[key], b[key]) for key in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
-
-
 def _ranks(
     checkpoint: Mapping[str, Any], location: str
 ) -> tuple[int, list[Mapping[str, Any]], int | None]:
@@ -344,7 +329,7 @@ def rank_view(
         return view  # type: ignore[return-value]
     for name in ("loaders", "extra"):
         for index, other in enumerate(ranks[1:], start=1):
-            if not _equal(other[name], ranks[0][name]):
+            if first_difference(other[name], ranks[0][name]) is not None:
                 what = "loader positions" if name == "loaders" else "extra states"
                 raise ResumeStateMismatchError(
                     f"{location} was paused with {saved_world} rank(s) whose {what} differ (rank 0 and rank {index}); "
