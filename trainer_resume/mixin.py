@@ -33,6 +33,7 @@ from ._step_guard import (
     serialized_training,
     training_step,
 )
+from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
 from ._state_match import check_object_states
 from .amp import restore_grad_scaler_state
 from .durable import load_checkpoint, save_checkpoint
@@ -44,7 +45,7 @@ from .errors import (
     TrainerLockedError,
     VersionMismatchError,
 )
-from .rng import random_state, restore_random_state
+from .rng import restore_random_state
 from .sharded import refuse_dtensors
 from .signature import canonical_config, config_difference, config_signature
 from .state import PAUSE_FORMAT, PauseCheckpoint
@@ -86,10 +87,6 @@ def _overrides(trainer: Any, hook: str) -> bool:
     return getattr(type(trainer), hook) is not getattr(TrainingResumeMixin, hook)
 
 
-def _rng_device() -> int | None:
-    return torch.cuda.current_device() if torch.cuda.is_available() else None
-
-
 class TrainingResumeMixin:
     """Adds exact, thread-safe and signal-safe ``pause()`` / ``resume()`` to a trainer.
 
@@ -124,6 +121,7 @@ class TrainingResumeMixin:
         if GUARD_ATTRIBUTE not in self.__dict__:
             self.__dict__[GUARD_ATTRIBUTE] = StepGuard()
         self.__dict__[GUARD_ATTRIBUTE].check_every_boundary = bool(self._pause_check_every_step)
+        record_boundary(self, self.__dict__[GUARD_ATTRIBUTE], initial=True)
 
     def _resume_settings(self, action: str) -> _Settings:
         guard_of(self, action)
@@ -411,7 +409,7 @@ class TrainingResumeMixin:
             world_size=world_size,
             rank=rank,
             location=location,
-            device=_rng_device(),
+            device=rng_device(),
             objects=self._resume_objects(),
         )
 
@@ -448,9 +446,11 @@ class TrainingResumeMixin:
             "regular": regular,
             "shared_keys": shared,
             "objects": object_states,
-            "loaders": {name: to_cpu(loader.state_dict(), memo) for name, loader in self._resume_loaders().items()},
+            # Loader positions and RNG as of the last step boundary: a batch fetched since
+            # (outside the step) is delivered again, and no fetch is caught half-way.
+            "loaders": boundary_loader_states(self, guard),
             "extra": to_cpu(dict(self._resume_extra_state()), memo),
-            "rng": random_state(_rng_device()),
+            "rng": boundary_random_state(guard),
         }
         refuse_dtensors(checkpoint, "checkpoint")
         check_saveable(checkpoint)
@@ -484,7 +484,7 @@ class TrainingResumeMixin:
         for name, loader in loaders.items():
             loader.validate_state_dict(checkpoint["loaders"][name])
         self._validate_resume(checkpoint)
-        check_random_state(checkpoint["rng"], location, _rng_device())
+        check_random_state(checkpoint["rng"], location, rng_device())
         return states
 
     def _restore(self, guard: StepGuard, checkpoint: PauseCheckpoint, states: dict[str, Any], location: str) -> None:
@@ -510,7 +510,7 @@ class TrainingResumeMixin:
             self._rebuild_resume_iterators()
             # Last: rebuilding loaders and iterators may draw from the global generators.
             stage = "random state"
-            restore_random_state(checkpoint["rng"], _rng_device())
+            restore_random_state(checkpoint["rng"], rng_device())
         except BaseException as error:
             guard.locked_reason = f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
             if not isinstance(error, Exception):
@@ -520,3 +520,4 @@ class TrainingResumeMixin:
         guard.failed = False
         guard.paused = False
         guard.completed_steps = checkpoint["completed_steps"]
+        record_boundary(self, guard)
