@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from ._pause_file import (
+from ._pause_checks import (
     check_layout,
     check_names,
     check_random_state,
