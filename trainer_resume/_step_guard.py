@@ -46,6 +46,8 @@ class StepGuard:
         # When the decision to pause is collective (all ranks at the same step), the
         # boundary hook must run after every step, not only after a local request.
         self.check_every_boundary = False
+        # The trainer's ResumePoints, if it takes resume points (see resume_points.py).
+        self.points: Any = None
         # pause()/resume() from another thread would otherwise starve: a thread running
         # steps in a loop re-acquires the lock before a waiting thread wakes up.
         self.exclusive_waiters = 0
@@ -131,7 +133,13 @@ def training_step(method: _Method) -> _Method:
             guard.completed_steps += 1
             guard.failed = False
             # Under a process group every boundary is a collective agreement on pausing.
-            if guard.requested_path is not None or guard.check_every_boundary or is_distributed():
+            points = guard.points
+            if (
+                guard.requested_path is not None
+                or guard.check_every_boundary
+                or is_distributed()
+                or (points is not None and points.wants_boundary(guard.completed_steps))
+            ):
                 guard.at_boundary(self)
             return result
 

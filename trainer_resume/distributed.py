@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
 import torch
@@ -50,12 +50,14 @@ __all__ = [
     "WorldSizeChangeWarning",
     "agree",
     "any_rank",
+    "any_ranks",
     "commit",
     "converted_steps",
     "gather_pause",
     "is_distributed",
     "pause_path_agreed",
     "rank_view",
+    "rank_zero_result",
     "world",
 ]
 
@@ -114,9 +116,14 @@ def _device() -> torch.device:
 
 def any_rank(flag: bool) -> bool:
     """All-reduce ``flag`` with MAX: true on every rank when it is true on one."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=_device())
+    return any_ranks([flag])[0]
+
+
+def any_ranks(flags: Sequence[bool]) -> list[bool]:
+    """``any_rank`` of several flags in one collective."""
+    value = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int32, device=_device())
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return [bool(item) for item in value.tolist()]
 
 
 def agree(local_error: str | None, action: str) -> None:
@@ -132,6 +139,21 @@ def agree(local_error: str | None, action: str) -> None:
     if failed:
         rank, error = failed[0]
         raise RuntimeError(f"{action} refused on rank {rank}: {error}")
+
+
+def rank_zero_result(compute: Callable[[], Any]) -> Any:
+    """Rank 0 runs ``compute``; every rank gets its result, or raises the error it raised."""
+    outcome: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            outcome[0] = ("ok", compute())
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below
+            outcome[0] = ("error", exc)
+    dist.broadcast_object_list(outcome, src=0)
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
 
 
 def pause_path_agreed(requested: str | None) -> str | None:
