@@ -315,3 +315,22 @@ def test_finish_retires_the_points_and_resume_latest_reports_the_finished_run(tm
 def test_resume_points_refuse_settings_that_cannot_work(tmp_path, options, error):
     with pytest.raises(error):
         ResumePoints(tmp_path, **options)
+
+
+def test_resume_points_of_a_sharded_model_are_refused_before_anything_is_written(tmp_path):
+    import torch.distributed as dist
+    from _fsdp_workers import CONFIG, FSDPTrainer
+
+    from trainer_resume import UnsupportedResumeConfigurationError
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        trainer = FSDPTrainer()
+        points = ResumePoints(tmp_path / "points", every_steps=1)
+        trainer._initialize_training_resume(CONFIG, version="1", resume_points=points)
+        with pytest.raises(UnsupportedResumeConfigurationError, match="resume points of a sharded model"):
+            trainer.step()
+        assert os.listdir(tmp_path / "points") == []
+        trainer.loader.close()
+    finally:
+        dist.destroy_process_group()
