@@ -34,7 +34,7 @@ from ..checkpoint_files import (
     CheckpointFile,
     tensor_totals,
 )
-from ..loaders._state import BATCH_SAMPLER_FORMAT, SAMPLER_FORMAT
+from ..loaders._state_keys import BATCH_SAMPLER_FORMAT, SAMPLER_FORMAT
 
 __all__ = ["NOT_VERIFIED", "describe_file"]
 
