@@ -58,3 +58,19 @@ def test_a_self_referencing_list_is_checked_once():
     looped: list = [1]
     looped.append(looped)
     assert refused_entry(looped, "state") is None
+
+
+class _Allowed:
+    pass
+
+
+def test_a_class_allowed_with_add_safe_globals_is_accepted_like_the_loader_does():
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([_Allowed])
+    try:
+        assert refused_entry({"v": _Allowed()}, "state") is None
+        assert _loads_weights_only({"v": _Allowed()})
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
+    assert refused_entry({"v": _Allowed()}, "state") == f"state['v'] is a {__name__}._Allowed"

@@ -44,6 +44,14 @@ def _accepted_by_this_torch() -> frozenset[str]:
     return frozenset(accepted)
 
 
+def _allowed_by_user(kind: type) -> bool:
+    # Classes allowed with torch.serialization.add_safe_globals (torch 2.4 and later).
+    get_safe_globals = getattr(torch.serialization, "get_safe_globals", None)
+    if get_safe_globals is None:
+        return False
+    return any((entry[0] if isinstance(entry, tuple) else entry) is kind for entry in get_safe_globals())
+
+
 def _loadable_scalar(value: Any, accepted: frozenset[str]) -> bool:
     kind = type(value)
     if kind in _ALWAYS or kind in _TENSORS:
@@ -58,7 +66,8 @@ def refused_entry(value: Any, where: str) -> str | None:
 
     Accepted: tensors and parameters (exact types), numbers, str, None, dtypes,
     devices, and lists, tuples, ``torch.Size``, dicts and OrderedDicts of them (keys
-    too); bytes (not empty), bytearray and sets where the installed torch loads them.
+    too); bytes (not empty), bytearray and sets where the installed torch loads them;
+    classes allowed with ``torch.serialization.add_safe_globals``.
 
     Args:
         value: The nested state about to be saved.
@@ -81,6 +90,8 @@ def _refused(
         return None
     kind = type(value)
     if kind not in sequences and kind not in _MAPPINGS:
+        if _allowed_by_user(kind):
+            return None
         hint = " (convert with torch.from_numpy)" if kind.__module__.startswith("numpy") else ""
         empty = " (empty bytes)" if kind is bytes else ""
         return f"{where} is a {kind.__module__}.{kind.__qualname__}{hint}{empty}"
