@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
-__all__ = ["DEFAULT_PAUSE_SIGNALS", "Handler", "forward_signal", "install_handlers", "restore_handlers"]
+__all__ = [
+    "DEFAULT_PAUSE_SIGNALS",
+    "Handler",
+    "forward_signal",
+    "install_handlers",
+    "restore_handlers",
+]
 
 # SIGUSR1 does not exist everywhere (Windows); the defaults are the ones this platform has.
 DEFAULT_PAUSE_SIGNALS: tuple[signal.Signals, ...] = tuple(
@@ -23,7 +29,9 @@ Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 def install_handlers(
-    signals: Iterable[signal.Signals], handler: Handler, previous: dict[signal.Signals, Handler]
+    signals: Iterable[signal.Signals],
+    handler: Handler,
+    previous: dict[signal.Signals, Handler],
 ) -> None:
     """Install ``handler`` for each signal and record the handler it replaced in ``previous``.
 

@@ -26,7 +26,12 @@ _MAPPINGS = frozenset({dict, OrderedDict})
 # Accepted by newer torch releases only (bytes and bytearray since 2.5, set since 2.6),
 # and empty bytes (pickled as a call of ``bytes()``) not even by those: probed once in
 # the installed torch, so the check says what this torch will load.
-_PROBES: dict[str, Any] = {"bytes": b"x", "empty bytes": b"", "bytearray": bytearray(b"x"), "set": {0}}
+_PROBES: dict[str, Any] = {
+    "bytes": b"x",
+    "empty bytes": b"",
+    "bytearray": bytearray(b"x"),
+    "set": {0},
+}
 
 
 @cache
@@ -49,7 +54,9 @@ def _allowed_by_user(kind: type) -> bool:
     get_safe_globals = getattr(torch.serialization, "get_safe_globals", None)
     if get_safe_globals is None:
         return False
-    return any((entry[0] if isinstance(entry, tuple) else entry) is kind for entry in get_safe_globals())
+    return any(
+        (entry[0] if isinstance(entry, tuple) else entry) is kind for entry in get_safe_globals()
+    )
 
 
 def _loadable_scalar(value: Any, accepted: frozenset[str]) -> bool:
@@ -84,7 +91,11 @@ def refused_entry(value: Any, where: str) -> str | None:
 
 
 def _refused(
-    value: Any, where: str, accepted: frozenset[str], sequences: frozenset[type], seen: set[int]
+    value: Any,
+    where: str,
+    accepted: frozenset[str],
+    sequences: frozenset[type],
+    seen: set[int],
 ) -> str | None:
     if _loadable_scalar(value, accepted):
         return None
