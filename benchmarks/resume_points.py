@@ -41,11 +41,17 @@ BATCH = 4
 
 
 class PointTrainer(TrainingResumeMixin):
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, points: ResumePoints | None) -> None:
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, points: ResumePoints | None
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.inputs = torch.randn(BATCH, model[0].in_features, generator=torch.Generator().manual_seed(0))
-        self._initialize_training_resume({"benchmark": "resume_points"}, version="1", resume_points=points)
+        self.inputs = torch.randn(
+            BATCH, model[0].in_features, generator=torch.Generator().manual_seed(0)
+        )
+        self._initialize_training_resume(
+            {"benchmark": "resume_points"}, version="1", resume_points=points
+        )
 
     def _resume_objects(self):
         return {"model": self.model, "optimizer": self.optimizer}
@@ -79,8 +85,15 @@ def torch_save_fsync(model: nn.Module, optimizer: torch.optim.Optimizer, path: P
         os.fsync(file.fileno())
 
 
-def measure_blocking(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path, repeats: int) -> dict[str, Any]:
-    times: dict[str, list[float]] = {"torch_save_fsync": [], "pause": [], "point": [], "point_durable": []}
+def measure_blocking(
+    model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path, repeats: int
+) -> dict[str, Any]:
+    times: dict[str, list[float]] = {
+        "torch_save_fsync": [],
+        "pause": [],
+        "point": [],
+        "point_durable": [],
+    }
     order = ["torch_save_fsync", "pause", "point"]
     for repeat in range(repeats + 1):  # round 0 warms up
         for name in order[repeat % 3 :] + order[: repeat % 3]:
@@ -148,17 +161,29 @@ def measure_throughput(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="10.5M parameters only")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each writer (default 3)")
-    parser.add_argument("--every", type=int, default=50, help="steps between points (default 50)")
-    parser.add_argument("--segments", type=int, default=4, help="segments of --every steps per run (default 4)")
     parser.add_argument(
-        "--throughput-size", choices=sorted(SIZES), default=None,
+        "--repeats", type=int, default=3, help="timed runs of each writer (default 3)"
+    )
+    parser.add_argument("--every", type=int, default=50, help="steps between points (default 50)")
+    parser.add_argument(
+        "--segments", type=int, default=4, help="segments of --every steps per run (default 4)"
+    )
+    parser.add_argument(
+        "--throughput-size",
+        choices=sorted(SIZES),
+        default=None,
         help="model of the throughput run (default: the largest measured)",
     )
-    parser.add_argument("--dir", type=Path, default=None, help="where the files are written (default: a temp dir)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "resume_points.json")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the files are written (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "out" / "resume_points.json"
+    )
     args = parser.parse_args()
 
     labels = ["10.5M"] if args.quick else ["10.5M", "100M"]
@@ -169,7 +194,17 @@ def main() -> None:
         "state": "model + AdamW (exp_avg, exp_avg_sq)",
         "sizes": {},
     }
-    rows = [("", "parameters", "torch.save+fsync", "pause()", "point blocks", "point durable", "point/torch.save")]
+    rows = [
+        (
+            "",
+            "parameters",
+            "torch.save+fsync",
+            "pause()",
+            "point blocks",
+            "point durable",
+            "point/torch.save",
+        )
+    ]
     with tempfile.TemporaryDirectory(prefix="points-bench-", dir=args.dir) as name:
         directory = Path(name)
         for label in labels:

@@ -44,7 +44,9 @@ def test_ranks_take_points_together_and_resume_latest_continues_bit_identically(
     newest = load_checkpoint(points / "point-000000000006.ckpt")
     assert newest[DISTRIBUTED_KEY]["world_size"] == WORLD
     for rank in range(WORLD):
-        _assert_equal(reference[rank]["ids"][:7], crashed[rank]["ids"], f"rank {rank} batches with points")
+        _assert_equal(
+            reference[rank]["ids"][:7], crashed[rank]["ids"], f"rank {rank} batches with points"
+        )
 
     resumed = _run(
         WORLD,
@@ -53,6 +55,8 @@ def test_ranks_take_points_together_and_resume_latest_continues_bit_identically(
     )
     for rank in range(WORLD):
         assert resumed[rank]["resumed_steps"] == 6
-        _assert_equal(reference[rank]["ids"][6:], resumed[rank]["ids"], f"rank {rank} batches after resume")
+        _assert_equal(
+            reference[rank]["ids"][6:], resumed[rank]["ids"], f"rank {rank} batches after resume"
+        )
         for name in ("model", "optimizer"):
             _assert_equal(reference[rank][name], resumed[rank][name], f"rank {rank} {name}")
