@@ -281,15 +281,23 @@ class ResumePoints:
         return bool(self._requested) or self._unreported is not None or self._due(completed_steps)
 
     def at_step_boundary(
-        self, completed_steps: int, snapshot: Callable[[], dict[str, Any]], *, key: bytes | None
+        self,
+        completed_steps: int,
+        snapshot: Callable[[], dict[str, Any]],
+        *,
+        key: bytes | None,
+        combine: Callable[[Any], Any] | None = None,
     ) -> CheckpointWriteError | None:
         """Take a point if one is due or requested; return an unreported write failure.
 
         Under a process group every rank calls it at every boundary: the ranks agree
-        on whether a point is due, all snapshot the same step, rank 0 writes.
+        on whether a point is due, all snapshot the same step, and rank 0 writes what
+        ``combine`` makes of its snapshot (default: the mixin's ``gather_pause``).
         """
         if _distributed.is_distributed():
-            return self._collective_boundary(completed_steps, snapshot, key)
+            return self._collective_boundary(
+                completed_steps, snapshot, key, combine or _distributed.gather_pause
+            )
         failure = self._take_failure()
         if self._requested or self._due(completed_steps):
             if self._busy() and self.when_busy == "skip" and not self._requested:
@@ -407,7 +415,11 @@ class ResumePoints:
         point._finish(error)
 
     def _collective_boundary(
-        self, completed_steps: int, snapshot: Callable[[], dict[str, Any]], key: bytes | None
+        self,
+        completed_steps: int,
+        snapshot: Callable[[], dict[str, Any]],
+        key: bytes | None,
+        combine: Callable[[Any], Any],
     ) -> CheckpointWriteError | None:
         rank = _distributed.world()[1]
         due, requested, failed = _distributed.any_ranks(
@@ -432,7 +444,7 @@ class ResumePoints:
             return failure
         if rank == 0:
             self.wait()
-        combined = _distributed.gather_pause(snapshot())  # type: ignore[arg-type]
+        combined = combine(snapshot())
         point = self._submit(combined, completed_steps, key, write=rank == 0)
         self._serve_requests(point)
         return failure

@@ -40,9 +40,11 @@ from .lightning_callback import (  # noqa: E402
     ResumeCallback,
 )
 from .lightning_io import DurableCheckpointIO  # noqa: E402
+from .lightning_points import ResumePointsCallback  # noqa: E402
 
 __all__ = [
     "ResumeCallback",
+    "ResumePointsCallback",
     "DurableCheckpointIO",
     "LightningPauseState",
     "PAUSE_KEY",

@@ -311,15 +311,22 @@ class ResumeCallback(Callback):
         if states is not None:
             fit_state["combined_loader"] = states
 
-    def _write_pause(self, trainer: pl.Trainer) -> None:
+    def pause_checkpoint(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """The checkpoint a pause writes, at the current completed batch (every rank calls it).
+
+        Resume points (``ResumePointsCallback``) write the same content.
+        """
         self._writing_pause = True
         try:
-            # Not trainer.save_checkpoint: the pause file must be durable whatever IO the
-            # trainer uses, and a failed write must be known to every rank, not leave
-            # the others waiting in a barrier.
-            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         finally:
             self._writing_pause = False
+
+    def _write_pause(self, trainer: pl.Trainer) -> None:
+        # Not trainer.save_checkpoint: the pause file must be durable whatever IO the
+        # trainer uses, and a failed write must be known to every rank, not leave
+        # the others waiting in a barrier.
+        checkpoint = self.pause_checkpoint(trainer)
         error: BaseException | None = None
         if trainer.is_global_zero:
             try:

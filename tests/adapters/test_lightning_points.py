@@ -1,0 +1,78 @@
+"""ResumePointsCallback: resume points of a Lightning fit change nothing and resume exactly."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from _lightning_child import CONFIG, SEED, Regressor, build_loader, build_trainer, result
+
+from trainer_resume import RunFinishedError, mark_finished
+from trainer_resume.adapters.lightning import ResumeCallback, ResumePointsCallback
+from trainer_resume.point_files import list_points, point_name
+from trainer_resume.testing import first_difference
+
+pytestmark = pytest.mark.slow  # three in-process fits
+
+STEPS = 8
+
+
+def fit(
+    steps: int, tmp_path: Path, *, points_every: int | None = None, resume: bool = False
+) -> dict[str, Any]:
+    torch.manual_seed(SEED)
+    random.seed(SEED)
+    np.random.seed(SEED)
+    model = Regressor()
+    pause = ResumeCallback(tmp_path / "pause.ckpt", signals=(), config=CONFIG)
+    callbacks: list[Any] = [pause]
+    ckpt_path = None
+    if points_every is not None:
+        points = ResumePointsCallback(
+            pause, tmp_path / "points", every_n_steps=points_every, when_busy="wait"
+        )
+        callbacks.append(points)
+        ckpt_path = points.ckpt_path if resume else None
+    trainer = build_trainer(steps=steps, epoch_batches=0, callbacks=callbacks)
+    trainer.fit(model, build_loader(workers=0), ckpt_path=ckpt_path)
+    return {**result(model, trainer), "ckpt_path": ckpt_path}
+
+
+def assert_equal(expected: Any, actual: Any, where: str) -> None:
+    difference = first_difference(expected, actual)
+    assert difference is None, f"{where}: {difference.describe()}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return fit(STEPS, tmp_path_factory.mktemp("reference"))
+
+
+def test_fit_with_points_equals_fit_without_and_resumes_exactly_from_the_newest(
+    tmp_path, reference
+):
+    crashed = fit(5, tmp_path, points_every=2)  # as if killed after step 5: points at 2 and 4
+    assert_equal(
+        {k: reference["losses"][k] for k in range(1, 6)}, crashed["losses"], "losses with points"
+    )
+    assert [steps for steps, _ in list_points(tmp_path / "points")] == [2, 4]
+
+    resumed = fit(STEPS, tmp_path, points_every=2, resume=True)
+    assert resumed["ckpt_path"] == str(tmp_path / "points" / point_name(4))
+    assert_equal(
+        {k: reference["losses"][k] for k in range(5, STEPS + 1)}, resumed["losses"], "losses"
+    )
+    assert_equal(reference["model"], resumed["model"], "weights")
+    assert_equal(reference["optimizer"], resumed["optimizer"], "optimizer")
+
+
+def test_ckpt_path_of_a_finished_run_is_refused(tmp_path):
+    pause = ResumeCallback(tmp_path / "pause.ckpt", signals=(), config=CONFIG)
+    points = ResumePointsCallback(pause, tmp_path / "points", every_n_steps=2)
+    mark_finished(tmp_path / "points", completed_steps=8)
+    with pytest.raises(RunFinishedError):
+        points.ckpt_path
