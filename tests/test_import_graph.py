@@ -122,8 +122,13 @@ def test_the_cycle_finder_reports_a_loop_through_three_modules():
 
 
 def test_type_checking_imports_are_not_edges():
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import x\nelse:\n    import y\n")
-    assert [ast.unparse(node) for node in _import_nodes(tree)] == ["import y", "from typing import TYPE_CHECKING"]
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import x\nelse:\n    import y\n"
+    )
+    assert [ast.unparse(node) for node in _import_nodes(tree)] == [
+        "import y",
+        "from typing import TYPE_CHECKING",
+    ]
 
 
 def test_package_has_no_import_cycle():
