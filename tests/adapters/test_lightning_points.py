@@ -75,4 +75,4 @@ def test_ckpt_path_of_a_finished_run_is_refused(tmp_path):
     points = ResumePointsCallback(pause, tmp_path / "points", every_n_steps=2)
     mark_finished(tmp_path / "points", completed_steps=8)
     with pytest.raises(RunFinishedError):
-        points.ckpt_path
+        _ = points.ckpt_path

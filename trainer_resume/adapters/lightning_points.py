@@ -19,7 +19,7 @@ from pytorch_lightning.callbacks import Callback
 from ..durable import load_checkpoint
 from ..errors import CheckpointFormatError
 from ..point_files import latest_checkpoint, point_steps
-from ..resume_points import ResumePoints, WhenBusy, host_snapshot
+from ..resume_points import ResumePoints, WhenBusy
 from .lightning_callback import ResumeCallback
 from .lightning_files import PAUSE_KEY
 from .lightning_io import PauseFileReader
@@ -137,7 +137,7 @@ class ResumePointsCallback(Callback):
         """Take a point when one is due (every rank at the same batch under DDP)."""
         failure = self.points.at_step_boundary(
             trainer.global_step,
-            lambda: host_snapshot(self.resume.pause_checkpoint(trainer), {}),
+            lambda copy: copy(self.resume.pause_checkpoint(trainer), {}),
             key=self.key,
             # ResumeCallback's entry already holds every rank's RNG: rank 0 writes its checkpoint.
             combine=lambda checkpoint: checkpoint if trainer.is_global_zero else None,
