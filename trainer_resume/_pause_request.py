@@ -10,10 +10,9 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from ._step_guard import StepGuard
+from .pause_signals import DEFAULT_PAUSE_SIGNALS, arm
 
 __all__ = ["DEFAULT_PAUSE_SIGNALS", "SignalPause"]
-
-DEFAULT_PAUSE_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
 
 _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
@@ -38,6 +37,7 @@ class SignalPause:
         self.previous: dict[signal.Signals, _Handler] = {}
         self.received: signal.Signals | None = None
         self._guard = guard
+        arm(self.signals)  # processes started from now on keep these blocked too
         try:
             for number in self.signals:
                 self.previous[number] = signal.signal(number, self._handle)
