@@ -94,6 +94,7 @@ class EpochSource:
 
     epochs = True  # each iter(loader) is one epoch
     format = keys.EPOCH_SAMPLER_FORMAT
+    shards_stream = False  # DistributedSampler's order depends on the world size anyway
 
     def __init__(
         self, sampler: Any, batch_sampler: BatchSampler | None, dataset_size: int
