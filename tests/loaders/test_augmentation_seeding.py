@@ -20,9 +20,7 @@ class GaussianDataset(streams.AugmentedDataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         row = super().__getitem__(index)
-        return torch.cat(
-            [row, torch.tensor([float(np.random.randn())], dtype=torch.float64)]
-        )
+        return torch.cat([row, torch.tensor([float(np.random.randn())], dtype=torch.float64)])
 
 
 class ItemsDataset(streams.AugmentedDataset):
@@ -64,9 +62,7 @@ def test_epoch_loaders_seed_per_batch_and_endless_samplers_per_sample_by_default
     assert _loader(dataset).augmentation_seeding == "batch"
     sampler = InfiniteRandomSampler(dataset, resumable=True)
     assert (
-        ResumableDataLoader(
-            dataset, sampler=sampler, resumable=True
-        ).augmentation_seeding
+        ResumableDataLoader(dataset, sampler=sampler, resumable=True).augmentation_seeding
         == "sample"
     )
 
@@ -134,9 +130,7 @@ def test_per_sample_seeding_makes_a_samples_augmentation_independent_of_the_batc
 
     assert torch.equal(rows(7, "sample"), rows(3, "sample"))
     by_batch_7, by_batch_3 = rows(7, "batch"), rows(3, "batch")
-    assert torch.equal(
-        by_batch_7[:, 0], by_batch_3[:, 0]
-    )  # same samples, drawn in other batches
+    assert torch.equal(by_batch_7[:, 0], by_batch_3[:, 0])  # same samples, drawn in other batches
     assert not torch.equal(by_batch_7, by_batch_3)
 
 
@@ -162,18 +156,14 @@ def test_a_state_saved_with_the_other_seeding_is_refused_naming_the_fix():
     state = _loader(dataset, "sample").state_dict()
     with pytest.raises(LoaderStateError) as caught:
         _loader(dataset, "batch").load_state_dict(state)
-    assert caught.value.code == 333 and "augmentation_seeding='sample'" in str(
-        caught.value
-    )
+    assert caught.value.code == 333 and "augmentation_seeding='sample'" in str(caught.value)
 
 
 def test_per_batch_seeding_of_a_sharded_stream_is_an_argument_error():
     dataset = streams.AugmentedDataset()
     sampler = InfiniteRandomSampler(dataset, resumable=True, num_replicas=2, rank=0)
     with pytest.raises(ValueError, match="world size"):
-        ResumableDataLoader(
-            dataset, sampler=sampler, resumable=True, augmentation_seeding="batch"
-        )
+        ResumableDataLoader(dataset, sampler=sampler, resumable=True, augmentation_seeding="batch")
 
 
 def test_per_batch_seeding_fetches_through_getitems_when_the_dataset_has_it():

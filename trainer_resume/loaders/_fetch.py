@@ -5,21 +5,22 @@ instead of bare indices, and the global generators (Python ``random``, NumPy's g
 generator, torch CPU) are seeded from the task, so the same stream position gives the
 same augmentation in any process, with any number of workers:
 
-* per batch (the default): one seed, ``batch_seed(base, first position)``, before the
-  batch's first sample; its samples and then ``collate_fn`` draw in order from it.
-  A batch is always fetched whole by one process, so this is exact, and costs one
-  reseed per batch; a sample's augmentation then depends on its place in the batch.
+* per batch: ``seed_batch(batch_seed(base, first position))`` before the batch's
+  first sample; its samples and then ``collate_fn`` draw in order from it. A batch is
+  always fetched whole by one process, so this is exact, at one reseed per batch; a
+  sample's augmentation then depends on its place in the batch.
 * per sample: sample ``i`` runs seeded by ``derive_seed(base, position)`` and
-  ``collate_fn`` by the batch seed, so a sample's augmentation depends only on its
-  stream position (not on the batch size or the world size), at one reseed per sample.
+  ``collate_fn`` by the batch seed, as under ``rng_scope``, so a sample's augmentation
+  depends only on its stream position (not on the batch size or the world size), at
+  one reseed per sample.
 
-A failing sample or
-collate is returned as a :class:`FetchFailure` (not raised) so the main process can
+A failing sample or collate is returned as a :class:`FetchFailure` (not raised) so the main process can
 report the dataset index and chain the original exception, whatever the worker did.
 """
 
 from __future__ import annotations
 
+import functools
 import pickle
 import traceback
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from typing import Any
 from torch.utils.data import Dataset, get_worker_info
 
 from ..rng import derive_seed, derive_seeds, seed_cpu_generators
-from ._seeding import CallerGenerators
+from ._seeding import CallerGenerators, seed_batch
 
 __all__ = ["BatchFetcher", "FetchFailure", "as_is", "batch_seed"]
 
@@ -39,6 +40,10 @@ _CALLER: list[CallerGenerators] = []  # this process's, made on first use (never
 def batch_seed(augmentation_seed: int, first_position: int) -> int:
     """Seed of the batch starting at ``first_position`` (per-sample seeding: of its ``collate_fn``)."""
     return derive_seed(augmentation_seed, first_position, _COLLATE_SALT)
+
+
+def _seeded_per_sample() -> None:
+    pass
 
 
 def _caller_generators() -> CallerGenerators:
@@ -142,18 +147,20 @@ class BatchFetcher(Dataset):
 
     def __getitem__(self, task: tuple[int, int, Any]) -> Any:
         base, first_position, indices = task
-        seed = batch_seed(base, first_position)
+        if self.per_sample:
+            seed = _seeded_per_sample  # _fetch seeds each sample and the collate itself
+        else:
+            seed = functools.partial(seed_batch, batch_seed(base, first_position))
         if get_worker_info() is not None:
             # In a worker nothing but these fetches draws from the global generators,
             # and each fetch reseeds them, so there is no caller state to restore.
-            seed_cpu_generators(seed)
+            seed()
             return self._fetch(base, first_position, indices, in_worker=True)
         return _caller_generators().run(
             seed, lambda: self._fetch(base, first_position, indices, in_worker=False)
         )
 
     def _fetch(self, base: int, first_position: int, indices: Any, *, in_worker: bool) -> Any:
-        # The generators are seeded with the batch seed already.
         dataset = self.dataset
         batch = indices if self.batched else (indices,)
         stride = self.stride
