@@ -24,9 +24,11 @@ import multiprocessing
 import os
 import signal
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
+
+from ._signals import DEFAULT_PAUSE_SIGNALS, armed_signals
 
 __all__ = [
     "DEFAULT_PAUSE_SIGNALS",
@@ -36,10 +38,6 @@ __all__ = [
     "worker_start",
 ]
 
-DEFAULT_PAUSE_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
-
-# Every signal pause_on_signal() has turned into a pause request in this process.
-_ARMED: set[signal.Signals] = set()
 # Forkserver processes known to have been started with the pause signals blocked.
 _PROTECTED_SERVERS: set[int] = set()
 _WARNED: set[str] = set()
@@ -49,18 +47,13 @@ class PauseSignalWarning(UserWarning):
     """A process that may die on a pause signal sent to the whole process group."""
 
 
-def arm(signals: Iterable[int]) -> None:
-    """Add signals that now request pauses (called by ``pause_on_signal``)."""
-    _ARMED.update(signal.Signals(number) for number in signals)
-
-
 def pause_signals() -> frozenset[signal.Signals]:
     """The signals processes started by this one must not react to.
 
-    ``SIGTERM`` and ``SIGUSR1``, plus any other signal ``pause_on_signal`` was given
-    in this process.
+    ``SIGTERM`` and ``SIGUSR1``, plus any other signal ``pause_on_signal`` (or the
+    Lightning ``ResumeCallback``) was given in this process.
     """
-    return frozenset(DEFAULT_PAUSE_SIGNALS) | _ARMED
+    return frozenset(DEFAULT_PAUSE_SIGNALS) | armed_signals()
 
 
 @contextmanager
