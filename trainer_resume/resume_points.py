@@ -9,7 +9,8 @@ newest point bit-identically.
 
 The step blocks only while the state is copied (tensors on an accelerator go to
 pinned host memory where CUDA is available). At most one write is in flight, so
-host memory holds at most one snapshot besides the live state.
+host memory holds at most one snapshot besides the live state; its buffers are kept
+and receive the next point's copy.
 
 When a point is due while the previous write still runs, the policy ``when_busy``
 decides: ``"skip"`` (the default) does not block the step; the point is taken at
