@@ -90,7 +90,8 @@ def test_sigterm_pause_and_fresh_process_resume_equal_uninterrupted_fit(
     paused, resumed, status = _pause_then_resume(tmp_path, "pause", epoch_batches, pause_step)
 
     assert status == 0
-    assert (tmp_path / "pause.ckpt").is_file()
+    # The resumed fit completed: the run is marked finished and its pause file retired.
+    assert not (tmp_path / "pause.ckpt").exists() and (tmp_path / "pause.ckpt.finished").is_file()
     assert paused["paused_at_step"] == pause_step and paused["global_step"] == pause_step
     assert sorted(paused["losses"]) == list(range(1, pause_step + 1))
     assert sorted(resumed["losses"]) == list(range(pause_step + 1, STEPS + 1))

@@ -43,12 +43,15 @@ from ..weights_only import check_weights_only
 from .lightning_hparams import hyperparameter_entries, plain_hyperparameters
 from .lightning_io import DurableCheckpointIO, PauseFileReader
 from .lightning_loaders import check_train_loaders
+from .lightning_metrics import logged_metrics_state, restore_logged_metrics
 from .lightning_pause_point import (
     PausePoint,
     end_epoch_on_resume,
+    end_restart,
     finish_batch_in_checkpoint,
     pause_point,
-    skip_following_validation,
+    restore_fit_loop,
+    stop_after_batch,
     undo_pending_validation_mark,
 )
 from .lightning_positions import DeliveredLoaderStates, LoaderPositionUnknown
@@ -75,6 +78,7 @@ class LightningPauseState(TypedDict):
     rng: list[RandomState]  # main-process RNG of each global rank, by rank
     pending_validation: bool  # the validation due after the paused batch is left to the resumed fit
     pending_epoch_end: bool  # the paused batch is its epoch's last; the epoch end is left to the resumed fit
+    metrics: dict[str, dict[str, Any]]  # the last logged metrics: "callback", "logged", "progress_bar"
 
 
 class ResumeCallback(Callback):
@@ -145,8 +149,10 @@ class ResumeCallback(Callback):
         self._writing_pause = False
         self._pending_rng: RandomState | None = None
         self._pending_point: PausePoint | None = None
+        self._pending_metrics: Any = None
         self._pause_point: PausePoint | None = None
         self._undo_validation_mark = False
+        self._in_resumed_epoch = False
         self._positions = DeliveredLoaderStates()
         self._handler = self._on_signal  # one bound method, so it can be recognised later
         self._previous: dict[signal.Signals, _Handler] = {}
@@ -264,8 +270,10 @@ class ResumeCallback(Callback):
         self._paused_at = None
         self._pending_rng = None
         self._pending_point = None
+        self._pending_metrics = None
         self._pause_point = None
         self._undo_validation_mark = False
+        self._in_resumed_epoch = False
         self._positions = DeliveredLoaderStates()
         self._install_reader(trainer)
         self._install_signals()
@@ -276,11 +284,13 @@ class ResumeCallback(Callback):
             return
         self._restore_signals()
         self._remove_reader(trainer)
+        restore_fit_loop(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """Restore the previous signal handlers and checkpoint IO (``teardown`` is not called on errors)."""
         self._restore_signals()
         self._remove_reader(trainer)
+        restore_fit_loop(trainer)
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Take the signals back from Lightning's handler."""
@@ -304,11 +314,21 @@ class ResumeCallback(Callback):
             # generators, and the validation left pending by the pause runs next.
             state, self._pending_rng = self._pending_rng, None
             restore_random_state(state, _cuda_device(pl_module))
+        metrics, self._pending_metrics = self._pending_metrics, None
+        if metrics is not None:
+            restore_logged_metrics(trainer, metrics, pl_module.device)
         point, self._pending_point = self._pending_point, None
         if point is not None:
             self._undo_validation_mark = point.validation
+            self._in_resumed_epoch = True
             if point.epoch_end and not point.validation:
                 end_epoch_on_resume(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """End Lightning's restart with the epoch the pause interrupted."""
+        if self._in_resumed_epoch:
+            self._in_resumed_epoch = False
+            end_restart(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """After the validation left pending by the pause: put the validation counters back in step."""
@@ -353,6 +373,7 @@ class ResumeCallback(Callback):
             validation=bool(entry.get("pending_validation", False)),
             epoch_end=bool(entry.get("pending_epoch_end", False)),
         )
+        self._pending_metrics = entry.get("metrics")
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -381,8 +402,8 @@ class ResumeCallback(Callback):
         self._write_pause(trainer)
         self._request = None
         self._paused_at = trainer.global_step
-        skip_following_validation(trainer)
         trainer.should_stop = True
+        stop_after_batch(trainer)
         rank_zero_info(f"ResumeCallback: paused at step {trainer.global_step}; pause file {self.path}")
 
     def on_save_checkpoint(
@@ -401,6 +422,7 @@ class ResumeCallback(Callback):
                 "rng": _gather_by_rank(trainer, random_state(_cuda_device(pl_module))),
                 "pending_validation": point.validation,
                 "pending_epoch_end": point.epoch_end,
+                "metrics": logged_metrics_state(trainer),
             }
             checkpoint[PAUSE_KEY] = entry
 

@@ -7,8 +7,11 @@ batch the epoch end (``on_train_epoch_end`` hooks, epoch-interval schedulers).
 
 Lightning restarts from a checkpoint taken at ``on_train_batch_end`` by *skipping*
 the validation due at that batch (it assumes it ran) and, at an epoch's last batch,
-by skipping the epoch end. So the paused process skips that validation (preemption
-leaves little time; ``fit`` returns right after the batch) and the pause file
+by skipping the epoch end. So the paused process stops right after the batch: it
+skips that validation and the epoch end Lightning runs when ``should_stop`` is set
+(preemption leaves little time, and their effects, such as a ``ModelCheckpoint``
+file saved with the previous validation's metrics, belong to the resumed fit),
+and ``fit`` returns. The pause file
 describes the batch as finished and the validation as started but not run, a state
 Lightning restarts from by running that validation before anything else. At an
 epoch's last batch without validation, the resumed callback tells the epoch loop
@@ -29,9 +32,11 @@ import pytorch_lightning as pl
 __all__ = [
     "PausePoint",
     "end_epoch_on_resume",
+    "end_restart",
     "finish_batch_in_checkpoint",
     "pause_point",
-    "skip_following_validation",
+    "restore_fit_loop",
+    "stop_after_batch",
     "undo_pending_validation_mark",
 ]
 
@@ -51,9 +56,25 @@ def pause_point(trainer: pl.Trainer) -> PausePoint:
     return PausePoint(validation=validation, epoch_end=bool(epoch_loop._num_ready_batches_reached()))
 
 
-def skip_following_validation(trainer: pl.Trainer) -> None:
-    """Make the epoch loop skip the validation due after the current batch (the paused process)."""
+def stop_after_batch(trainer: pl.Trainer) -> None:
+    """In the paused process: skip the validation and the epoch end that follow the current batch.
+
+    Call with ``trainer.should_stop`` set; undo with :func:`restore_fit_loop` when
+    ``fit`` ends (also on errors), so the trainer's next ``fit`` is unaffected.
+    """
     trainer.fit_loop.epoch_loop._skip_next_val = True
+    fit_loop = trainer.fit_loop
+
+    def skip_epoch_end_once() -> None:
+        # The epoch end (hooks, epoch counters) of the interrupted epoch runs in the resumed fit.
+        restore_fit_loop(trainer)
+
+    fit_loop.on_advance_end = skip_epoch_end_once  # type: ignore[method-assign]
+
+
+def restore_fit_loop(trainer: pl.Trainer) -> None:
+    """Undo :func:`stop_after_batch`'s change to the fit loop, if still in place."""
+    vars(trainer.fit_loop).pop("on_advance_end", None)
 
 
 def finish_batch_in_checkpoint(checkpoint: dict[str, Any], point: PausePoint) -> None:
@@ -89,6 +110,18 @@ def end_epoch_on_resume(trainer: pl.Trainer) -> None:
     without pulling another batch.
     """
     trainer.fit_loop.epoch_loop.val_loop._has_run = True
+
+
+def end_restart(trainer: pl.Trainer) -> None:
+    """At the end of the epoch the pause interrupted (in the resumed fit): leave Lightning's restart mode.
+
+    Lightning stays in restart mode until the restored epoch ends, and skips the
+    metric-based epoch schedulers then, because its checkpoints do not hold the
+    metrics; the pause file does, so they step as in the uninterrupted fit. A resume
+    that only ran the pending validation and epoch end has trained no batch, and a
+    loop left restarting would take the next epoch for the restored one.
+    """
+    trainer.fit_loop.restarting = False
 
 
 def undo_pending_validation_mark(trainer: pl.Trainer) -> None:
