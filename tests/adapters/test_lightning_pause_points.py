@@ -21,7 +21,7 @@ except ImportError:
 SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {
     # 4 batches per epoch, validation after each epoch.
     "last_batch_of_an_epoch_with_validation": ({}, 4),
-    "last_batch_of_a_later_epoch_with_validation": ({}, 8),
+    "last_batch_of_a_later_epoch_with_validation_and_max_steps": ({"max_steps": 10, "max_epochs": -1}, 8),
     "mid_epoch_with_per_epoch_validation": ({}, 6),
     "last_batch_of_an_epoch_without_validation": ({"limit_val_batches": 0}, 4),
     # One endless epoch, validation every 2 batches.

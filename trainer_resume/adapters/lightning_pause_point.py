@@ -121,7 +121,10 @@ def end_restart(trainer: pl.Trainer) -> None:
     that only ran the pending validation and epoch end has trained no batch, and a
     loop left restarting would take the next epoch for the restored one.
     """
-    trainer.fit_loop.restarting = False
+    fit_loop = trainer.fit_loop
+    fit_loop.epoch_loop.restarting = False  # and the loops below it
+    # Not the fit loop's setter: it keeps restarting on for iteration-based training (max_steps).
+    fit_loop._restarting = False
 
 
 def undo_pending_validation_mark(trainer: pl.Trainer) -> None:
