@@ -25,9 +25,15 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 class StepGuard:
-    """Per-trainer lock, step counter and pause/lock flags."""
+    """Per-trainer lock, step counter and pause/lock flags.
 
-    def __init__(self) -> None:
+    Args:
+        at_boundary: Called with the trainer after an outermost step completes when a
+            pause may be due; it writes a pending pause (the mixin's boundary check).
+    """
+
+    def __init__(self, at_boundary: Callable[[Any], object]) -> None:
+        self.at_boundary = at_boundary
         self.lock = threading.RLock()
         self.depth = 0  # nesting of @training_step calls in the thread holding the lock
         self.completed_steps = 0
@@ -40,6 +46,8 @@ class StepGuard:
         # When the decision to pause is collective (all ranks at the same step), the
         # boundary hook must run after every step, not only after a local request.
         self.check_every_boundary = False
+        # The trainer's ResumePoints, if it takes resume points (see resume_points.py).
+        self.points: Any = None
         # pause()/resume() from another thread would otherwise starve: a thread running
         # steps in a loop re-acquires the lock before a waiting thread wakes up.
         self.exclusive_waiters = 0
@@ -125,8 +133,14 @@ def training_step(method: _Method) -> _Method:
             guard.completed_steps += 1
             guard.failed = False
             # Under a process group every boundary is a collective agreement on pausing.
-            if guard.requested_path is not None or guard.check_every_boundary or is_distributed():
-                self._pause_at_step_boundary()
+            points = guard.points
+            if (
+                guard.requested_path is not None
+                or guard.check_every_boundary
+                or is_distributed()
+                or (points is not None and points.wants_boundary(guard.completed_steps))
+            ):
+                guard.at_boundary(self)
             return result
 
     return wrapper  # type: ignore[return-value]

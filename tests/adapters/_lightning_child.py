@@ -126,9 +126,14 @@ class LoopsRegressor(Regressor):
         self.log("val_loss", loss)
 
 
-def build_epoch_loader(*, workers: int, size: int = 24, batch_size: int = 4) -> ResumableDataLoader:
-    """Shuffled epochs that end (``len`` = batches per epoch), resumable at any batch."""
+def build_epoch_loader(
+    *, workers: int, size: int = 24, batch_size: int = 4, bundled_sampler: bool = False
+) -> ResumableDataLoader:
+    """Shuffled epochs that end (``len`` = batches per epoch), resumable at any batch: the
+    DataLoader drop-in (``shuffle=True``) or the bundled per-epoch batch sampler."""
     dataset = AugmentedDataset(size)
+    if not bundled_sampler:
+        return ResumableDataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers, resumable=True)
     batches = build_batch_sampler(
         "naive", dataset, batch_size, repeat=False, shuffle=True, drop_last=False, resumable=True
     )
@@ -264,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val-check-interval", type=float, default=1.0)
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--max-epochs", type=int, default=-1)
-    parser.add_argument("--epoch-loader", action="store_true")
+    parser.add_argument("--epoch-loader", choices=["drop-in", "batch-sampler"], default=None)
     parser.add_argument("--two-loaders", action="store_true")
     parser.add_argument("--dictconfig", action="store_true")
     args = parser.parse_args(argv)
@@ -279,7 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     np.random.seed(SEED)
     loops = args.validate or args.accumulate > 1 or args.epoch_loader or args.two_loaders or args.dictconfig
     model = LoopsRegressor(dictconfig=args.dictconfig) if loops else Regressor()
-    build = build_epoch_loader if args.epoch_loader else build_loader
+    def build(**options: Any) -> Any:
+        if args.epoch_loader is None:
+            return build_loader(**options)
+        return build_epoch_loader(bundled_sampler=args.epoch_loader == "batch-sampler", **options)
+
     loader: Any = build(workers=args.workers)
     if args.two_loaders:
         loader = {"a": loader, "b": build(workers=args.workers, size=32, batch_size=2)}

@@ -111,11 +111,11 @@ def test_plain_lightning_checkpoint_equals_lightnings_own_file_of_the_same_run(f
     assert ours["hparams_type"] is lightnings["hparams_type"]
 
 
-def test_plain_lightning_checkpoint_of_a_pause_file_drops_the_pause_state_and_saves_as_a_lightning_file(
+def test_plain_lightning_checkpoint_of_a_pause_file_saves_as_a_file_lightning_loads(
     files: Path, tmp_path: Path
 ) -> None:
     plain = plain_lightning_checkpoint(files / "durable-pause.ckpt", key=KEY)
-    assert "trainer_resume" not in plain and plain["global_step"] == 2
+    assert plain["global_step"] == 2 and isinstance(plain["hyper_parameters"], DictConfig)
     torch.save(plain, tmp_path / "exported.ckpt")
     model = ConfiguredModel.load_from_checkpoint(tmp_path / "exported.ckpt", weights_only=False)
     assert first_difference(plain["state_dict"], model.state_dict()) is None

@@ -25,12 +25,8 @@ from trainer_resume.errors import (
     UnsafeCheckpointError,
 )
 
-try:
-    from . import _lightning_child as child
-    from . import _lightning_procs as procs
-except ImportError:
-    import _lightning_child as child
-    import _lightning_procs as procs
+import _lightning_child as child
+import _lightning_procs as procs
 
 
 class _WithHyperparameters(child.Regressor):

@@ -15,10 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-try:
-    from . import _lightning_procs as procs
-except ImportError:
-    import _lightning_procs as procs
+import _lightning_procs as procs
 
 pytestmark = pytest.mark.slow
 
@@ -150,11 +147,20 @@ LOOP_SCENARIOS: dict[str, tuple[list[str], str, int]] = {
         "STEP 4",
         4,
     ),
-    # 6 batches per (sized, shuffled) epoch, validation at its middle: the pause on that step.
+    # 6 batches per epoch (the bundled per-epoch batch sampler), validation at its middle
+    # and end: the pause on the middle one; the resumed fit crosses into the next epoch.
     "val_check_interval_step": (
-        ["--steps", "6", "--epoch-loader", "--validate", "--val-check-interval", "0.5", "--pause-step", "3"],
+        ["--steps", "9", "--epoch-loader", "batch-sampler", "--validate", "--val-check-interval", "0.5",
+         "--pause-step", "3"],
         "STEP 3",
         3,
+    ),
+    # max_epochs=3 of the shuffled drop-in loader with 2 workers (6 batches per epoch),
+    # the pause in the middle of the second epoch.
+    "epochs_of_the_drop_in_loader": (
+        ["--steps", "-1", "--max-epochs", "3", "--epoch-loader", "drop-in", "--pause-step", "8"],
+        "STEP 8",
+        8,
     ),
     # Accumulation over 2 batches; SIGTERM after batch 5 (mid-accumulation): the pause
     # is deferred to batch 6, the optimizer step 3.
@@ -206,5 +212,9 @@ def test_sigterm_pause_and_resume_with_validation_accumulation_and_several_loade
     _assert_same_tensors(reference["val_losses"], {**paused["val_losses"], **resumed["val_losses"]},
                          "validation batch")
     assert not any(key.startswith(f"s{pause_step}b") for key in paused["val_losses"])
+    if "--max-epochs" in options:
+        epochs = int(options[options.index("--max-epochs") + 1])
+        per_epoch = [sum(key.startswith(f"e{epoch}b") for key in reference["batch_losses"]) for epoch in range(epochs)]
+        assert per_epoch == [6] * epochs
     _assert_same_tensors(reference["model"], resumed["model"], "weight")
     _assert_optimizer_states_equal(reference["optimizer"], resumed["optimizer"])

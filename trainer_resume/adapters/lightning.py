@@ -41,8 +41,9 @@ from .lightning_callback import (  # noqa: E402
     LightningPauseState,
     ResumeCallback,
 )
-from .lightning_files import load_from_checkpoint, plain_lightning_checkpoint  # noqa: E402
+from .lightning_files import plain_lightning_checkpoint  # noqa: E402
 from .lightning_io import DurableCheckpointIO  # noqa: E402
+from .lightning_loading import load_from_checkpoint  # noqa: E402
 
 __all__ = [
     "ResumeCallback",

@@ -1,107 +1,134 @@
-"""Our Lightning files as plain Lightning checkpoints.
+"""Lightning checkpoints as plain data: recognising them and writing them for Lightning's own tools.
 
-Pause files and files written through :class:`DurableCheckpointIO` carry a verified
-header in front of the ``torch.save`` archive, so ``torch.load`` and Lightning's own
-``LightningModule.load_from_checkpoint`` cannot read them (torch then reports
-``Weights only load failed ... Unsupported operand`` and suggests
-``weights_only=False``, which would not help). :func:`plain_lightning_checkpoint`
-reads one verified and returns the dict Lightning itself would have written;
-:func:`load_from_checkpoint` builds a module from it the way Lightning's does.
+A Lightning checkpoint is the dict ``Trainer.save_checkpoint`` writes
+(``"state_dict"``, ``"pytorch-lightning_version"``, ``"global_step"``, ``"epoch"``,
+``"loops"``, ``"optimizer_states"``...). trainer-resume stores it in its verified
+file format (``DurableCheckpointIO``, ``ResumeCallback``'s pause file, which adds
+the ``"trainer_resume"`` entry), which ``torch.load`` and
+``LightningModule.load_from_checkpoint`` cannot open. :func:`write_plain_checkpoint`
+verifies such a file and writes the same dict as a plain ``torch.save`` file that
+they can; :func:`plain_lightning_checkpoint` returns the dict Lightning itself would
+have written (OmegaConf hyper-parameters rebuilt as configs), for loading in memory.
+
+This module does not import ``pytorch_lightning``: the files are plain data, so the
+command line can describe and convert them where Lightning is not installed.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
-import pytorch_lightning as pl
-from pytorch_lightning.core.saving import _default_map_location, _load_state
-from pytorch_lightning.utilities.migration.utils import _pl_migrate_checkpoint
+import torch
 
-from .lightning_io import DurableCheckpointIO
+from .._atomic import TempFile, replace_atomically
+from ..durable import load_checkpoint
+from ..errors import CheckpointFormatError
+from .lightning_hparams import rebuilt_hyperparameters
 
-__all__ = ["load_from_checkpoint", "plain_lightning_checkpoint"]
+__all__ = [
+    "LIGHTNING_PAUSE_FORMAT",
+    "PAUSE_KEY",
+    "is_lightning_checkpoint",
+    "plain_checkpoint",
+    "plain_lightning_checkpoint",
+    "save_plain_checkpoint",
+    "write_plain_checkpoint",
+]
 
-# What a pause file adds to Lightning's checkpoint (ResumeCallback's PAUSE_KEY);
-# spelled here too so that this module does not import the callback.
-_PAUSE_KEY = "trainer_resume"
+PAUSE_KEY = "trainer_resume"  # the entry a pause file adds to Lightning's checkpoint
+LIGHTNING_PAUSE_FORMAT = "trainer_resume.lightning_pause/1"
+_VERSION_KEY = (
+    "pytorch-lightning_version"  # written by every Trainer.save_checkpoint / dump_checkpoint
+)
 
-ModuleT = TypeVar("ModuleT", bound=pl.LightningModule)
+
+def is_lightning_checkpoint(content: Any) -> bool:
+    """Whether ``content`` is a checkpoint dict written by a Lightning ``Trainer``."""
+    return isinstance(content, Mapping) and _VERSION_KEY in content and "state_dict" in content
+
+
+def plain_checkpoint(content: Any, source: str) -> dict[str, Any]:
+    """Return the loaded Lightning checkpoint ``content`` as the dict Lightning reads.
+
+    Everything is kept, the pause entry included (plain data: Lightning ignores it,
+    and ``ResumeCallback`` still resumes exactly from the plain file).
+
+    Raises:
+        CheckpointFormatError: ``content`` is not a Lightning checkpoint (321).
+    """
+    if not is_lightning_checkpoint(content):
+        raise CheckpointFormatError(
+            f"{source} is not a Lightning checkpoint (no {_VERSION_KEY!r} and 'state_dict' entries)"
+        )
+    return dict(content)
+
+
+def save_plain_checkpoint(checkpoint: Mapping[str, Any], out: str | os.PathLike[str]) -> None:
+    """Write ``checkpoint`` to ``out`` as a plain ``torch.save`` file, durably.
+
+    Temp file next to ``out``, fsync, atomic replace, directory fsync: a failure
+    leaves the previous ``out`` intact.
+
+    Raises:
+        CheckpointWriteError: writing failed (327); the cause is chained.
+    """
+
+    def fill(handle: TempFile) -> None:
+        torch.save(checkpoint, handle)
+
+    replace_atomically(os.fspath(out), fill)
+
+
+def write_plain_checkpoint(
+    path: str | os.PathLike[str], out: str | os.PathLike[str], *, key: bytes | None = None
+) -> None:
+    """Verify the trainer-resume Lightning file ``path``; write it to ``out`` as a plain checkpoint.
+
+    The result loads with ``torch.load(out, weights_only=True)``,
+    ``LightningModule.load_from_checkpoint(out)`` and ``Trainer.fit(ckpt_path=out)``
+    without trainer-resume.
+
+    Args:
+        path: A pause file of ``ResumeCallback`` or a file written by ``DurableCheckpointIO``.
+        out: The plain checkpoint to write (replaced atomically).
+        key: The signing key, when the file is signed; its signature is then verified.
+
+    Raises:
+        CheckpointFormatError: ``path`` is not a trainer-resume Lightning file (321).
+        CheckpointCorruptedError, CheckpointSignatureError, UnsafeCheckpointError:
+            as :func:`trainer_resume.load_checkpoint` (322, 339, 328).
+        CheckpointWriteError: writing ``out`` failed (327).
+    """
+    source = os.fspath(path)
+    save_plain_checkpoint(plain_checkpoint(load_checkpoint(source, key=key), source), out)
 
 
 def plain_lightning_checkpoint(
-    path: str | os.PathLike[str], *, key: bytes | None = None, map_location: Any = None
+    path: str | os.PathLike[str], *, key: bytes | None = None, map_location: Any = "cpu"
 ) -> dict[str, Any]:
-    """Read a pause file or ``DurableCheckpointIO`` file as a plain Lightning checkpoint dict.
+    """Read a pause file or ``DurableCheckpointIO`` file as the checkpoint dict Lightning wrote.
 
-    The file is verified (and its signature checked with ``key``) and loaded
-    weights-only; OmegaConf hyper-parameters are rebuilt as configs and the pause
-    state (main-process RNG, config signature) is dropped. ``torch.save`` of the
-    result is a checkpoint that Lightning loads without trainer-resume (with
-    ``weights_only=False`` if the hyper-parameters are OmegaConf configs, as for any
-    Lightning checkpoint that holds them).
+    The file is verified (its signature too, with ``key``) and loaded weights-only;
+    OmegaConf hyper-parameters, stored as plain containers, are rebuilt as
+    ``DictConfig``/``ListConfig`` with their ``hparams_type``, as Lightning's own
+    checkpoint holds them. Everything else is kept, the pause entry included.
 
     Args:
         path: The file.
         key: The signing key the file was written with, if any.
-        map_location: As for ``torch.load``; ``None`` loads onto the CPU.
+        map_location: As for ``torch.load``.
 
     Returns:
         Lightning's checkpoint dict (``state_dict``, ``optimizer_states``, ``loops``...).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CheckpointFormatError: not a trainer-resume file, or not a dict (321).
-        CheckpointCorruptedError: truncated or altered bytes (322).
-        CheckpointSignatureError: ``key`` given and the signature is missing or wrong (339).
-        UnsafeCheckpointError: the file holds objects outside the weights-only set (328).
+        CheckpointFormatError: not a trainer-resume Lightning file (321).
+        CheckpointCorruptedError, CheckpointSignatureError, UnsafeCheckpointError:
+            as :func:`trainer_resume.load_checkpoint` (322, 339, 328).
     """
-    checkpoint = DurableCheckpointIO(key=key).load_checkpoint(path, map_location=map_location)
-    checkpoint.pop(_PAUSE_KEY, None)
-    return checkpoint
-
-
-def load_from_checkpoint(
-    cls: type[ModuleT],
-    path: str | os.PathLike[str],
-    *,
-    map_location: Any = None,
-    strict: bool | None = None,
-    key: bytes | None = None,
-    **kwargs: Any,
-) -> ModuleT:
-    """``cls.load_from_checkpoint(path, ...)`` for a pause file or ``DurableCheckpointIO`` file.
-
-    The file is verified and loaded weights-only (:func:`plain_lightning_checkpoint`),
-    then the module is built exactly as Lightning's ``load_from_checkpoint`` builds
-    it: ``cls(**hyper_parameters, **kwargs)``, ``load_state_dict(..., strict)``,
-    ``on_load_checkpoint``, moved to the device of the stored weights.
-
-    Args:
-        cls: The ``LightningModule`` subclass.
-        path: The file.
-        map_location: As for ``torch.load``; ``None`` behaves as Lightning's default
-            (CUDA tensors load onto the CPU when CUDA is not available).
-        strict: As for ``LightningModule.load_from_checkpoint``.
-        key: The signing key the file was written with, if any.
-        **kwargs: Override saved hyper-parameters, as in Lightning's.
-
-    Returns:
-        The module.
-
-    Raises:
-        The errors of :func:`plain_lightning_checkpoint`.
-    """
-    if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
-        raise TypeError(f"cls must be a LightningModule subclass, got {cls!r}")
-    checkpoint = plain_lightning_checkpoint(
-        path, key=key, map_location=map_location if map_location is not None else _default_map_location
-    )
-    # The same steps as pytorch_lightning.core.saving._load_from_checkpoint after its torch.load.
-    checkpoint = _pl_migrate_checkpoint(checkpoint, checkpoint_path=os.fspath(path))
-    checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {})
-    checkpoint[cls.CHECKPOINT_HYPER_PARAMS_KEY].update(kwargs)
-    model = _load_state(cls, checkpoint, strict=strict, **kwargs)
-    state_dict = checkpoint["state_dict"]
-    tensors = [value for value in state_dict.values() if hasattr(value, "device")]
-    return model.to(tensors[0].device) if tensors else model
+    source = os.fspath(path)
+    loaded = load_checkpoint(source, map_location=map_location, key=key)
+    return rebuilt_hyperparameters(plain_checkpoint(loaded, source))

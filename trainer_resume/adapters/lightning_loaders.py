@@ -22,9 +22,9 @@ from ..loaders import ResumableDataLoader
 __all__ = ["check_train_loaders"]
 
 _FIX = (
-    "use trainer_resume.loaders.ResumableDataLoader(..., resumable=True) with "
-    "sampler=InfiniteRandomSampler(dataset, resumable=True) (one endless stream) or "
-    "batch_sampler=build_batch_sampler(..., repeat=False, resumable=True) (epochs)"
+    "use trainer_resume.loaders.ResumableDataLoader(dataset, ..., resumable=True), DataLoader's "
+    "drop-in (shuffle=True and torch's samplers give epochs; sampler=InfiniteRandomSampler(dataset, "
+    "resumable=True) one endless stream)"
 )
 
 
