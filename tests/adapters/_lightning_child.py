@@ -38,15 +38,17 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from omegaconf import OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
-from torch.utils.data import Dataset
-
-from omegaconf import OmegaConf
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from trainer_resume.adapters.lightning import DurableCheckpointIO, ResumeCallback
-from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader, build_batch_sampler
+from trainer_resume.loaders import (
+    InfiniteRandomSampler,
+    ResumableDataLoader,
+    build_batch_sampler,
+)
 
 SEED = 1234
 FEATURES = 8

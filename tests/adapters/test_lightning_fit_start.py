@@ -13,7 +13,11 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from trainer_resume.adapters.lightning import ResumeCallback
-from trainer_resume.errors import RunFinishedError, UnsafeCheckpointError, UnsupportedResumeConfigurationError
+from trainer_resume.errors import (
+    RunFinishedError,
+    UnsafeCheckpointError,
+    UnsupportedResumeConfigurationError,
+)
 from trainer_resume.finished import run_finished
 from trainer_resume.loaders import ResumableDataLoader
 

@@ -86,7 +86,7 @@ def test_pause_and_resume_continue_as_the_uninterrupted_fit(
 
     record: list[Any] = []
     trace.seed_everything()
-    _, paused_trainer, callback, _ = trace.fit(tmp_path, record, pause_at_batch=pause_at, **options)
+    _, _, callback, _ = trace.fit(tmp_path, record, pause_at_batch=pause_at, **options)
     assert callback is not None and callback.paused
     paused_record = list(record)
     # The paused process ends right after the paused batch: no validation, no epoch end.

@@ -383,6 +383,8 @@ class ResumeCallback(Callback):
                 f"the trainer went on after the pause at step {self._paused_at} (Trainer min_epochs/min_steps "
                 f"not met, so trainer.should_stop was ignored); resume from {self.path}"
             )
+        # The pending validation ran before this batch, or had no batch to run.
+        self._undo_validation_mark = False
         self._positions.on_train_batch_start(trainer)
 
     def on_train_batch_end(
