@@ -18,13 +18,28 @@ from .errors import UnsafeCheckpointError
 __all__ = ["check_weights_only", "unsafe_entry"]
 
 # Exact types: a subclass (IntEnum, a NumPy scalar, a namedtuple) pickles as its own class.
-_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device, torch.Size)
+_LEAVES = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    bytearray,
+    torch.dtype,
+    torch.device,
+    torch.Size,
+)
 _CONTAINERS = (dict, OrderedDict, list, tuple, set)
 
 
 def _allowed_by_user(value: Any) -> bool:
     # Classes the user allowed with torch.serialization.add_safe_globals.
-    allowed = [entry[0] if isinstance(entry, tuple) else entry for entry in torch.serialization.get_safe_globals()]
+    allowed = [
+        entry[0] if isinstance(entry, tuple) else entry
+        for entry in torch.serialization.get_safe_globals()
+    ]
     return any(isinstance(entry, type) and type(value) is entry for entry in allowed)
 
 
@@ -44,8 +59,9 @@ def unsafe_entry(value: Any, path: str = "") -> str | None:
     if kind in _CONTAINERS:
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, item in items:
-            if isinstance(value, dict) and not (type(key) in _LEAVES):
-                return f"{path or '<root>'} key {key!r} ({type(key).__module__}.{type(key).__qualname__})"
+            if isinstance(value, dict) and type(key) not in _LEAVES:
+                kind_of_key = f"{type(key).__module__}.{type(key).__qualname__}"
+                return f"{path or '<root>'} key {key!r} ({kind_of_key})"
             found = unsafe_entry(item, f"{path}.{key}" if path else str(key))
             if found is not None:
                 return found
@@ -68,6 +84,7 @@ def check_weights_only(value: Any, *, where: str) -> None:
     found = unsafe_entry(value)
     if found is not None:
         raise UnsafeCheckpointError(
-            f"{where}: {found} would be refused when loading; store plain values (tensors, numbers, str, "
+            f"{where}: {found} would be refused when loading; store plain values "
+            "(tensors, numbers, str, "
             "lists, dicts) or allow the class with torch.serialization.add_safe_globals"
         )

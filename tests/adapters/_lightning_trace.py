@@ -35,14 +35,18 @@ class Traced(child.Regressor):
     ``monitor``, with the metrics of the validation just before.
     """
 
-    def __init__(self, record: list[tuple[Any, ...]], config: Any = child.CONFIG, monitor: str = "val_loss") -> None:
+    def __init__(
+        self, record: list[tuple[Any, ...]], config: Any = child.CONFIG, monitor: str = "val_loss"
+    ) -> None:
         super().__init__(config)
         self.record = record
         self.monitor = monitor
 
     def configure_optimizers(self) -> Any:
         configured = super().configure_optimizers()
-        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(configured["optimizer"], patience=0, factor=0.5)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            configured["optimizer"], patience=0, factor=0.5
+        )
         return [configured["optimizer"]], [
             configured["lr_scheduler"],
             {"scheduler": plateau, "interval": "epoch", "monitor": self.monitor},
@@ -50,7 +54,9 @@ class Traced(child.Regressor):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = super().training_step(batch, batch_idx)
-        self.record.append(("train", self.global_step, self.current_epoch, batch_idx, loss.detach().clone()))
+        self.record.append(
+            ("train", self.global_step, self.current_epoch, batch_idx, loss.detach().clone())
+        )
         self.log("train_loss", loss, on_step=True, on_epoch=False)
         return loss
 
@@ -58,7 +64,9 @@ class Traced(child.Regressor):
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y) + 0.01 * torch.rand(())
         if not self.trainer.sanity_checking:
-            self.record.append(("val", self.global_step, self.current_epoch, batch_idx, loss.clone()))
+            self.record.append(
+                ("val", self.global_step, self.current_epoch, batch_idx, loss.clone())
+            )
         self.log("val_loss", loss, on_epoch=True)
 
     def on_train_epoch_start(self) -> None:
@@ -74,7 +82,7 @@ class Traced(child.Regressor):
 
 
 class RequestPauseAt(pl.Callback):
-    """Asks ``resume`` for a pause after the ``batch``-th training batch (1-based, counted over the fit)."""
+    """Asks ``resume`` for a pause after the ``batch``-th training batch of the fit (1-based)."""
 
     def __init__(self, batch: int, resume: ResumeCallback) -> None:
         self.batch = batch
@@ -113,7 +121,9 @@ def fit(
     model = Traced(record, config, monitor)
     loader = train() if train is not None else child.build_loader(workers=0)
     monitors: list[pl.Callback] = [
-        ModelCheckpoint(dirpath=directory / "ckpts", monitor=monitor, save_top_k=2, filename="{step}"),
+        ModelCheckpoint(
+            dirpath=directory / "ckpts", monitor=monitor, save_top_k=2, filename="{step}"
+        ),
         EarlyStopping(monitor=monitor, patience=100),
     ]
     callbacks: list[pl.Callback] = list(monitors)

@@ -62,11 +62,17 @@ class _PauseAt(pl.Callback):
 
 def _train(directory: Path, name: str, plugins: list[Any]) -> None:
     torch.manual_seed(child.SEED)
-    checkpoints = ModelCheckpoint(dirpath=directory, filename=name, every_n_train_steps=2,
-                                  enable_version_counter=False)
+    checkpoints = ModelCheckpoint(
+        dirpath=directory, filename=name, every_n_train_steps=2, enable_version_counter=False
+    )
     resume = ResumeCallback(directory / f"{name}-pause.ckpt")
-    trainer = child.build_trainer(steps=3, epoch_batches=0, callbacks=[checkpoints, _PauseAt(2, resume), resume],
-                                  checkpointing=True, plugins=plugins)
+    trainer = child.build_trainer(
+        steps=3,
+        epoch_batches=0,
+        callbacks=[checkpoints, _PauseAt(2, resume), resume],
+        checkpointing=True,
+        plugins=plugins,
+    )
     trainer.fit(ConfiguredModel(OmegaConf.create(child.CONFIG)), child.build_loader(workers=0))
 
 
@@ -80,7 +86,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _module_state(model: pl.LightningModule) -> dict[str, Any]:
-    return {"weights": model.state_dict(), "hparams": OmegaConf.to_container(model.hparams), "device": model.device}
+    return {
+        "weights": model.state_dict(),
+        "hparams": OmegaConf.to_container(model.hparams),
+        "device": model.device,
+    }
 
 
 def test_load_from_checkpoint_gives_what_lightning_gives_for_the_plain_file(files: Path) -> None:
@@ -91,7 +101,9 @@ def test_load_from_checkpoint_gives_what_lightning_gives_for_the_plain_file(file
     assert ours.training == lightnings.training
 
 
-def test_load_from_checkpoint_reads_a_pause_file_and_takes_hyperparameter_overrides(files: Path) -> None:
+def test_load_from_checkpoint_reads_a_pause_file_and_takes_hyperparameter_overrides(
+    files: Path,
+) -> None:
     model = load_from_checkpoint(ConfiguredModel, files / "durable-pause.ckpt", key=KEY)
     paused = plain_lightning_checkpoint(files / "durable-pause.ckpt", key=KEY)
     assert first_difference(paused["state_dict"], model.state_dict()) is None
@@ -105,7 +117,14 @@ def test_plain_lightning_checkpoint_equals_lightnings_own_file_of_the_same_run(f
     ours = plain_lightning_checkpoint(files / "durable.ckpt", key=KEY)
     lightnings = torch.load(files / "plain.ckpt", weights_only=False)
     assert sorted(ours) == sorted(lightnings)
-    for name in ("state_dict", "optimizer_states", "lr_schedulers", "loops", "global_step", "epoch"):
+    for name in (
+        "state_dict",
+        "optimizer_states",
+        "lr_schedulers",
+        "loops",
+        "global_step",
+        "epoch",
+    ):
         assert first_difference(lightnings[name], ours[name]) is None, name
     assert ours["hyper_parameters"] == lightnings["hyper_parameters"]
     assert ours["hparams_type"] is lightnings["hparams_type"]
@@ -121,7 +140,9 @@ def test_plain_lightning_checkpoint_of_a_pause_file_saves_as_a_file_lightning_lo
     assert first_difference(plain["state_dict"], model.state_dict()) is None
 
 
-def test_our_files_are_refused_without_their_key_and_foreign_files_with_a_format_error(files: Path) -> None:
+def test_our_files_are_refused_without_their_key_and_foreign_files_with_a_format_error(
+    files: Path,
+) -> None:
     with pytest.raises(CheckpointSignatureError):
         plain_lightning_checkpoint(files / "durable.ckpt", key=b"another key")
     with pytest.raises(CheckpointFormatError) as caught:
@@ -129,15 +150,29 @@ def test_our_files_are_refused_without_their_key_and_foreign_files_with_a_format
     assert caught.value.code == 321
 
 
-@pytest.mark.parametrize(("stage", "name"), [("validate", "durable.ckpt"), ("test", "durable-pause.ckpt")])
-def test_trainer_validate_and_test_read_our_files_through_the_plugin(stage: str, name: str, files: Path) -> None:
-    options: dict[str, Any] = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False,
-                               "enable_model_summary": False}
+@pytest.mark.parametrize(
+    ("stage", "name"), [("validate", "durable.ckpt"), ("test", "durable-pause.ckpt")]
+)
+def test_trainer_validate_and_test_read_our_files_through_the_plugin(
+    stage: str, name: str, files: Path
+) -> None:
+    options: dict[str, Any] = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
     with_file = pl.Trainer(plugins=[DurableCheckpointIO(key=KEY)], **options)
     torch.manual_seed(0)
-    [from_file] = getattr(with_file, stage)(ConfiguredModel(OmegaConf.create(child.CONFIG)),
-                                             dataloaders=_eval_loader(), ckpt_path=files / name, verbose=False)
+    [from_file] = getattr(with_file, stage)(
+        ConfiguredModel(OmegaConf.create(child.CONFIG)),
+        dataloaders=_eval_loader(),
+        ckpt_path=files / name,
+        verbose=False,
+    )
 
     loaded = load_from_checkpoint(ConfiguredModel, files / name, key=KEY)
-    [direct] = getattr(pl.Trainer(**options), stage)(loaded, dataloaders=_eval_loader(), verbose=False)
+    [direct] = getattr(pl.Trainer(**options), stage)(
+        loaded, dataloaders=_eval_loader(), verbose=False
+    )
     assert from_file == direct and len(direct) == 1

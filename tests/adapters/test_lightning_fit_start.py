@@ -34,8 +34,14 @@ class _Counting(child.Regressor):
             self.save_hyperparameters(hparams)
 
 
-def _fit(directory: Path, loader: Any, *, model: child.Regressor | None = None, steps: int = 3,
-         **callback_options: Any) -> tuple[child.Regressor, pl.Trainer, ResumeCallback]:
+def _fit(
+    directory: Path,
+    loader: Any,
+    *,
+    model: child.Regressor | None = None,
+    steps: int = 3,
+    **callback_options: Any,
+) -> tuple[child.Regressor, pl.Trainer, ResumeCallback]:
     torch.manual_seed(child.SEED)
     model = model or _Counting()
     resume = ResumeCallback(directory / "pause.ckpt", **callback_options)
@@ -58,13 +64,17 @@ def _plain_loader() -> DataLoader:
     return DataLoader(child.AugmentedDataset(16), batch_size=4, shuffle=True)
 
 
-def test_a_plain_dataloader_is_refused_when_fit_starts_naming_the_resumable_loader(tmp_path: Path) -> None:
+def test_a_plain_dataloader_is_refused_when_fit_starts_naming_the_resumable_loader(
+    tmp_path: Path,
+) -> None:
     model = _Counting()
     with pytest.raises(UnsupportedResumeConfigurationError) as caught:
         _fit(tmp_path, _plain_loader(), model=model)
     assert caught.value.code == 332
     message = str(caught.value)
-    assert "(DataLoader)" in message and "ResumableDataLoader" in message and "strict=False" in message
+    assert (
+        "(DataLoader)" in message and "ResumableDataLoader" in message and "strict=False" in message
+    )
     assert model.training_steps == 0
 
 
@@ -92,7 +102,9 @@ def test_a_stateful_loader_the_library_cannot_vouch_for_gets_a_warning(tmp_path:
 
 def test_one_unsaveable_loader_among_several_is_refused_by_its_name(tmp_path: Path) -> None:
     loaders = {"a": child.build_loader(workers=0), "b": _plain_loader()}
-    with pytest.raises(UnsupportedResumeConfigurationError, match=r"training loader 1 \(DataLoader\)"):
+    with pytest.raises(
+        UnsupportedResumeConfigurationError, match=r"training loader 1 \(DataLoader\)"
+    ):
         _fit(tmp_path, loaders)
 
 
@@ -112,9 +124,15 @@ def test_hyperparameters_a_pause_file_could_not_be_loaded_with_are_refused_befor
 
 def test_a_completed_fit_marks_the_run_finished_and_retires_the_pause_file(tmp_path: Path) -> None:
     callback = ResumeCallback(tmp_path / "pause.ckpt")
-    trainer = child.build_trainer(steps=4, epoch_batches=0, callbacks=[_RequestPauseAt(2, callback), callback])
+    trainer = child.build_trainer(
+        steps=4, epoch_batches=0, callbacks=[_RequestPauseAt(2, callback), callback]
+    )
     trainer.fit(_Counting(), child.build_loader(workers=0))
-    assert callback.paused and not callback.finished and callback.ckpt_path == str(tmp_path / "pause.ckpt")
+    assert (
+        callback.paused
+        and not callback.finished
+        and callback.ckpt_path == str(tmp_path / "pause.ckpt")
+    )
 
     _, trainer, resumed = _fit(tmp_path, child.build_loader(workers=0), steps=4)
     assert trainer.global_step == 4 and not resumed.paused
@@ -135,7 +153,9 @@ def test_a_new_fit_on_a_finished_run_is_refused_instead_of_training_again(tmp_pa
 
 def test_a_paused_fit_does_not_mark_the_run_finished(tmp_path: Path) -> None:
     callback = ResumeCallback(tmp_path / "pause.ckpt")
-    trainer = child.build_trainer(steps=4, epoch_batches=0, callbacks=[_RequestPauseAt(1, callback), callback])
+    trainer = child.build_trainer(
+        steps=4, epoch_batches=0, callbacks=[_RequestPauseAt(1, callback), callback]
+    )
     trainer.fit(_Counting(), child.build_loader(workers=0))
     assert callback.paused_at_step == 1
     assert not callback.finished and run_finished(tmp_path / "pause.ckpt") is None

@@ -21,13 +21,21 @@ except ImportError:
 SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {
     # 4 batches per epoch, validation after each epoch.
     "last_batch_of_an_epoch_with_validation": ({}, 4),
-    "last_batch_of_a_later_epoch_with_validation_and_max_steps": ({"max_steps": 10, "max_epochs": -1}, 8),
+    "last_batch_of_a_later_epoch_with_validation_and_max_steps": (
+        {"max_steps": 10, "max_epochs": -1},
+        8,
+    ),
     "mid_epoch_with_per_epoch_validation": ({}, 6),
     "last_batch_of_an_epoch_without_validation": ({"limit_val_batches": 0}, 4),
     # One endless epoch, validation every 2 batches.
     "validation_interval_step": (
-        {"max_steps": 8, "max_epochs": -1, "limit_train_batches": None, "val_check_interval": 2,
-         "check_val_every_n_epoch": None},
+        {
+            "max_steps": 8,
+            "max_epochs": -1,
+            "limit_train_batches": None,
+            "val_check_interval": 2,
+            "check_val_every_n_epoch": None,
+        },
         4,
     ),
     # The request at batch 5 lands mid-accumulation; the pause waits for batch 6.
@@ -43,7 +51,9 @@ def _monitor_states(monitors: list[Any]) -> list[Any]:
             if key in state:
                 state[key] = Path(state[key]).name if state[key] else state[key]
         if "best_k_models" in state:
-            state["best_k_models"] = {Path(path).name: score for path, score in state["best_k_models"].items()}
+            state["best_k_models"] = {
+                Path(path).name: score for path, score in state["best_k_models"].items()
+            }
         states.append(state)
     return states
 

@@ -47,11 +47,16 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return reference
 
 
-def _pause_then_resume(out: Path, mode: str, epoch_batches: int, pause_step: int) -> tuple[dict, dict, int]:
-    return _pause_then_resume_with(out, mode, _options(epoch_batches, pause_step), f"STEP {pause_step}")
+def _pause_then_resume(
+    out: Path, mode: str, epoch_batches: int, pause_step: int
+) -> tuple[dict, dict, int]:
+    options = _options(epoch_batches, pause_step)
+    return _pause_then_resume_with(out, mode, options, f"STEP {pause_step}")
 
 
-def _pause_then_resume_with(out: Path, mode: str, options: list[str], line: str) -> tuple[dict, dict, int]:
+def _pause_then_resume_with(
+    out: Path, mode: str, options: list[str], line: str
+) -> tuple[dict, dict, int]:
     status, lines = procs.run_and_signal(
         procs.child_command(mode, out, *options),
         out / f"stderr_{mode}.txt",
@@ -150,8 +155,8 @@ LOOP_SCENARIOS: dict[str, tuple[list[str], str, int]] = {
     # 6 batches per epoch (the bundled per-epoch batch sampler), validation at its middle
     # and end: the pause on the middle one; the resumed fit crosses into the next epoch.
     "val_check_interval_step": (
-        ["--steps", "9", "--epoch-loader", "batch-sampler", "--validate", "--val-check-interval", "0.5",
-         "--pause-step", "3"],
+        ["--steps", "9", "--epoch-loader", "batch-sampler", "--validate",
+         "--val-check-interval", "0.5", "--pause-step", "3"],
         "STEP 3",
         3,
     ),
@@ -195,7 +200,7 @@ def _assert_same_tensors(expected: dict[str, Any], actual: dict[str, Any], what:
 
 
 @pytest.mark.parametrize("scenario", list(LOOP_SCENARIOS))
-def test_sigterm_pause_and_resume_with_validation_accumulation_and_several_loaders_equal_uninterrupted_fit(
+def test_sigterm_pause_with_validation_accumulation_epochs_and_two_loaders_resumes_exactly(
     scenario: str, tmp_path: Path, loop_references: Any
 ) -> None:
     options, line, pause_step = LOOP_SCENARIOS[scenario]
@@ -206,15 +211,16 @@ def test_sigterm_pause_and_resume_with_validation_accumulation_and_several_loade
     assert status == 0 and paused["paused_at_step"] == pause_step
     # Every training batch, and every validation batch (with its draw from the global
     # RNG), at the same place: the paused process ran no validation after the pause.
-    _assert_same_tensors(reference["batch_losses"], {**paused["batch_losses"], **resumed["batch_losses"]},
-                         "training batch")
+    trained = {**paused["batch_losses"], **resumed["batch_losses"]}
+    _assert_same_tensors(reference["batch_losses"], trained, "training batch")
     assert not set(paused["batch_losses"]) & set(resumed["batch_losses"])
-    _assert_same_tensors(reference["val_losses"], {**paused["val_losses"], **resumed["val_losses"]},
-                         "validation batch")
+    validated = {**paused["val_losses"], **resumed["val_losses"]}
+    _assert_same_tensors(reference["val_losses"], validated, "validation batch")
     assert not any(key.startswith(f"s{pause_step}b") for key in paused["val_losses"])
     if "--max-epochs" in options:
         epochs = int(options[options.index("--max-epochs") + 1])
-        per_epoch = [sum(key.startswith(f"e{epoch}b") for key in reference["batch_losses"]) for epoch in range(epochs)]
-        assert per_epoch == [6] * epochs
+        for losses in (reference["batch_losses"], trained):
+            per_epoch = [sum(key.startswith(f"e{e}b") for key in losses) for e in range(epochs)]
+            assert per_epoch == [6] * epochs
     _assert_same_tensors(reference["model"], resumed["model"], "weight")
     _assert_optimizer_states_equal(reference["optimizer"], resumed["optimizer"])

@@ -75,9 +75,11 @@ class LightningPauseState(TypedDict):
     config_signature: str | None
     config: Any  # canonical form of the config (plain data), or None
     rng: list[RandomState]  # main-process RNG of each global rank, by rank
-    pending_validation: bool  # the validation due after the paused batch is left to the resumed fit
-    pending_epoch_end: bool  # the paused batch is its epoch's last; the epoch end is left to the resumed fit
-    metrics: dict[str, dict[str, Any]]  # the last logged metrics: "callback", "logged", "progress_bar"
+    # Left to the resumed fit: the validation due after the paused batch, and the
+    # epoch end when the paused batch is its epoch's last.
+    pending_validation: bool
+    pending_epoch_end: bool
+    metrics: dict[str, dict[str, Any]]  # last logged: "callback", "logged", "progress_bar"
 
 
 class ResumeCallback(Callback):
@@ -162,7 +164,10 @@ class ResumeCallback(Callback):
 
     @property
     def ckpt_path(self) -> str | None:
-        """The pause file if it exists and the run is not finished, else ``None``: pass it to ``fit(ckpt_path=...)``."""
+        """The pause file if it exists and the run is not finished, else ``None``.
+
+        Pass it to ``fit(ckpt_path=...)``.
+        """
         if self.finished:
             return None
         return self.path if os.path.exists(self.path) else None
@@ -296,7 +301,7 @@ class ResumeCallback(Callback):
         self._take_over_signals()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Check loaders and hyper-parameters; restore the paused run's RNG once the train iterator exists."""
+        """Check loaders and hyper-parameters; restore the paused run's RNG and metrics."""
         self._take_over_signals()
         combined_loader = trainer.fit_loop._combined_loader
         if combined_loader is not None:
@@ -330,7 +335,7 @@ class ResumeCallback(Callback):
             end_restart(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """After the validation left pending by the pause: put the validation counters back in step."""
+        """After the validation left pending by the pause: put its counters back in step."""
         if self._undo_validation_mark and not trainer.sanity_checking:
             self._undo_validation_mark = False
             undo_pending_validation_mark(trainer)

@@ -17,7 +17,12 @@ from typing import Any
 
 from omegaconf import Container, DictConfig, ListConfig, OmegaConf
 
-__all__ = ["HPARAMS_TYPES_KEY", "hyperparameter_entries", "plain_hyperparameters", "rebuilt_hyperparameters"]
+__all__ = [
+    "HPARAMS_TYPES_KEY",
+    "hyperparameter_entries",
+    "plain_hyperparameters",
+    "rebuilt_hyperparameters",
+]
 
 HPARAMS_TYPES_KEY = "trainer_resume_hparams_types"
 
@@ -93,7 +98,9 @@ def rebuilt_hyperparameters(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 
 def hyperparameter_entries(*objects: Any) -> dict[str, Any]:
-    """The hyper-parameter entries Lightning's checkpoint will hold for ``objects`` (module, datamodule).
+    """The hyper-parameter entries Lightning's checkpoint will hold for ``objects``.
+
+    ``objects`` are the module and the datamodule (either may be ``None``).
 
     The same choice as Lightning's ``dump_checkpoint``: an OmegaConf config as it
     is, anything else as a dict, under each object's own checkpoint keys.

@@ -22,15 +22,17 @@ from ..loaders import ResumableDataLoader
 __all__ = ["check_train_loaders"]
 
 _FIX = (
-    "use trainer_resume.loaders.ResumableDataLoader(dataset, ..., resumable=True), DataLoader's "
-    "drop-in (shuffle=True and torch's samplers give epochs; sampler=InfiniteRandomSampler(dataset, "
-    "resumable=True) one endless stream)"
+    "use trainer_resume.loaders.ResumableDataLoader(dataset, ..., resumable=True), "
+    "DataLoader's drop-in (shuffle=True and torch's samplers give epochs; "
+    "sampler=InfiniteRandomSampler(dataset, resumable=True) one endless stream)"
 )
 
 
 def _stateful(loader: Any) -> bool:
     # The same test as Lightning's ``_Stateful`` protocol, which decides what it saves.
-    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+    return callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
+    )
 
 
 def _describe(index: int, loader: Any, count: int) -> str:
@@ -58,18 +60,21 @@ def check_train_loaders(loaders: Iterable[Any], *, strict: bool) -> None:
             problem = f"{what} was built with resumable=False, so its position cannot be saved"
         elif _stateful(loader):
             rank_zero_warn(
-                f"ResumeCallback: {what} saves its position, but trainer-resume cannot vouch that it replays "
-                f"exactly (worker randomness, prefetch); the resume may differ from an uninterrupted fit. For an "
+                f"ResumeCallback: {what} saves its position, but trainer-resume cannot vouch "
+                "that it replays exactly (worker randomness, prefetch); the resume may differ "
+                "from an uninterrupted fit. For an "
                 f"exact resume, {_FIX}"
             )
             continue
         else:
             problem = (
-                f"{what} has no position Lightning can save (no state_dict/load_state_dict): a resumed fit "
+                f"{what} has no position Lightning can save (no state_dict/load_state_dict): "
+                "a resumed fit "
                 "would restart its epoch and train on other batches"
             )
         if strict:
             raise UnsupportedResumeConfigurationError(
-                f"{problem}; {_FIX}, or pass ResumeCallback(..., strict=False) to accept an inexact resume"
+                f"{problem}; {_FIX}, or pass ResumeCallback(..., strict=False) to accept an "
+                "inexact resume"
             )
         rank_zero_warn(f"ResumeCallback(strict=False): {problem}; the resume will not be exact")

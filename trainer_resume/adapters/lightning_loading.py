@@ -58,7 +58,9 @@ def load_from_checkpoint(
     if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
         raise TypeError(f"cls must be a LightningModule subclass, got {cls!r}")
     checkpoint = plain_lightning_checkpoint(
-        path, key=key, map_location=map_location if map_location is not None else _default_map_location
+        path,
+        key=key,
+        map_location=map_location if map_location is not None else _default_map_location,
     )
     # The same steps as pytorch_lightning.core.saving._load_from_checkpoint after its torch.load.
     checkpoint = _pl_migrate_checkpoint(checkpoint, checkpoint_path=os.fspath(path))

@@ -40,7 +40,10 @@ def restore_logged_metrics(trainer: pl.Trainer, state: Any, device: torch.device
     def on_device(values: Any) -> dict[str, Any]:
         if not isinstance(values, dict):
             return {}
-        return {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in values.items()}
+        return {
+            key: value.to(device) if isinstance(value, torch.Tensor) else value
+            for key, value in values.items()
+        }
 
     connector._callback_metrics = on_device(state.get("callback"))
     connector._logged_metrics = on_device(state.get("logged"))

@@ -49,11 +49,16 @@ class PausePoint(NamedTuple):
 
 
 def pause_point(trainer: pl.Trainer) -> PausePoint:
-    """Return what follows the current batch; call in ``on_train_batch_end`` before ``should_stop`` is set."""
+    """Return what follows the current batch.
+
+    Call in ``on_train_batch_end``, before ``should_stop`` is set.
+    """
     epoch_loop = trainer.fit_loop.epoch_loop
     fetcher = trainer.fit_loop._data_fetcher
     validation = fetcher is not None and bool(epoch_loop._should_check_val_fx(fetcher))
-    return PausePoint(validation=validation, epoch_end=bool(epoch_loop._num_ready_batches_reached()))
+    return PausePoint(
+        validation=validation, epoch_end=bool(epoch_loop._num_ready_batches_reached())
+    )
 
 
 def stop_after_batch(trainer: pl.Trainer) -> None:
@@ -78,7 +83,7 @@ def restore_fit_loop(trainer: pl.Trainer) -> None:
 
 
 def finish_batch_in_checkpoint(checkpoint: dict[str, Any], point: PausePoint) -> None:
-    """Describe the paused batch as finished (and the validation after it as pending) in ``checkpoint``.
+    """Describe the paused batch as finished, and the validation after it as pending.
 
     Lightning counts a batch ``completed`` only after ``on_train_batch_end``; a
     restart from a batch that is not completed skips the validation due after
@@ -103,7 +108,7 @@ def finish_batch_in_checkpoint(checkpoint: dict[str, Any], point: PausePoint) ->
 
 
 def end_epoch_on_resume(trainer: pl.Trainer) -> None:
-    """At the start of a resumed fit paused at an epoch's last batch (no validation due): end that epoch.
+    """Resumed at an epoch's last batch with no validation due: end that epoch.
 
     The restored epoch loop is done with its batches but, while restarting, waits
     for a validation run; marking the validation loop as run lets it end the epoch
@@ -113,7 +118,7 @@ def end_epoch_on_resume(trainer: pl.Trainer) -> None:
 
 
 def end_restart(trainer: pl.Trainer) -> None:
-    """At the end of the epoch the pause interrupted (in the resumed fit): leave Lightning's restart mode.
+    """At the end of the epoch the pause interrupted: leave Lightning's restart mode.
 
     Lightning stays in restart mode until the restored epoch ends, and skips the
     metric-based epoch schedulers then, because its checkpoints do not hold the
@@ -128,7 +133,7 @@ def end_restart(trainer: pl.Trainer) -> None:
 
 
 def undo_pending_validation_mark(trainer: pl.Trainer) -> None:
-    """After the pending validation ran in the resumed fit: drop the extra started batch from its totals."""
+    """After the pending validation ran: drop the extra started batch from its totals."""
     progress = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total
     progress.ready -= 1
     progress.started -= 1
