@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from ._boundary import record_boundary, record_random_state
 from .distributed import is_distributed
 from .errors import TrainerLockedError, TrainingPausedError
 
@@ -40,6 +41,8 @@ class StepGuard:
         self.failed = False
         self.paused = False
         self.locked_reason: str | None = None
+        # The loader positions and RNG of the last step boundary (see _boundary).
+        self.boundary: Any = None
         # Written by signal handlers: plain attribute stores only, no locks and no I/O,
         # because a handler runs between two bytecodes of whatever the main thread does.
         self.requested_path: Any = None
@@ -132,6 +135,7 @@ def training_step(method: _Method) -> _Method:
                 guard.depth = 0
             guard.completed_steps += 1
             guard.failed = False
+            record_boundary(self, guard)
             # Under a process group every boundary is a collective agreement on pausing.
             points = guard.points
             if (
@@ -159,6 +163,9 @@ def serialized_training(method: _Method) -> _Method:
         if guard.exclusive_waiters:
             guard.yield_to_exclusive()
         with guard.lock:
-            return method(self, *args, **kwargs)
+            result = method(self, *args, **kwargs)
+            if not guard.depth:  # between steps: a new boundary for the RNG
+                record_random_state(guard)
+            return result
 
     return wrapper  # type: ignore[return-value]

@@ -26,7 +26,12 @@ _MAPPINGS = frozenset({dict, OrderedDict})
 # Accepted by newer torch releases only (bytes and bytearray since 2.5, set since 2.6),
 # and empty bytes (pickled as a call of ``bytes()``) not even by those: probed once in
 # the installed torch, so the check says what this torch will load.
-_PROBES: dict[str, Any] = {"bytes": b"x", "empty bytes": b"", "bytearray": bytearray(b"x"), "set": {0}}
+_PROBES: dict[str, Any] = {
+    "bytes": b"x",
+    "empty bytes": b"",
+    "bytearray": bytearray(b"x"),
+    "set": {0},
+}
 
 
 @cache
@@ -44,6 +49,16 @@ def _accepted_by_this_torch() -> frozenset[str]:
     return frozenset(accepted)
 
 
+def _allowed_by_user(kind: type) -> bool:
+    # Classes allowed with torch.serialization.add_safe_globals (torch 2.4 and later).
+    get_safe_globals = getattr(torch.serialization, "get_safe_globals", None)
+    if get_safe_globals is None:
+        return False
+    return any(
+        (entry[0] if isinstance(entry, tuple) else entry) is kind for entry in get_safe_globals()
+    )
+
+
 def _loadable_scalar(value: Any, accepted: frozenset[str]) -> bool:
     kind = type(value)
     if kind in _ALWAYS or kind in _TENSORS:
@@ -58,7 +73,8 @@ def refused_entry(value: Any, where: str) -> str | None:
 
     Accepted: tensors and parameters (exact types), numbers, str, None, dtypes,
     devices, and lists, tuples, ``torch.Size``, dicts and OrderedDicts of them (keys
-    too); bytes (not empty), bytearray and sets where the installed torch loads them.
+    too); bytes (not empty), bytearray and sets where the installed torch loads them;
+    classes allowed with ``torch.serialization.add_safe_globals``.
 
     Args:
         value: The nested state about to be saved.
@@ -75,12 +91,18 @@ def refused_entry(value: Any, where: str) -> str | None:
 
 
 def _refused(
-    value: Any, where: str, accepted: frozenset[str], sequences: frozenset[type], seen: set[int]
+    value: Any,
+    where: str,
+    accepted: frozenset[str],
+    sequences: frozenset[type],
+    seen: set[int],
 ) -> str | None:
     if _loadable_scalar(value, accepted):
         return None
     kind = type(value)
     if kind not in sequences and kind not in _MAPPINGS:
+        if _allowed_by_user(kind):
+            return None
         hint = " (convert with torch.from_numpy)" if kind.__module__.startswith("numpy") else ""
         empty = " (empty bytes)" if kind is bytes else ""
         return f"{where} is a {kind.__module__}.{kind.__qualname__}{hint}{empty}"

@@ -13,6 +13,7 @@ kind                   content
 ``pause``              a pause file of ``TrainingResumeMixin`` (one process or several)
 ``lightning pause``    a Lightning checkpoint with ``ResumeCallback``'s pause entry
 ``lightning``          any other Lightning checkpoint
+``finished``           the marker of a finished run (``mark_finished``)
 ``checkpoint``         anything else in trainer-resume's format (``save_checkpoint``)
 ``torch``              anything else ``torch.save`` wrote
 =====================  ==========================================================
@@ -31,10 +32,12 @@ import torch
 from .adapters.lightning_files import PAUSE_KEY, is_lightning_checkpoint
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header
 from .errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
+from .finished import FINISHED_FORMAT
 from .state import PAUSE_FORMAT
 
 __all__ = [
     "CHECKPOINT",
+    "FINISHED",
     "LIGHTNING",
     "LIGHTNING_PAUSE",
     "PAUSE",
@@ -48,6 +51,7 @@ __all__ = [
 PAUSE = "pause"
 LIGHTNING_PAUSE = "lightning pause"
 LIGHTNING = "lightning"
+FINISHED = "finished"
 CHECKPOINT = "checkpoint"
 TORCH = "torch"
 
@@ -83,6 +87,8 @@ def kind_of(content: Any) -> str:
     """The kind of a loaded checkpoint (module docstring); ``checkpoint`` for other content."""
     if isinstance(content, Mapping) and content.get("format") == PAUSE_FORMAT:
         return PAUSE
+    if isinstance(content, Mapping) and content.get("format") == FINISHED_FORMAT:
+        return FINISHED
     if is_lightning_checkpoint(content):
         return LIGHTNING_PAUSE if PAUSE_KEY in content else LIGHTNING
     return CHECKPOINT
@@ -144,9 +150,12 @@ def _load_plain(path: str) -> Any:
         raise CheckpointFormatError(f"{path}: torch.load cannot read it ({error})") from error
 
 
-def tensor_totals(value: Any) -> tuple[int, int]:
-    """Number and bytes of the distinct tensors in nested state (a shared tensor counts once)."""
-    seen: set[int] = set()
+def tensor_totals(value: Any, seen: set[int] | None = None) -> tuple[int, int]:
+    """Number and bytes of the distinct tensors in nested state (a shared tensor counts once).
+
+    Pass the same ``seen`` to several calls to count a tensor shared between them once.
+    """
+    seen = set() if seen is None else seen
     count = size = 0
     stack = [value]
     while stack:

@@ -33,6 +33,7 @@ from ._step_guard import (
     serialized_training,
     training_step,
 )
+from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
 from ._state_match import check_object_states
 from .amp import restore_grad_scaler_state
 from .durable import load_checkpoint, save_checkpoint
@@ -46,7 +47,7 @@ from .errors import (
 )
 from .point_files import latest_checkpoint
 from .resume_points import ResumePoint, ResumePoints, host_snapshot
-from .rng import random_state, restore_random_state
+from .rng import restore_random_state
 from .sharded import refuse_dtensors
 from .signature import canonical_config, config_difference, config_signature
 from .state import PAUSE_FORMAT, PauseCheckpoint
@@ -86,10 +87,6 @@ def _refuse_on_every_rank(error: BaseException, action: str) -> None:
 
 def _overrides(trainer: Any, hook: str) -> bool:
     return getattr(type(trainer), hook) is not getattr(TrainingResumeMixin, hook)
-
-
-def _rng_device() -> int | None:
-    return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
 class TrainingResumeMixin:
@@ -142,6 +139,7 @@ class TrainingResumeMixin:
         if resume_points is not None:
             resume_points.attach(self)
         self.__dict__[GUARD_ATTRIBUTE].points = resume_points
+        record_boundary(self, self.__dict__[GUARD_ATTRIBUTE], initial=True)
 
     # ------------------------------------------------------------ state flags
     @property
@@ -513,7 +511,7 @@ def _rank_checkpoint(trainer: TrainingResumeMixin, checkpoint: Any, location: st
         world_size=world_size,
         rank=rank,
         location=location,
-        device=_rng_device(),
+        device=rng_device(),
         objects=trainer._resume_objects(),
     )
 
@@ -555,9 +553,11 @@ def _pause_checkpoint(
         "regular": regular,
         "shared_keys": shared,
         "objects": object_states,
-        "loaders": {name: copy(loader.state_dict(), memo) for name, loader in trainer._resume_loaders().items()},
+        # Loader positions and RNG as of the last step boundary: a batch fetched since
+        # (outside the step) is delivered again, and no fetch is caught half-way.
+        "loaders": boundary_loader_states(trainer, guard),
         "extra": copy(dict(trainer._resume_extra_state()), memo),
-        "rng": random_state(_rng_device()),
+        "rng": boundary_random_state(guard),
     }
     refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)
@@ -592,7 +592,7 @@ def _check_pause_checkpoint(trainer: TrainingResumeMixin, checkpoint: Any, locat
     for name, loader in loaders.items():
         loader.validate_state_dict(checkpoint["loaders"][name])
     trainer._validate_resume(checkpoint)
-    check_random_state(checkpoint["rng"], location, _rng_device())
+    check_random_state(checkpoint["rng"], location, rng_device())
     return states
 
 
@@ -625,7 +625,7 @@ def _restore(
         trainer._rebuild_resume_iterators()
         # Last: rebuilding loaders and iterators may draw from the global generators.
         stage = "random state"
-        restore_random_state(checkpoint["rng"], _rng_device())
+        restore_random_state(checkpoint["rng"], rng_device())
     except BaseException as error:
         guard.locked_reason = f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
         if not isinstance(error, Exception):
@@ -635,3 +635,4 @@ def _restore(
     guard.failed = False
     guard.paused = False
     guard.completed_steps = checkpoint["completed_steps"]
+    record_boundary(trainer, guard)
