@@ -15,6 +15,7 @@ from ..errors import (
     ResumableModeRequiredError,
     UnsupportedResumeConfigurationError,
 )
+from ..pause_signals import worker_start
 from ..rng import derive_seed
 from ..state import LoaderState
 from . import _state_keys as keys
@@ -204,7 +205,8 @@ class ResumableDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if not self.__dict__.get("resumable", False):
-            return super().__iter__()
+            with worker_start(self):
+                return super().__iter__()
         stream = self._require_stream("iter")
         stream.require_committable()
         if stream.fetch_failure is not None:
@@ -224,7 +226,8 @@ class ResumableDataLoader(DataLoader):
         engine = self._engine
         if engine is None or not self._reuses_workers():
             engine = self._engine = self._build_engine(stream)
-        inner = iter(engine)  # calls iter(Tasks), which publishes this iteration's FIFO
+        with worker_start(engine):  # workers start with the pause signals blocked
+            inner = iter(engine)  # calls iter(Tasks), which publishes this iteration's FIFO
         tasks = cast(Tasks, engine.sampler)
         epoch = source.cursor[0] if source.epochs else 0
         self._active = ResumableIterator(stream, inner, tasks.pending, epoch)
