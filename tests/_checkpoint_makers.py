@@ -33,7 +33,7 @@ def _net() -> nn.Module:
 
 
 class MixinTrainer(TrainingResumeMixin):
-    def __init__(self, *, num_replicas: int = 1) -> None:
+    def __init__(self, *, num_replicas: int = 1, resume_points: Any = None) -> None:
         torch.manual_seed(0)
         self.model = _net()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
@@ -46,8 +46,9 @@ class MixinTrainer(TrainingResumeMixin):
         )
         self.batches = iter(self.loader)
         self.seen = 0
+        config = {"lr": 0.01, "batch_size": BATCH_SIZE}
         self._initialize_training_resume(
-            {"lr": 0.01, "batch_size": BATCH_SIZE}, version="inspect-test/1"
+            config, version="inspect-test/1", resume_points=resume_points
         )
 
     def _resume_objects(self) -> dict[str, Any]:
@@ -90,6 +91,23 @@ def mixin_pause(
         trainer.loader.close()
         _made[name] = (path, clone_state(trainer.model))
     return _made[name]
+
+
+def resume_point_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Resume points after steps 2 and 4, then a pause file at ``STEPS`` in the same directory."""
+    if "points" not in _made:
+        from trainer_resume.resume_points import ResumePoints
+
+        directory = tmp_path_factory.mktemp("points")
+        points = ResumePoints(directory, every_steps=2, when_busy="wait")
+        trainer = MixinTrainer(resume_points=points)
+        for _ in range(STEPS):
+            trainer.step()
+        points.wait()
+        trainer.pause(directory / "pause.ckpt")
+        trainer.loader.close()
+        _made["points"] = directory
+    return _made["points"]
 
 
 class _Features(Dataset):

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ._weights_only import refusal_reason
 from .adapters.lightning_files import PAUSE_KEY, is_lightning_checkpoint
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header
 from .errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
@@ -142,8 +143,7 @@ def _load_plain(path: str) -> Any:
         # mmap: a large file is described without reading every tensor into memory.
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UnsafeCheckpointError(f"{path}: {reason}") from error
+        raise UnsafeCheckpointError(f"{path}: {refusal_reason(error)}") from error
     except (RuntimeError, ValueError, EOFError, OSError) as error:
         if isinstance(error, FileNotFoundError):
             raise

@@ -220,7 +220,11 @@ class EpochSamplerState(TypedDict):
     sampler_epoch: int | None  # DistributedSampler.epoch the epoch was ordered with
 
 
-class LoaderState(TypedDict):
+class _LoaderStateOptional(TypedDict, total=False):
+    augmentation_seeding: str  # "batch" or "sample"; absent in older states, which seeded per sample
+
+
+class LoaderState(_LoaderStateOptional):
     """State of a resumable :class:`~trainer_resume.loaders.ResumableDataLoader`.
 
     Counts only batches delivered to the caller, never prefetched ones.

@@ -18,7 +18,9 @@ pause files and checkpoints (ours, verified, or plain), finished markers, other
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import os
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -34,12 +36,20 @@ from ..checkpoint_files import (
     CheckpointFile,
     tensor_totals,
 )
-from ..loaders._state_keys import BATCH_SAMPLER_FORMAT, SAMPLER_FORMAT
+from ..errors import CheckpointCorruptedError, CheckpointFormatError
+from ..finished import finished_marker_path
+from ..loaders._state_keys import (
+    BATCH_SAMPLER_FORMAT,
+    EPOCH_SAMPLER_FORMAT,
+    SAMPLER_FORMAT,
+)
+from ..point_files import SkippedCheckpointWarning, candidates, point_name
 
-__all__ = ["NOT_VERIFIED", "describe_file"]
+__all__ = ["NOT_VERIFIED", "describe_directory", "describe_file", "loader_position", "rng_summary"]
 
 NOT_VERIFIED = "not verified: no trainer-resume header"
 
+DIRECTORY = "directory"
 _DESCRIPTIONS = {
     PAUSE: "pause file (TrainingResumeMixin)",
     LIGHTNING_PAUSE: "Lightning pause file (ResumeCallback)",
@@ -75,6 +85,9 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
     content = file.content
     if file.kind == PAUSE:
         summary.update(_pause(content))
+        steps = content.get("completed_steps")
+        if isinstance(steps, int) and os.path.basename(file.path) == point_name(steps):
+            summary["description"] = "resume point (TrainingResumeMixin)"
     elif file.kind in (LIGHTNING, LIGHTNING_PAUSE):
         summary.update(_lightning(content))
     elif file.kind == FINISHED:
@@ -143,12 +156,19 @@ def loader_position(state: Any) -> dict[str, Any]:
     if not isinstance(state, Mapping):
         return position
     inner = state.get("sampler") if isinstance(state.get("sampler"), Mapping) else state
-    for key in ("consumed", "cycle", "offset", "num_replicas"):
+    for key in ("consumed", "cycle", "epoch", "offset", "num_replicas"):
         if key in inner:
             position[key] = inner[key]
+    settings = inner.get("settings")
+    if (
+        "num_replicas" not in position
+        and isinstance(settings, Mapping)
+        and "num_replicas" in settings
+    ):
+        position["num_replicas"] = settings["num_replicas"]
     sampler_format = inner.get("format")
-    if sampler_format == BATCH_SAMPLER_FORMAT:
-        position["offset_unit"] = "batches"  # batches delivered within the cycle
+    if sampler_format in (BATCH_SAMPLER_FORMAT, EPOCH_SAMPLER_FORMAT):
+        position["offset_unit"] = "batches"  # batches delivered within the cycle or epoch
     elif sampler_format == SAMPLER_FORMAT:
         position["offset_unit"] = "samples"
     if "delivered_batches" in state:
@@ -281,3 +301,56 @@ def _entries(content: Any) -> dict[str, Any]:
         "rng": {"saved": False},
         "config_signature": None,
     }
+
+
+# ---------------------------------------------------------------------- directories
+
+
+def describe_directory(
+    path: str, *, key: bytes | None = None, read: Callable[[str], CheckpointFile]
+) -> dict[str, Any]:
+    """A resume-point directory: its points, pause files, finished marker, and its newest
+    valid file described in full (``read`` verifies and loads one file).
+
+    Read-only: unlike ``resume_latest`` it removes no temp file and refuses nothing.
+
+    Raises:
+        CheckpointFormatError: the directory holds none of these (321).
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SkippedCheckpointWarning)
+        found = candidates(path, key=key)
+    skipped = [str(w.message) for w in caught if issubclass(w.category, SkippedCheckpointWarning)]
+    marker = finished_marker_path(path)
+    finished = os.path.isfile(marker)
+    if not found and not finished:
+        raise CheckpointFormatError(
+            f"{path} is a directory without resume points, pause files or a finished marker"
+        )
+    summary: dict[str, Any] = {
+        "path": path,
+        "kind": DIRECTORY,
+        "description": "resume-point directory",
+        "points": [
+            {"file": os.path.basename(c.path), "completed_steps": c.completed_steps}
+            for c in found
+            if c.is_point
+        ],
+        "pause_files": [
+            {"file": os.path.basename(c.path), "completed_steps": c.completed_steps}
+            for c in found
+            if not c.is_point
+        ],
+        "finished": os.path.basename(marker) if finished else None,
+        "newest": None,
+    }
+    for candidate in found:  # newest first; the first one that verifies is what a resume takes
+        try:
+            file = read(candidate.path)
+        except (CheckpointCorruptedError, CheckpointFormatError) as error:
+            skipped.append(f"skipped {candidate.path}: {error}")
+            continue
+        summary["newest"] = describe_file(file, signature_verified=key is not None)
+        break
+    summary["skipped"] = skipped
+    return summary

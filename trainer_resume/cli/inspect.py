@@ -10,21 +10,25 @@ verified, and read weights-only. ``--json`` prints the summary of
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, TextIO
 
 from ..checkpoint_files import read_checkpoint_file
 from ._common import EXIT_OK, format_bytes, format_table, read_key_file
-from .describe import describe_file
+from .describe import describe_directory, describe_file
 
 __all__ = ["run_inspect", "summarize"]
 
 
 def summarize(path: str, *, key: bytes | None = None) -> dict[str, Any]:
-    """Verify (when it is ours) and load ``path`` weights-only, and describe it.
+    """Verify (when it is ours) and load ``path`` weights-only, and describe it; a
+    resume-point directory is described with its newest valid file.
 
     Raises:
         FileNotFoundError, ResumeError: as ``read_checkpoint_file`` (321, 322, 328, 339).
     """
+    if os.path.isdir(path):
+        return describe_directory(path, key=key, read=lambda p: read_checkpoint_file(p, key=key))
     return describe_file(read_checkpoint_file(path, key=key), signature_verified=key is not None)
 
 
@@ -72,6 +76,12 @@ def _header_lines(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     return lines
 
 
+def _cycle(position: dict[str, Any]) -> str:
+    if "epoch" in position:
+        return f"epoch {position['epoch']}"
+    return str(position.get("cycle", "?"))
+
+
 def _offset(position: dict[str, Any]) -> str:
     if "offset" not in position:
         return "?"
@@ -87,7 +97,7 @@ def _print_loaders(loaders: dict[str, Any], out: TextIO) -> None:
         (
             name,
             p.get("consumed", "?"),
-            p.get("cycle", "?"),
+            _cycle(p),
             _offset(p),
             p.get("delivered_batches", "?"),
             p.get("num_replicas", 1),
@@ -97,8 +107,8 @@ def _print_loaders(loaders: dict[str, Any], out: TextIO) -> None:
     header = (
         "loader",
         "consumed samples",
-        "cycle",
-        "offset in cycle",
+        "cycle/epoch",
+        "offset",
         "delivered batches",
         "ranks",
     )
@@ -167,12 +177,40 @@ def _print_text(summary: dict[str, Any], out: TextIO) -> None:
         print("saved config: yes (printed by --json)", file=out)
 
 
+def _print_directory(summary: dict[str, Any], out: TextIO) -> None:
+    def listing(files: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{f['file']} (step {f['completed_steps']})" for f in files) or "none"
+
+    newest = summary["newest"]
+    lines = [
+        ("directory", summary["path"]),
+        ("kind", summary["description"]),
+        ("resume points", listing(summary["points"])),
+        ("pause files", listing(summary["pause_files"])),
+        (
+            "finished",
+            f"yes ({summary['finished']}): nothing to resume" if summary["finished"] else "no",
+        ),
+        ("newest valid", os.path.basename(newest["path"]) + ", below" if newest else "none"),
+    ]
+    width = max(len(label) for label, _ in lines)
+    for label, value in lines:
+        print(f"{label.ljust(width)}  {value}", file=out)
+    for line in summary["skipped"]:
+        print(f"  {line}", file=out)
+    if newest is not None:
+        print(file=out)
+        _print_text(newest, out)
+
+
 def run_inspect(path: str, *, as_json: bool, key_file: str | None, out: TextIO) -> int:
     """Print the summary of ``path``; errors propagate to the command line's handler."""
     key = read_key_file(key_file) if key_file is not None else None
     summary = summarize(path, key=key)
     if as_json:
         print(json.dumps(summary, indent=2, default=str), file=out)
+    elif summary["kind"] == "directory":
+        _print_directory(summary, out)
     else:
         _print_text(summary, out)
     return EXIT_OK
