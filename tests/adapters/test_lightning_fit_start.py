@@ -118,7 +118,7 @@ def test_hyperparameters_a_pause_file_could_not_be_loaded_with_are_refused_befor
     model = _Counting(tokenizer=_Opaque())
     with pytest.raises(UnsafeCheckpointError) as caught:
         _fit(tmp_path, child.build_loader(workers=0), model=model)
-    assert caught.value.code == 328 and "hyper_parameters.tokenizer" in str(caught.value)
+    assert caught.value.code == 328 and "['hyper_parameters']['tokenizer']" in str(caught.value)
     assert model.training_steps == 0
 
 

@@ -46,10 +46,9 @@ from ..finished import mark_finished, refuse_if_finished, run_finished
 from ..rng import random_state, restore_random_state, validate_random_state
 from ..signature import canonical_config, config_difference, config_signature
 from ..state import LightningPauseState, RandomState
-from ..weights_only import check_weights_only
 from .lightning_files import LIGHTNING_PAUSE_FORMAT, PAUSE_KEY
 from .lightning_hparams import hyperparameter_entries, plain_hyperparameters
-from .lightning_io import DurableCheckpointIO, PauseFileReader
+from .lightning_io import DurableCheckpointIO, PauseFileReader, check_loadable
 from .lightning_loaders import check_train_loaders
 from .lightning_metrics import logged_metrics_state, restore_logged_metrics
 from .lightning_pause_point import (
@@ -288,7 +287,7 @@ class ResumeCallback(Callback):
         if combined_loader is not None:
             check_train_loaders(combined_loader.flattened, strict=self.strict)
         # What would make the pause file unloadable is refused now, not after a preemption.
-        check_weights_only(
+        check_loadable(
             plain_hyperparameters(hyperparameter_entries(pl_module, trainer.datamodule)),
             where=f"{self.path} (hyper-parameters)",
         )

@@ -18,11 +18,11 @@ from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_fabric.utilities.cloud_io import get_filesystem
 
 from ..durable import load_checkpoint, save_checkpoint
-from ..errors import CheckpointFormatError
-from ..weights_only import check_weights_only
+from .._weights_only import refused_entry
+from ..errors import CheckpointFormatError, UnsafeCheckpointError
 from .lightning_hparams import plain_hyperparameters, rebuilt_hyperparameters
 
-__all__ = ["DurableCheckpointIO"]
+__all__ = ["DurableCheckpointIO", "check_loadable"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class DurableCheckpointIO(CheckpointIO):
             )
         target = _local_path(path)
         plain = plain_hyperparameters(checkpoint)
-        check_weights_only(plain, where=target)
+        check_loadable(plain, where=target)
         # Lightning's own IO creates the directory too; ModelCheckpoint relies on it.
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
         save_checkpoint(plain, target, key=self._key)
@@ -178,6 +178,25 @@ class PauseFileReader(CheckpointIO):
     def teardown(self) -> None:
         """Delegate to the trainer's own IO."""
         self.inner.teardown()
+
+
+def check_loadable(checkpoint: Any, *, where: str) -> None:
+    """Refuse, before writing, a checkpoint that weights-only loading would refuse.
+
+    Args:
+        checkpoint: The checkpoint (or part of one) about to be written.
+        where: The file it is for, named in the message.
+
+    Raises:
+        UnsafeCheckpointError: naming the first refused entry and its class (328).
+    """
+    found = refused_entry(checkpoint, "checkpoint")
+    if found is not None:
+        raise UnsafeCheckpointError(
+            f"{where}: {found}, which a weights-only load refuses; store plain values "
+            "(tensors, numbers, str, lists, dicts) or allow the class with "
+            "torch.serialization.add_safe_globals"
+        )
 
 
 def _local_path(path: str | os.PathLike[str]) -> str:
