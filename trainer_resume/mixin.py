@@ -284,8 +284,9 @@ class TrainingResumeMixin:
         The file is verified and checked completely (format, module version, config
         signature, entries, every object's state against the live object: keys,
         shapes, dtypes, optimizer parameter groups; loader states,
-        ``_validate_resume``, RNG state) before anything changes; a refusal leaves the trainer as it was. Objects, loaders,
-        extra state and iterators are then restored, the main-process RNG last.
+        ``_validate_resume``, RNG state) before anything changes; a refusal leaves
+        the trainer as it was. Objects, loaders, extra state and iterators are then
+        restored, the main-process RNG last.
 
         Args:
             path: A file written by ``pause()``.
