@@ -312,6 +312,11 @@ class LightningPauseState(TypedDict):
     config_signature: str | None
     config: Any  # canonical form of the config (plain data), or None
     rng: list[RandomState]  # main-process RNG of each global rank, by rank
+    # Left to the resumed fit: the validation due after the paused batch, and the
+    # epoch end when the paused batch is its epoch's last (absent: neither).
+    pending_validation: NotRequired[bool]
+    pending_epoch_end: NotRequired[bool]
+    metrics: NotRequired[dict[str, dict[str, Any]]]  # last logged: callback, logged, progress_bar
 
 
 class FinishedMarker(TypedDict):
