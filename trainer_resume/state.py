@@ -26,6 +26,7 @@ __all__ = [
     "BatchSamplerState",
     "EpochSamplerSettings",
     "EpochSamplerState",
+    "StatefulSamplerState",
     "LoaderState",
     "RankPauseState",
     "DistributedPauseState",
@@ -220,6 +221,18 @@ class EpochSamplerState(TypedDict):
     sampler_epoch: int | None  # DistributedSampler.epoch the epoch was ordered with
 
 
+class StatefulSamplerState(TypedDict):
+    """Position of a loader over a sampler with its own ``state_dict()`` (torchdata's
+    ``Stateful`` protocol): the sampler's state after the last delivered batch."""
+
+    format: str  # "trainer_resume.stateful_sampler/1"
+    epoch: int  # passes over the sampler ended before the current one
+    offset: int  # batches delivered within the current pass
+    samples: int  # samples in those batches (seeds follow sample positions)
+    delivered: int  # batches delivered since the start
+    sampler_state: Any  # the sampler's state_dict() after the last delivered batch
+
+
 class _LoaderStateOptional(TypedDict, total=False):
     augmentation_seeding: str  # "batch" or "sample"; absent in older states, which seeded per sample
 
@@ -234,7 +247,7 @@ class LoaderState(_LoaderStateOptional):
     augmentation_seed: int  # sample seed = derive_seed(augmentation_seed, stream position)
     batch_size: int | None  # the loader's batch_size (None with a batch sampler)
     delivered_batches: int
-    sampler: SamplerState | BatchSamplerState | EpochSamplerState
+    sampler: SamplerState | BatchSamplerState | EpochSamplerState | StatefulSamplerState
 
 
 class RankPauseState(TypedDict):

@@ -19,6 +19,7 @@ SAMPLER_FORMAT = "trainer_resume.sampler/1"
 BATCH_SAMPLER_FORMAT = "trainer_resume.batch_sampler/1"
 LOADER_FORMAT = "trainer_resume.loader/1"
 EPOCH_SAMPLER_FORMAT = "trainer_resume.epoch_sampler/1"
+STATEFUL_SAMPLER_FORMAT = "trainer_resume.stateful_sampler/1"
 
 # Key names of the saved states (the TypedDicts in trainer_resume.state list them).
 FORMAT = "format"
@@ -39,6 +40,8 @@ EPOCH = "epoch"
 DELIVERED = "delivered"
 GENERATOR = "generator"
 SAMPLER_EPOCH = "sampler_epoch"
+SAMPLES = "samples"
+SAMPLER_STATE = "sampler_state"
 
 SEED_LIMIT = 1 << 63  # seeds and positions stay below 2**63 (derive_seed's range)
 
