@@ -32,6 +32,7 @@ from ..checkpoint_files import (
     LIGHTNING,
     LIGHTNING_PAUSE,
     PAUSE,
+    SAFETENSORS,
     TORCH,
     CheckpointFile,
     tensor_totals,
@@ -53,6 +54,7 @@ _DESCRIPTIONS = {
     FINISHED: "finished marker (the run completed; nothing to resume)",
     CHECKPOINT: "checkpoint (save_checkpoint)",
     TORCH: "torch.save file",
+    SAFETENSORS: "safetensors file",
 }
 # Counters a plain training checkpoint commonly holds at its top level.
 _PLAIN_COUNTERS = ("global_step", "step", "steps", "iteration", "epoch")
@@ -72,7 +74,9 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
         summary["integrity"] = {
             "file_format_version": file.header.format_version,
             "payload_bytes": file.header.payload_length,
-            "digest": file.header.sha256,
+            # Format 1 headers carry a SHA-256 digest; later formats name their algorithm.
+            "digest_algorithm": getattr(file.header, "algorithm", "SHA-256"),
+            "digest": getattr(file.header, "digest", None) or getattr(file.header, "sha256", ""),
             "signed": file.header.signed,
             "signature_verified": signature_verified,
         }
@@ -86,6 +90,8 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
             summary["description"] = "resume point (TrainingResumeMixin)"
     elif file.kind in (LIGHTNING, LIGHTNING_PAUSE):
         summary.update(_lightning(content))
+    elif file.kind == SAFETENSORS:
+        summary.update(_safetensors(content))
     elif file.kind == FINISHED:
         summary.update(
             steps={"completed_steps": content.get("completed_steps")},
@@ -270,6 +276,29 @@ def _number(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return value.item()
     return value
+
+
+def _safetensors(header: Mapping[str, Any]) -> dict[str, Any]:
+    entries: dict[str, Any] = {}
+    for name, info in header.items():
+        if name == "__metadata__" or not isinstance(info, Mapping):
+            continue
+        start, end = (info.get("data_offsets") or [0, 0])[:2]
+        entries[str(name)] = {
+            "type": "Tensor",
+            "dtype": info.get("dtype"),
+            "shape": info.get("shape"),
+            "tensors": 1,
+            "bytes": end - start,
+        }
+    return {
+        "steps": {},
+        "epoch": None,
+        "entries": entries,
+        "metadata": header.get("__metadata__") or {},
+        "rng": {"saved": False},
+        "config_signature": None,
+    }
 
 
 def _entries(content: Any) -> dict[str, Any]:
