@@ -321,6 +321,7 @@ class LightningPauseState(TypedDict):
     pending_validation: NotRequired[bool]
     pending_epoch_end: NotRequired[bool]
     metrics: NotRequired[dict[str, dict[str, Any]]]  # last logged: callback, logged, progress_bar
+    epoch_metrics_in_progress: NotRequired[list[str]]  # on_epoch training metrics not carried over
 
 
 class FinishedMarker(TypedDict):
