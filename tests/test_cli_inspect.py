@@ -70,7 +70,8 @@ def test_inspect_shows_steps_objects_loader_position_with_units_rng_and_extra_ke
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert field(lines, "kind") == "pause file (TrainingResumeMixin)"
-    assert field(lines, "integrity").startswith("ok: marker, length and digest")
+    assert field(lines, "integrity").startswith("ok: marker, length and ")
+    assert field(lines, "integrity").endswith(" verified")
     assert field(lines, "steps") == f"completed_steps {STEPS}"
     assert field(lines, "module version") == "inspect-test/1"
     assert field(lines, "processes") == "1"
@@ -222,6 +223,10 @@ def test_inspect_of_plain_and_durable_lightning_checkpoints(tmp_path_factory, ca
         "not verified: no trainer-resume header",
     )
     assert summary["rng"] == {"saved": False}
+    durable_lines = inspect_text(durable, capsys)
+    assert field(durable_lines, "kind") == "Lightning checkpoint"
+    assert field(durable_lines, "integrity").startswith("ok: marker, length and ")
+    assert field(durable_lines, "steps") == f"global_step {LIGHTNING_PAUSE_STEP}"
     verified = inspect_json(durable, capsys)
     assert (verified["kind"], verified["verified"]) == ("lightning", True)
     assert verified["steps"] == {"global_step": LIGHTNING_PAUSE_STEP}
@@ -273,6 +278,12 @@ def test_inspect_of_finished_marker_says_the_run_is_finished(tmp_path_factory, t
     lines = inspect_text(marker, capsys)
     assert field(lines, "kind").startswith("finished marker")
     assert field(lines, "steps") == "completed_steps 12"
+    summary = inspect_json(marker, capsys)
+    assert (summary["kind"], summary["verified"], summary["steps"]) == (
+        "finished",
+        True,
+        {"completed_steps": 12},
+    )
 
 
 def test_inspect_of_a_file_holding_unsafe_objects_fails_with_code_328(tmp_path, capsys):

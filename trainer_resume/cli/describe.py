@@ -39,12 +39,8 @@ from ..checkpoint_files import (
 )
 from ..errors import CheckpointCorruptedError, CheckpointFormatError
 from ..finished import finished_marker_path
-from ..loaders._state_keys import (
-    BATCH_SAMPLER_FORMAT,
-    EPOCH_SAMPLER_FORMAT,
-    SAMPLER_FORMAT,
-)
 from ..point_files import SkippedCheckpointWarning, candidates, point_name
+from ..state import BATCH_SAMPLER_FORMAT, EPOCH_SAMPLER_FORMAT, SAMPLER_FORMAT
 
 __all__ = ["NOT_VERIFIED", "describe_directory", "describe_file", "loader_position", "rng_summary"]
 
@@ -78,7 +74,9 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
         summary["integrity"] = {
             "file_format_version": file.header.format_version,
             "payload_bytes": file.header.payload_length,
-            "digest": file.header.sha256,
+            # Format 1 headers carry a SHA-256 digest; later formats name their algorithm.
+            "digest_algorithm": getattr(file.header, "algorithm", "SHA-256"),
+            "digest": getattr(file.header, "digest", None) or getattr(file.header, "sha256", ""),
             "signed": file.header.signed,
             "signature_verified": signature_verified,
         }

@@ -41,7 +41,11 @@ def _integrity_lines(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     else:
         signature = "signed, not checked (no --key-file)" if integrity["signed"] else "not signed"
     return [
-        ("integrity", f"ok: marker, length and digest {integrity['digest'][:16]}... verified"),
+        (
+            "integrity",
+            f"ok: marker, length and {integrity['digest_algorithm']} digest "
+            f"{integrity['digest'][:16]}... verified",
+        ),
         ("signature", signature),
         ("file format", f"version {integrity['file_format_version']}"),
     ]
