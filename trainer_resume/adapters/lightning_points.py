@@ -18,6 +18,7 @@ from pytorch_lightning.callbacks import Callback
 
 from ..durable import load_checkpoint
 from ..errors import CheckpointFormatError
+from ..finished import run_finished
 from ..point_files import latest_checkpoint, point_steps
 from ..resume_points import ResumePoints, WhenBusy
 from .lightning_callback import ResumeCallback
@@ -93,9 +94,10 @@ class ResumePointsCallback(Callback):
     def ckpt_path(self) -> str | None:
         """The newest valid point or pause file (``resume_latest``'s rule), else ``None``.
 
-        Raises:
-            RunFinishedError: the point directory holds the run's finished marker.
+        ``None`` too once the run is finished (``resume.finished``), as ``ResumeCallback``.
         """
+        if self.resume.finished or run_finished(self.points.directory, key=self.key) is not None:
+            return None
         latest = latest_checkpoint(self.points.directory, key=self.key, steps_of=lightning_steps)
         pause = self.resume.ckpt_path
         if pause is not None and latest is not None:
@@ -106,6 +108,12 @@ class ResumePointsCallback(Callback):
                 latest = None
         self._resumes_from = latest
         return latest if latest is not None else pause
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Once the run is finished (``resume`` marked it), retire the points with the pause file."""
+        self.points.wait()
+        if trainer.is_global_zero and self.resume.finished:
+            self.points.retire(completed_steps=int(trainer.global_step), key=self.key)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Let ``fit`` read the file ``ckpt_path`` named (verified, weights-only)."""
@@ -135,6 +143,10 @@ class ResumePointsCallback(Callback):
         batch_idx: int,
     ) -> None:
         """Take a point when one is due (every rank at the same batch under DDP)."""
+        if trainer.fit_loop.epoch_loop._should_accumulate():
+            # Mid-accumulation (the same on every rank): a point waits for the batch that
+            # completes it, as a pause does, so no gradients are in flight.
+            return
         failure = self.points.at_step_boundary(
             trainer.global_step,
             lambda copy: copy(self.resume.pause_checkpoint(trainer), {}),
