@@ -223,6 +223,10 @@ def test_inspect_of_plain_and_durable_lightning_checkpoints(tmp_path_factory, ca
         "not verified: no trainer-resume header",
     )
     assert summary["rng"] == {"saved": False}
+    durable_lines = inspect_text(durable, capsys)
+    assert field(durable_lines, "kind") == "Lightning checkpoint"
+    assert field(durable_lines, "integrity").startswith("ok: marker, length and ")
+    assert field(durable_lines, "steps") == f"global_step {LIGHTNING_PAUSE_STEP}"
     verified = inspect_json(durable, capsys)
     assert (verified["kind"], verified["verified"]) == ("lightning", True)
     assert verified["steps"] == {"global_step": LIGHTNING_PAUSE_STEP}
@@ -274,6 +278,12 @@ def test_inspect_of_finished_marker_says_the_run_is_finished(tmp_path_factory, t
     lines = inspect_text(marker, capsys)
     assert field(lines, "kind").startswith("finished marker")
     assert field(lines, "steps") == "completed_steps 12"
+    summary = inspect_json(marker, capsys)
+    assert (summary["kind"], summary["verified"], summary["steps"]) == (
+        "finished",
+        True,
+        {"completed_steps": 12},
+    )
 
 
 def test_inspect_of_a_file_holding_unsafe_objects_fails_with_code_328(tmp_path, capsys):

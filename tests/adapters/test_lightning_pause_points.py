@@ -12,10 +12,7 @@ import torch
 
 from trainer_resume.testing import first_difference
 
-try:
-    from . import _lightning_trace as trace
-except ImportError:
-    import _lightning_trace as trace
+import _lightning_trace as trace
 
 # name: (trainer options, the training batch after which the pause is requested)
 SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {

@@ -39,12 +39,8 @@ from ..checkpoint_files import (
 )
 from ..errors import CheckpointCorruptedError, CheckpointFormatError
 from ..finished import finished_marker_path
-from ..loaders._state_keys import (
-    BATCH_SAMPLER_FORMAT,
-    EPOCH_SAMPLER_FORMAT,
-    SAMPLER_FORMAT,
-)
 from ..point_files import SkippedCheckpointWarning, candidates, point_name
+from ..state import BATCH_SAMPLER_FORMAT, EPOCH_SAMPLER_FORMAT, SAMPLER_FORMAT
 
 __all__ = ["NOT_VERIFIED", "describe_directory", "describe_file", "loader_position", "rng_summary"]
 
