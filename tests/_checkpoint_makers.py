@@ -62,6 +62,9 @@ class MixinTrainer(TrainingResumeMixin):
     def _resume_extra_state(self) -> dict[str, Any]:
         return {"seen": self.seen, "warmed_up": True}
 
+    def _load_resume_extra_state(self, state: dict[str, Any]) -> None:
+        self.seen = state["seen"]
+
     @training_step
     def step(self) -> None:
         inputs, targets = next(self.batches)
