@@ -156,9 +156,9 @@ def test_inspect_of_missing_file_fails_without_traceback(tmp_path, capsys):
 
 def test_inspect_verifies_signature_with_key_file_and_refuses_wrong_key(tmp_path, capsys):
     signed = tmp_path / "signed.ckpt"
-    save_checkpoint({"weights": torch.zeros(4)}, signed, key=b"right key")
-    (tmp_path / "right").write_bytes(b"right key")
-    (tmp_path / "wrong").write_bytes(b"wrong key")
+    save_checkpoint({"weights": torch.zeros(4)}, signed, key=b"the right key, 16+ bytes")
+    (tmp_path / "right").write_bytes(b"the right key, 16+ bytes")
+    (tmp_path / "wrong").write_bytes(b"the wrong key, 16+ bytes")
 
     assert main(["inspect", str(signed), "--key-file", str(tmp_path / "right")]) == 0
     output = capsys.readouterr().out

@@ -44,6 +44,11 @@ FROZEN_CODES = {
     336: ("LoaderCommitFailedError", "recording the consumed position failed; only load_state_dict() recovers"),
     338: ("ResumableBatchConfigurationError", "empty dataset or settings that cannot produce a valid batch"),
     339: ("CheckpointSignatureError", "a signing key was given and the file's HMAC is missing or wrong"),
+    341: (
+        "CheckpointNotDurableError",
+        "the new checkpoint is in place, but its directory could not be synced; "
+        "after a crash the previous checkpoint may reappear",
+    ),
     351: ("ResumableSamplerGeneratorError", "sampler RNG state corrupted"),
 }
 

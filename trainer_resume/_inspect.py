@@ -12,7 +12,7 @@ import torch
 
 from ._cli_table import format_bytes, format_table
 from .cli import UsageError
-from .durable import load_checkpoint, read_checkpoint_header
+from .durable import load_checkpoint, read_checkpoint_header, validate_key
 from .state import PAUSE_FORMAT
 
 __all__ = ["InspectUsageError", "run_inspect", "summarize"]
@@ -110,7 +110,8 @@ def summarize(path: str, *, key: bytes | None = None) -> dict[str, Any]:
         "file_bytes": os.path.getsize(path),
         "file_format_version": header.format_version,
         "payload_bytes": header.payload_length,
-        "sha256": header.sha256,
+        "digest": header.digest,
+        "digest_algorithm": header.algorithm,
         "signed": header.signed,
         "signature_verified": key is not None,
     }
@@ -167,7 +168,13 @@ def _print_text(summary: dict[str, Any], out: TextIO) -> None:
     )
     lines = [
         ("file", f"{summary['path']}, {format_bytes(summary['file_bytes'])}"),
-        ("integrity", f"ok: marker, length and SHA-256 {summary['sha256'][:16]}... verified"),
+        (
+            "integrity",
+            (
+                f"ok: marker, length and {summary['digest_algorithm']} "
+                f"{summary['digest'][:16]}... verified"
+            ),
+        ),
         ("signature", signature),
         ("file format", f"version {summary['file_format_version']}"),
     ]
@@ -237,8 +244,10 @@ def run_inspect(path: str, *, as_json: bool, key_file: str | None, out: TextIO) 
     if key_file is not None:
         with open(key_file, "rb") as handle:
             key = handle.read()
-        if not key:
-            raise InspectUsageError(f"the key file {key_file} is empty")
+        try:
+            key = validate_key(key)
+        except (TypeError, ValueError) as error:
+            raise InspectUsageError(f"the key file {key_file}: {error}") from error
     summary = summarize(path, key=key)
     if as_json:
         print(json.dumps(summary, indent=2, default=str), file=out)

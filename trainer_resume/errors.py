@@ -20,6 +20,7 @@ __all__ = [
     "TrainerLockedError",
     "PauseBlockedError",
     "CheckpointWriteError",
+    "CheckpointNotDurableError",
     "UnsafeCheckpointError",
     "VersionMismatchError",
     "ResumeStateMismatchError",
@@ -97,6 +98,15 @@ class CheckpointWriteError(ResumeError):
     message = "writing failed; the previous checkpoint is intact"
 
 
+class CheckpointNotDurableError(CheckpointWriteError):
+    # A CheckpointWriteError, so callers that retry failed writes retry this one too.
+    code = 341
+    message = (
+        "the new checkpoint is in place, but its directory could not be synced; "
+        "after a crash the previous checkpoint may reappear"
+    )
+
+
 class UnsafeCheckpointError(ResumeError):
     code = 328
     message = "the file holds objects outside the safe (weights-only) set"
@@ -170,6 +180,7 @@ ERRORS_BY_CODE: dict[int, type[ResumeError]] = {
         TrainerLockedError,
         PauseBlockedError,
         CheckpointWriteError,
+        CheckpointNotDurableError,
         UnsafeCheckpointError,
         VersionMismatchError,
         ResumeStateMismatchError,

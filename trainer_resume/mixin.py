@@ -34,7 +34,7 @@ from ._step_guard import (
     training_step,
 )
 from .amp import restore_grad_scaler_state
-from .durable import load_checkpoint, save_checkpoint
+from .durable import load_checkpoint, save_checkpoint, validate_key
 from .errors import (
     ConfigSignatureMismatchError,
     PauseBlockedError,
@@ -107,11 +107,16 @@ class TrainingResumeMixin:
             config: The trainer's config (mapping, OmegaConf config, dataclass...).
             version: The version of the training module; a pause file of another
                 version is refused (``VersionMismatchError``).
-            key: Optional HMAC key: pause files are signed with it and ``resume``
-                refuses files without a valid signature.
+            key: Optional signing key (bytes, at least 16): pause files are signed
+                with it and ``resume`` refuses files without a valid signature.
+
+        Raises:
+            TypeError, ValueError: ``version`` is not a non-empty str, or ``key`` is
+                not bytes of at least 16 (checked here, not at the first pause).
         """
         if not isinstance(version, str) or not version:
             raise TypeError(f"version must be a non-empty str, got {version!r}")
+        key = validate_key(key)
         canonical = canonical_config(config)
         self.__dict__["_training_resume_settings"] = _Settings(version, config_signature(config), canonical, key)
         if GUARD_ATTRIBUTE not in self.__dict__:

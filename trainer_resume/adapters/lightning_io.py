@@ -17,7 +17,7 @@ from typing import Any
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_fabric.utilities.cloud_io import get_filesystem
 
-from ..durable import load_checkpoint, save_checkpoint
+from ..durable import load_checkpoint, save_checkpoint, validate_key
 from ..errors import CheckpointFormatError
 
 __all__ = ["DurableCheckpointIO"]
@@ -42,13 +42,17 @@ class DurableCheckpointIO(CheckpointIO):
     operations.
 
     Args:
-        key: Optional HMAC key. Every file is then signed and loading verifies the
-            signature, so tampering is detected, not only accidental damage.
+        key: Optional signing key (bytes, at least 16). Every file is then signed
+            and loading verifies the signature, so tampering is detected, not only
+            accidental damage.
+
+    Raises:
+        TypeError, ValueError: ``key`` is not bytes of at least 16.
     """
 
     def __init__(self, *, key: bytes | None = None) -> None:
         super().__init__()
-        self._key = key
+        self._key = validate_key(key)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any | None = None

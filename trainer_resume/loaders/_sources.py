@@ -74,7 +74,7 @@ class SamplerSource:
 
     def commit(self, before: int, after: int) -> None:
         _check_contiguous(before, self.sampler.consumed, "stream position")
-        self.sampler._commit(after)
+        self.sampler.commit(after)
 
     def state(self) -> SamplerState:
         return self.sampler._state()
@@ -109,7 +109,7 @@ class BatchSamplerSource:
 
     def commit(self, before: tuple[int, int], after: tuple[int, int]) -> None:
         _check_contiguous(before, self.batch_sampler.cursor, "(cycle, batch)")
-        self.batch_sampler._commit(*after)
+        self.batch_sampler.commit(*after)
 
     def state(self) -> BatchSamplerState:
         return self.batch_sampler._state()
