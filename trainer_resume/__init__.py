@@ -8,7 +8,10 @@ from .errors import __all__ as _error_names
 from .amp import restore_grad_scaler_state
 from .distributed import WorldSizeChangeWarning
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header, save_checkpoint
+from .finished import FinishedRun, mark_finished, run_finished
 from .mixin import TrainingResumeMixin, serialized_training, training_step
+from .point_files import SkippedCheckpointWarning
+from .resume_points import ResumePoint, ResumePoints
 from .rng import derive_seed, random_state, restore_random_state, rng_scope
 from .signature import canonical_config, config_difference, config_signature
 from .state import cpu_state
@@ -33,5 +36,11 @@ __all__ = [
     "config_difference",
     "canonical_config",
     "WorldSizeChangeWarning",
+    "run_finished",
+    "mark_finished",
+    "FinishedRun",
+    "ResumePoints",
+    "ResumePoint",
+    "SkippedCheckpointWarning",
     *_error_names,
 ]

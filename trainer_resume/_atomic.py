@@ -159,7 +159,7 @@ def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
             raise
         raise CheckpointWriteError(f"could not write {path}: {exc!r}") from exc
     try:
-        _fsync_directory(directory)
+        fsync_directory(directory)
     except OSError as exc:
         raise CheckpointNotDurableError(f"{path}: syncing {directory} failed: {exc!r}") from exc
     remove_stale_temps(directory, name)
@@ -196,7 +196,8 @@ def _writer_alive(pid: int) -> bool:
     return True
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
+    """fsync a directory so a rename or removal in it is durable (a no-op where unsupported)."""
     if os.name == "nt":
         return  # a directory cannot be opened for fsync on Windows; NTFS journals the rename
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

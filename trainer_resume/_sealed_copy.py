@@ -7,15 +7,14 @@ concurrent writer, a swapped file). So the payload is copied once into memory
 that nothing else can change, hashed there and loaded from there.
 
 On Linux the copy is a ``memfd`` (anonymous shared memory) filled in the kernel
-(``sendfile``) and then sealed against writes, growth and shrinking, so not even
-another process that opens it through ``/proc`` can change it. ``torch.load(mmap=True)``
-maps it copy-on-write: the tensors use the copy's pages directly, so loading holds
-about 1x the payload in memory, and no record is copied a second time. The pages
-stay in use while any loaded tensor that was not copied elsewhere is alive (e.g. an
-optimizer state adopted as is by ``load_state_dict``).
+(``sendfile``, no pass through Python) and then sealed against writes, growth and
+shrinking, so not even another process that opens it through ``/proc`` can change
+it; ``torch.load`` reads it by its ``/proc/self/fd`` path. Elsewhere (no
+``memfd_create`` or no ``/proc``) the copy is an ordinary private buffer.
 
-Elsewhere (no ``memfd_create`` or no ``/proc``) the copy is an ordinary private
-buffer and ``torch.load`` reads from it, which holds the payload twice while loading.
+Memory: while loading, the copy (1x the payload) and the loaded tensors (1x) exist
+together, so the peak is about 2x the payload; the copy is released before the
+loaded object is returned, which then holds ordinary memory only.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ class SealedCopy:
 
     Attributes:
         view: The copied bytes (read-only).
-        path: A path ``torch.load(mmap=True)`` can map the copy from, or None when
+        path: A path ``torch.load`` can read the copy from, or None when
             the copy is a plain buffer (load from :meth:`reader` then).
     """
 
@@ -63,7 +62,7 @@ class SealedCopy:
             raise
 
     def reader(self) -> io.RawIOBase:
-        """A seekable file object over the copy (for ``torch.load`` without mmap)."""
+        """A seekable file object over the copy (for ``torch.load`` without a path)."""
         return _MemoryReader(self.view)
 
     def close(self) -> None:

@@ -113,11 +113,12 @@ def load_payload(copy: SealedCopy, map_location: Any, where: str) -> Any:
             pickle, or nested too deeply (321).
         UnsafeCheckpointError: It needs objects outside the weights-only set (328).
     """
+    # Not mmap=True: the tensors would then share the copy's pages, and whatever
+    # keeps one of them (an optimizer adopts its loaded state as is) would pin the
+    # whole copy for the rest of the run. Reading copies each record once instead.
     source: Any = copy.path if copy.path is not None else copy.reader()
     try:
-        obj = torch.load(
-            source, map_location=map_location, weights_only=True, mmap=copy.path is not None
-        )
+        obj = torch.load(source, map_location=map_location, weights_only=True, mmap=False)
     except pickle.UnpicklingError as exc:
         text = str(exc)
         if any(word in text for word in _UNSAFE_WORDS):

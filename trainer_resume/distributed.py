@@ -27,19 +27,20 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Callable, Mapping
-from typing import Any, TypedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from .difference import first_difference
 from .errors import (
     CheckpointFormatError,
     CheckpointWriteError,
     ResumeStateMismatchError,
 )
 from .rng import derive_seed, random_state, restore_random_state, seed_cpu_generators
-from .state import PauseCheckpoint, RandomState
+from .state import DistributedPauseState, PauseCheckpoint, RandomState, RankPauseState
 
 __all__ = [
     "DISTRIBUTED_FORMAT",
@@ -49,12 +50,14 @@ __all__ = [
     "WorldSizeChangeWarning",
     "agree",
     "any_rank",
+    "any_ranks",
     "commit",
     "converted_steps",
     "gather_pause",
     "is_distributed",
     "pause_path_agreed",
     "rank_view",
+    "rank_zero_result",
     "world",
 ]
 
@@ -64,29 +67,6 @@ DISTRIBUTED_KEY = "distributed"
 
 class WorldSizeChangeWarning(UserWarning):
     """A pause is resumed with another number of ranks: sample-exact, not bit-comparable."""
-
-
-class RankPauseState(TypedDict):
-    """What differs between ranks at a pause."""
-
-    loaders: dict[
-        str, Any
-    ]  # name -> LoaderState (the same global cursor on every rank)
-    extra: dict[str, Any]
-    rng: RandomState
-
-
-class DistributedPauseState(TypedDict):
-    """The ``"distributed"`` entry of a pause file written by several ranks.
-
-    The top-level ``loaders`` / ``extra`` / ``rng`` of the file are rank 0's, so the
-    file also reads as a single-process pause file.
-    """
-
-    format: str  # DISTRIBUTED_FORMAT
-    world_size: int
-    rng_base_seed: int  # base of the per-rank RNG re-derived for another world size
-    ranks: list[RankPauseState]  # by rank
 
 
 # ----------------------------------------------------------------------- the group
@@ -113,9 +93,14 @@ def _device() -> torch.device:
 
 def any_rank(flag: bool) -> bool:
     """All-reduce ``flag`` with MAX: true on every rank when it is true on one."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=_device())
+    return any_ranks([flag])[0]
+
+
+def any_ranks(flags: Sequence[bool]) -> list[bool]:
+    """``any_rank`` of several flags in one collective."""
+    value = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int32, device=_device())
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return [bool(item) for item in value.tolist()]
 
 
 def agree(local_error: str | None, action: str) -> None:
@@ -131,6 +116,21 @@ def agree(local_error: str | None, action: str) -> None:
     if failed:
         rank, error = failed[0]
         raise RuntimeError(f"{action} refused on rank {rank}: {error}")
+
+
+def rank_zero_result(compute: Callable[[], Any]) -> Any:
+    """Rank 0 runs ``compute``; every rank gets its result, or raises the error it raised."""
+    outcome: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            outcome[0] = ("ok", compute())
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below
+            outcome[0] = ("error", exc)
+    dist.broadcast_object_list(outcome, src=0)
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
 
 
 def pause_path_agreed(requested: str | None) -> str | None:
@@ -178,14 +178,14 @@ def gather_pause(checkpoint: PauseCheckpoint) -> PauseCheckpoint | None:
         )
     if rank != 0:
         return None
-    combined = dict(checkpoint)
-    combined[DISTRIBUTED_KEY] = {
+    combined = checkpoint.copy()
+    combined["distributed"] = {
         "format": DISTRIBUTED_FORMAT,
         "world_size": size,
         "rng_base_seed": _rng_base_seed(checkpoint["rng"]),
         "ranks": [entry[1] for entry in gathered],
     }
-    return combined  # type: ignore[return-value]
+    return combined
 
 
 def commit(write: Callable[[], None], path: str) -> None:
@@ -218,22 +218,6 @@ def commit(write: Callable[[], None], path: str) -> None:
 def converted_steps(completed_steps: int, saved_world: int, world_size: int) -> int:
     """Steps at the same number of seen samples: ``completed_steps * saved_world // world_size``."""
     return completed_steps * saved_world // world_size
-
-
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and torch.equal(a, b)
-        )
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return list(a) == list(b) and all(_equal(a[key], b[key]) for key in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
 
 
 def _ranks(
@@ -310,8 +294,8 @@ def rank_view(
             differ, so they cannot be redistributed over another world size.
     """
     saved_world, ranks, base = _ranks(checkpoint, location)
-    view: dict[str, Any] = dict(checkpoint)
-    view.pop(DISTRIBUTED_KEY, None)
+    view = checkpoint.copy()
+    view.pop("distributed", None)
     if saved_world == world_size:
         mine = ranks[rank]
         view["loaders"], view["extra"], view["rng"] = (
@@ -319,10 +303,10 @@ def rank_view(
             mine["extra"],
             mine["rng"],
         )
-        return view  # type: ignore[return-value]
+        return view
     for name in ("loaders", "extra"):
         for index, other in enumerate(ranks[1:], start=1):
-            if not _equal(other[name], ranks[0][name]):
+            if first_difference(other[name], ranks[0][name]) is not None:
                 what = "loader positions" if name == "loaders" else "extra states"
                 raise ResumeStateMismatchError(
                     f"{location} was paused with {saved_world} rank(s) whose {what} differ (rank 0 and rank {index}); "
@@ -346,7 +330,7 @@ def rank_view(
         ),
         stacklevel=3,
     )
-    return view  # type: ignore[return-value]
+    return view
 
 
 def _single_base(state: Any) -> int:

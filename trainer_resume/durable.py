@@ -143,12 +143,12 @@ def load_checkpoint(
 ) -> Any:
     """Verify and load a file written by :func:`save_checkpoint`.
 
-    The payload is copied once into sealed memory; marker, version, length, digest
-    and (with ``key``) the signature are checked on that copy before anything is
-    unpickled, and that same copy is unpickled with ``torch.load(weights_only=True,
-    mmap=True)``: the loaded tensors use the copy's memory. Peak memory is about
-    1x the payload (the tensors share the copy's pages; see
-    :mod:`trainer_resume._sealed_copy`; where ``memfd`` is unavailable, 2x).
+    The payload is copied once into sealed memory; marker, version, length, digest,
+    (with ``key``) the signature and the archive's structure are checked on that
+    copy before anything is unpickled, and that same copy is unpickled with
+    ``torch.load(weights_only=True)``. Peak memory is about 2x the payload (the
+    copy plus the loaded tensors, see :mod:`trainer_resume._sealed_copy`); the copy
+    is released before this returns.
 
     Args:
         path: The checkpoint file.

@@ -32,6 +32,7 @@ __all__ = [
     "LoaderCommitFailedError",
     "ResumableBatchConfigurationError",
     "CheckpointSignatureError",
+    "RunFinishedError",
     "ResumableSamplerGeneratorError",
     "ERRORS_BY_CODE",
     "get_error_message",
@@ -165,6 +166,14 @@ class CheckpointSignatureError(ResumeError):
     message = "a signing key was given and the file's HMAC is missing or wrong"
 
 
+class RunFinishedError(ResumeError):
+    code = 340
+    message = (
+        "the run is finished: there is nothing to resume (trainer_resume.run_finished "
+        "tells; a requeued job can exit 0)"
+    )
+
+
 class ResumableSamplerGeneratorError(ResumeError):
     code = 351
     message = "sampler RNG state corrupted"
@@ -192,6 +201,7 @@ ERRORS_BY_CODE: dict[int, type[ResumeError]] = {
         LoaderCommitFailedError,
         ResumableBatchConfigurationError,
         CheckpointSignatureError,
+        RunFinishedError,
         ResumableSamplerGeneratorError,
     )
 }

@@ -11,12 +11,12 @@ writes everything an exact continuation needs; ``resume(path)`` in a fresh train
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Protocol
 
 import torch
 
-from ._pause_file import (
+from ._pause_checks import (
     check_layout,
     check_names,
     check_random_state,
@@ -33,8 +33,11 @@ from ._step_guard import (
     serialized_training,
     training_step,
 )
+from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
+from ._state_match import check_object_states
 from .amp import restore_grad_scaler_state
 from .durable import load_checkpoint, save_checkpoint, validate_key
+from .finished import finished_marker_path, mark_finished, refuse_if_finished
 from .errors import (
     ConfigSignatureMismatchError,
     PauseBlockedError,
@@ -42,7 +45,10 @@ from .errors import (
     TrainerLockedError,
     VersionMismatchError,
 )
-from .rng import random_state, restore_random_state
+from .point_files import latest_checkpoint
+from .resume_points import ResumePoint, ResumePoints, host_snapshot
+from .rng import restore_random_state
+from .sharded import refuse_dtensors
 from .signature import canonical_config, config_difference, config_signature
 from .state import PAUSE_FORMAT, PauseCheckpoint
 
@@ -79,8 +85,8 @@ def _refuse_on_every_rank(error: BaseException, action: str) -> None:
         pass
 
 
-def _rng_device() -> int | None:
-    return torch.cuda.current_device() if torch.cuda.is_available() else None
+def _overrides(trainer: Any, hook: str) -> bool:
+    return getattr(type(trainer), hook) is not getattr(TrainingResumeMixin, hook)
 
 
 class TrainingResumeMixin:
@@ -93,12 +99,20 @@ class TrainingResumeMixin:
     through ``@serialized_training``.
     """
 
-    # True runs _pause_at_step_boundary() after every step, for trainers whose pause
-    # decision is collective (every process must take part at every boundary).
+    # True checks for a pause at every step boundary, not only after a request, for
+    # trainers whose pause decision is collective (every process must take part at
+    # every boundary).
     _pause_check_every_step: ClassVar[bool] = False
 
     # ----------------------------------------------------------------- setup
-    def _initialize_training_resume(self, config: Any, *, version: str, key: bytes | None = None) -> None:
+    def _initialize_training_resume(
+        self,
+        config: Any,
+        *,
+        version: str,
+        key: bytes | None = None,
+        resume_points: ResumePoints | None = None,
+    ) -> None:
         """Sign ``config`` (its ``load`` entry excluded) and record the module version.
 
         Call it in ``__init__`` with the original config, before the first step.
@@ -109,6 +123,9 @@ class TrainingResumeMixin:
                 version is refused (``VersionMismatchError``).
             key: Optional signing key (bytes, at least 16): pause files are signed
                 with it and ``resume`` refuses files without a valid signature.
+            resume_points: Take periodic, asynchronous resume points
+                (:class:`~trainer_resume.ResumePoints`); ``resume_latest`` continues
+                from the newest after a crash.
 
         Raises:
             TypeError, ValueError: ``version`` is not a non-empty str, or ``key`` is
@@ -117,15 +134,17 @@ class TrainingResumeMixin:
         if not isinstance(version, str) or not version:
             raise TypeError(f"version must be a non-empty str, got {version!r}")
         key = validate_key(key)
+        if resume_points is not None and not isinstance(resume_points, ResumePoints):
+            raise TypeError(f"resume_points must be a ResumePoints, got {type(resume_points).__name__}")
         canonical = canonical_config(config)
         self.__dict__["_training_resume_settings"] = _Settings(version, config_signature(config), canonical, key)
         if GUARD_ATTRIBUTE not in self.__dict__:
-            self.__dict__[GUARD_ATTRIBUTE] = StepGuard()
+            self.__dict__[GUARD_ATTRIBUTE] = StepGuard(_pause_at_step_boundary)
         self.__dict__[GUARD_ATTRIBUTE].check_every_boundary = bool(self._pause_check_every_step)
-
-    def _resume_settings(self, action: str) -> _Settings:
-        guard_of(self, action)
-        return self.__dict__["_training_resume_settings"]
+        if resume_points is not None:
+            resume_points.attach(self)
+        self.__dict__[GUARD_ATTRIBUTE].points = resume_points
+        record_boundary(self, self.__dict__[GUARD_ATTRIBUTE], initial=True)
 
     # ------------------------------------------------------------ state flags
     @property
@@ -180,11 +199,11 @@ class TrainingResumeMixin:
 
     def _save_pause_checkpoint(self, checkpoint: PauseCheckpoint, path: StrPath) -> None:
         """Write the pause checkpoint durably (default: ``save_checkpoint``)."""
-        save_checkpoint(checkpoint, path, key=self._resume_settings("pause()").key)
+        save_checkpoint(checkpoint, path, key=_settings(self, "pause()").key)
 
     def _load_pause_checkpoint(self, path: StrPath) -> Any:
         """Read and verify a pause file (default: ``load_checkpoint``, weights-only)."""
-        return load_checkpoint(path, map_location="cpu", key=self._resume_settings("resume()").key)
+        return load_checkpoint(path, map_location="cpu", key=_settings(self, "resume()").key)
 
     # ----------------------------------------------------------------- guards
     # pause() and resume() are guards, not hooks: they take the training lock, refuse
@@ -224,7 +243,7 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "pause()")
         with guard.exclusive():
-            self._require_step_boundary(guard, "pause")
+            _require_step_boundary(guard, "pause")
             # Under a process group every rank takes part in each collective below, so a
             # refusal on one rank is announced to all before it is raised (none waits forever).
             collective = _distributed.is_distributed()
@@ -233,7 +252,7 @@ class TrainingResumeMixin:
                     raise TrainerLockedError(guard.locked_reason)
                 if guard.failed:
                     raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
-                checkpoint = self._pause_checkpoint(guard)
+                checkpoint = _pause_checkpoint(self, guard)
             except Exception as error:
                 if collective:
                     _refuse_on_every_rank(error, "pause()")
@@ -252,8 +271,9 @@ class TrainingResumeMixin:
         """Restore the trainer from a pause file and unpause it.
 
         The file is verified and checked completely (format, module version, config
-        signature, entries, loader states, ``_validate_resume``, RNG state) before
-        anything changes; a refusal leaves the trainer as it was. Objects, loaders,
+        signature, entries, every object's state against the live object: keys,
+        shapes, dtypes, optimizer parameter groups; loader states,
+        ``_validate_resume``, RNG state) before anything changes; a refusal leaves the trainer as it was. Objects, loaders,
         extra state and iterators are then restored, the main-process RNG last.
 
         Args:
@@ -261,9 +281,12 @@ class TrainingResumeMixin:
 
         Raises:
             FileNotFoundError: ``path`` does not exist.
+            RunFinishedError: ``finish(path)`` marked the run finished (see
+                :func:`trainer_resume.run_finished`); nothing changed.
             ResumeError: the file is refused (321 format, 322 corrupted, 323 config,
-                328 unsafe, 329 version, 330 entries, 333 loader state, 339
-                signature, or what ``_validate_resume`` raises); nothing changed.
+                328 unsafe, 329 version, 330 entries or a state that does not fit its
+                object, 333 loader state, 339 signature, or what ``_validate_resume``
+                raises); nothing changed and the trainer is not locked.
             TrainerLockedError: restoring failed part-way; the trainer refuses steps
                 and pauses until a later ``resume()`` succeeds.
             RuntimeError: called inside a training step; or, under a process group
@@ -275,19 +298,61 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "resume()")
         with guard.exclusive():
-            self._require_step_boundary(guard, "resume")
+            _require_step_boundary(guard, "resume")
             location = os.fspath(path)
             collective = _distributed.is_distributed()
             try:
-                checkpoint = self._rank_checkpoint(self._load_pause_checkpoint(path), location)
-                states = self._check_pause_checkpoint(checkpoint, location)
+                refuse_if_finished(location, key=_settings(self, "resume()").key)
+                checkpoint = _rank_checkpoint(self, self._load_pause_checkpoint(path), location)
+                states = _check_pause_checkpoint(self, checkpoint, location)
             except Exception as error:
                 if collective:
                     _refuse_on_every_rank(error, "resume()")
                 raise
             if collective:  # every rank checked the file: restore everywhere or nowhere
                 _distributed.agree(None, "resume()")
-            self._restore(guard, checkpoint, states, location)
+            _restore(self, guard, checkpoint, states, location)
+
+    def finish(self, path: StrPath) -> str:
+        """Mark the run that pauses to ``path`` finished, once training is complete.
+
+        A durable *finished marker* holding the completed step count replaces the
+        pause file (see :mod:`trainer_resume.finished`). From then on ``resume(path)``
+        raises ``RunFinishedError`` and :func:`trainer_resume.run_finished` returns
+        the marker, so a requeued job that already finished can exit 0 instead of
+        training the tail again.
+
+        Args:
+            path: The pause file path the run uses (it need not exist).
+
+        Returns:
+            The marker's path.
+
+        Raises:
+            TrainerLockedError: a restore failed part-way.
+            CheckpointWriteError: the marker could not be written; nothing was retired.
+            RuntimeError: called inside a training step.
+
+        Under a process group of several ranks, call it on every rank: rank 0 writes.
+        """
+        guard = guard_of(self, "finish()")
+        with guard.exclusive():
+            _require_step_boundary(guard, "finish")
+            if guard.locked_reason is not None:
+                raise TrainerLockedError(guard.locked_reason)
+            key = _settings(self, "finish()").key
+            location = os.fspath(path)
+
+            def write() -> None:
+                mark_finished(location, completed_steps=guard.completed_steps, key=key)
+                if guard.points is not None:  # the resume points retire with the pause file
+                    guard.points.retire(completed_steps=guard.completed_steps, key=key)
+
+            if _distributed.is_distributed():
+                _distributed.commit(write, location)
+            else:
+                write()
+            return finished_marker_path(location)
 
     def request_pause(self, path: StrPath) -> None:
         """Ask for a pause at the end of the running (or next) outermost training step.
@@ -310,10 +375,67 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "pause_if_requested()")
         with guard.exclusive():
-            self._require_step_boundary(guard, "pause_if_requested")
+            _require_step_boundary(guard, "pause_if_requested")
             if guard.requested_path is None and not _distributed.is_distributed():
                 return False
-            return self._pause_at_step_boundary()
+            return _pause_at_step_boundary(self)
+
+    def checkpoint(self) -> ResumePoint:
+        """Take a resume point now, into the ``ResumePoints`` directory, and return its handle.
+
+        Between steps it snapshots at once (waiting for the write in flight first);
+        called from another thread it waits for the running step to end; inside a
+        step, or under a process group of several ranks, it is taken at the next step
+        boundary. When an automatic point is due at the same boundary, one point serves
+        both. ``handle.wait()`` blocks until the point is durable (under a process
+        group, rank 0's handle: rank 0 writes).
+
+        Raises:
+            RuntimeError: the trainer was initialised without ``resume_points``.
+            TrainerLockedError, PauseBlockedError: as for :meth:`pause`.
+        """
+        guard = guard_of(self, "checkpoint()")
+        points = _points_of(guard, "checkpoint()")
+        if guard.depth or _distributed.is_distributed():
+            return points.request()
+        with guard.exclusive():
+            if guard.locked_reason is not None:
+                raise TrainerLockedError(guard.locked_reason)
+            if guard.failed:
+                raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
+            key = _settings(self, "checkpoint()").key
+            return points.take(guard.completed_steps, lambda: _pause_checkpoint(self, guard, host_snapshot), key=key)
+
+    def resume_latest(self, directory: StrPath | None = None) -> str | None:
+        """Resume from the newest complete, valid resume point or pause file in ``directory``.
+
+        Temp files of a killed writer are removed and never taken; a damaged file is
+        skipped with a ``SkippedCheckpointWarning`` for the next older one.
+
+        Args:
+            directory: Default: the directory of the trainer's ``ResumePoints``.
+
+        Returns:
+            The path resumed from, or ``None`` when there is nothing (a fresh start).
+
+        Raises:
+            RunFinishedError: the directory holds the run's finished marker: the run
+                is done (a requeued job can exit 0).
+            Same as :meth:`resume` for the file chosen.
+        """
+        guard = guard_of(self, "resume_latest()")
+        if directory is None:
+            directory = _points_of(guard, "resume_latest() without a directory").directory
+        if guard.points is not None:
+            guard.points.wait()
+        key = _settings(self, "resume_latest()").key
+        if _distributed.is_distributed():
+            path = _distributed.rank_zero_result(lambda: latest_checkpoint(directory, key=key))
+        else:
+            path = latest_checkpoint(directory, key=key)
+        if path is not None:
+            self.resume(path)
+        return path
 
     def pause_on_signal(self, path: StrPath, signals: Iterable[int] = DEFAULT_PAUSE_SIGNALS) -> SignalPause:
         """Turn the given signals into a pause request (written at the next step boundary).
@@ -342,127 +464,180 @@ class TrainingResumeMixin:
         if handle is not None:
             handle.restore()
 
-    # -------------------------------------------------------------- internals
-    def _pause_at_step_boundary(self) -> bool:
-        """Write the pending pause request, if any (runs under the lock, between steps)."""
-        guard: StepGuard = self.__dict__[GUARD_ATTRIBUTE]
-        path = guard.requested_path
-        guard.requested_path = None
-        if _distributed.is_distributed():
-            # A request on any rank pauses every rank at this same boundary.
-            path = _distributed.pause_path_agreed(path)
-        if path is None:
-            return False
-        self.pause(path)
-        return True
 
-    def _rank_checkpoint(self, checkpoint: Any, location: str) -> PauseCheckpoint:
-        # This rank's part of a pause file (the file itself for one process and a plain file).
-        check_layout(checkpoint, location)
-        world_size, rank = _distributed.world()
-        return _distributed.rank_view(
-            checkpoint,
-            world_size=world_size,
-            rank=rank,
-            location=location,
-            device=_rng_device(),
-            objects=self._resume_objects(),
+# ------------------------------------------------------------------ internals
+# The machinery behind the guards lives here, outside the class, so that a trainer's
+# namespace holds only the documented hooks: a trainer with its own ``_restore`` or
+# ``_pause_checkpoint`` method cannot replace the restore or pause path by accident.
+
+
+def _settings(trainer: TrainingResumeMixin, action: str) -> _Settings:
+    guard_of(trainer, action)
+    return trainer.__dict__["_training_resume_settings"]
+
+
+def _pause_at_step_boundary(trainer: TrainingResumeMixin) -> bool:
+    """Take a due resume point and write the pending pause request, if any (under the lock, between steps)."""
+    guard: StepGuard = trainer.__dict__[GUARD_ATTRIBUTE]
+    failure = None
+    if guard.points is not None:
+        failure = guard.points.at_step_boundary(
+            guard.completed_steps,
+            lambda: _pause_checkpoint(trainer, guard, host_snapshot),
+            key=_settings(trainer, "checkpoint()").key,
         )
+    path = guard.requested_path
+    guard.requested_path = None
+    if _distributed.is_distributed():
+        # A request on any rank pauses every rank at this same boundary.
+        path = _distributed.pause_path_agreed(path)
+    if path is not None:
+        trainer.pause(path)
+    if failure is not None:  # a background write of an earlier point failed
+        raise failure
+    return path is not None
 
-    @staticmethod
-    def _require_step_boundary(guard: StepGuard, action: str) -> None:
-        if guard.depth:
-            hint = " use request_pause(path) to pause when the step ends" if action == "pause" else ""
-            raise RuntimeError(f"{action}() was called inside a training step;{hint}")
 
-    def _pause_checkpoint(self, guard: StepGuard) -> PauseCheckpoint:
-        settings = self._resume_settings("pause()")
-        objects = dict(self._resume_objects())
-        shared = list(self._resume_shared_keys())
-        regular_source = self._regular_checkpoint()
-        for name in shared:
-            if name not in objects or regular_source is None or name not in regular_source:
-                where = "the resume objects" if name not in objects else "the regular checkpoint"
-                raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
-        memo: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
-        regular = None if regular_source is None else to_cpu(dict(regular_source), memo)
-        object_states: dict[str, Any] = {}
+def _points_of(guard: StepGuard, action: str) -> ResumePoints:
+    if guard.points is None:
+        raise RuntimeError(
+            f"{action} needs resume points: pass resume_points=ResumePoints(directory, ...) "
+            "to _initialize_training_resume"
+        )
+    return guard.points
+
+
+def _rank_checkpoint(trainer: TrainingResumeMixin, checkpoint: Any, location: str) -> PauseCheckpoint:
+    # This rank's part of a pause file (the file itself for one process and a plain file).
+    check_layout(checkpoint, location)
+    world_size, rank = _distributed.world()
+    return _distributed.rank_view(
+        checkpoint,
+        world_size=world_size,
+        rank=rank,
+        location=location,
+        device=rng_device(),
+        objects=trainer._resume_objects(),
+    )
+
+
+def _require_step_boundary(guard: StepGuard, action: str) -> None:
+    if guard.depth:
+        hint = " use request_pause(path) to pause when the step ends" if action == "pause" else ""
+        raise RuntimeError(f"{action}() was called inside a training step;{hint}")
+
+
+def _pause_checkpoint(
+    trainer: TrainingResumeMixin, guard: StepGuard, copy: Callable[[Any, dict], Any] = to_cpu
+) -> PauseCheckpoint:
+    # copy: to_cpu for a pause (written under the lock), host_snapshot for a resume
+    # point (written while training changes the live tensors).
+    settings = _settings(trainer, "pause()")
+    objects = dict(trainer._resume_objects())
+    shared = list(trainer._resume_shared_keys())
+    regular_source = trainer._regular_checkpoint()
+    for name in shared:
+        if name not in objects or regular_source is None or name not in regular_source:
+            where = "the resume objects" if name not in objects else "the regular checkpoint"
+            raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
+    memo: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+    regular = None if regular_source is None else copy(dict(regular_source), memo)
+    object_states: dict[str, Any] = {}
+    for name, obj in objects.items():
+        # A shared key references the regular snapshot: no second state_dict() call,
+        # and torch.save writes the object once because it is the same object.
+        object_states[name] = (
+            regular[name] if regular is not None and name in shared else copy(obj.state_dict(), memo)
+        )
+    checkpoint: PauseCheckpoint = {
+        "format": PAUSE_FORMAT,
+        "module_version": settings.version,
+        "config_signature": settings.signature,
+        "config": settings.canonical,
+        "completed_steps": guard.completed_steps,
+        "regular": regular,
+        "shared_keys": shared,
+        "objects": object_states,
+        # Loader positions and RNG as of the last step boundary: a batch fetched since
+        # (outside the step) is delivered again, and no fetch is caught half-way.
+        "loaders": boundary_loader_states(trainer, guard),
+        "extra": copy(dict(trainer._resume_extra_state()), memo),
+        "rng": boundary_random_state(guard),
+    }
+    refuse_dtensors(checkpoint, "checkpoint")
+    check_saveable(checkpoint)
+    return checkpoint
+
+
+def _check_pause_checkpoint(trainer: TrainingResumeMixin, checkpoint: Any, location: str) -> dict[str, Any]:
+    settings = _settings(trainer, "resume()")
+    check_layout(checkpoint, location)
+    if checkpoint["module_version"] != settings.version:
+        raise VersionMismatchError(
+            f"{location} was written by version {checkpoint['module_version']!r}, this trainer is {settings.version!r}"
+        )
+    if checkpoint["config_signature"] != settings.signature:
+        saved = checkpoint.get("config")
+        difference = config_difference(saved, settings.canonical) if saved is not None else None
+        raise ConfigSignatureMismatchError(
+            difference or f"signature {checkpoint['config_signature'][:16]}... != {settings.signature[:16]}..."
+        )
+    states = object_states(checkpoint)
+    loaders = trainer._resume_loaders()
+    objects = trainer._resume_objects()
+    check_names("objects (_resume_objects())", states, objects)
+    check_names("loaders (_resume_loaders())", checkpoint["loaders"], loaders)
+    check_names("extra state (_resume_extra_state())", checkpoint["extra"], trainer._resume_extra_state())
+    if checkpoint["extra"] and not _overrides(trainer, "_load_resume_extra_state"):
+        raise ResumeStateMismatchError(
+            f"the checkpoint holds extra state {sorted(checkpoint['extra'])} but "
+            f"{type(trainer).__name__} does not implement _load_resume_extra_state(state) to restore it"
+        )
+    check_object_states(objects, states, _GRAD_SCALERS)
+    for name, loader in loaders.items():
+        loader.validate_state_dict(checkpoint["loaders"][name])
+    trainer._validate_resume(checkpoint)
+    check_random_state(checkpoint["rng"], location, rng_device())
+    return states
+
+
+def _restore(
+    trainer: TrainingResumeMixin,
+    guard: StepGuard,
+    checkpoint: PauseCheckpoint,
+    states: dict[str, Any],
+    location: str,
+) -> None:
+    objects = trainer._resume_objects()
+    scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]
+    optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
+    stage = "objects"
+    try:
         for name, obj in objects.items():
-            # A shared key references the regular snapshot: no second state_dict() call,
-            # and torch.save writes the object once because it is the same object.
-            object_states[name] = (
-                regular[name] if regular is not None and name in shared else to_cpu(obj.state_dict(), memo)
-            )
-        checkpoint: PauseCheckpoint = {
-            "format": PAUSE_FORMAT,
-            "module_version": settings.version,
-            "config_signature": settings.signature,
-            "config": settings.canonical,
-            "completed_steps": guard.completed_steps,
-            "regular": regular,
-            "shared_keys": shared,
-            "objects": object_states,
-            "loaders": {name: to_cpu(loader.state_dict(), memo) for name, loader in self._resume_loaders().items()},
-            "extra": to_cpu(dict(self._resume_extra_state()), memo),
-            "rng": random_state(_rng_device()),
-        }
-        check_saveable(checkpoint)
-        return checkpoint
-
-    def _check_pause_checkpoint(self, checkpoint: Any, location: str) -> dict[str, Any]:
-        settings = self._resume_settings("resume()")
-        check_layout(checkpoint, location)
-        if checkpoint["module_version"] != settings.version:
-            raise VersionMismatchError(
-                f"{location} was written by version {checkpoint['module_version']!r}, this trainer is {settings.version!r}"
-            )
-        if checkpoint["config_signature"] != settings.signature:
-            saved = checkpoint.get("config")
-            difference = config_difference(saved, settings.canonical) if saved is not None else None
-            raise ConfigSignatureMismatchError(
-                difference or f"signature {checkpoint['config_signature'][:16]}... != {settings.signature[:16]}..."
-            )
-        states = object_states(checkpoint)
-        loaders = self._resume_loaders()
-        check_names("objects", states, self._resume_objects())
-        check_names("loaders", checkpoint["loaders"], loaders)
-        check_names("extra state", checkpoint["extra"], self._resume_extra_state())
-        for name, loader in loaders.items():
-            loader.validate_state_dict(checkpoint["loaders"][name])
-        self._validate_resume(checkpoint)
-        check_random_state(checkpoint["rng"], location, _rng_device())
-        return states
-
-    def _restore(self, guard: StepGuard, checkpoint: PauseCheckpoint, states: dict[str, Any], location: str) -> None:
-        objects = self._resume_objects()
-        scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]
-        optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
-        stage = "objects"
-        try:
-            for name, obj in objects.items():
-                if name not in scalers:
-                    stage = f"object {name!r}"
-                    obj.load_state_dict(states[name])
-            # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.
-            for name in scalers:
-                stage = f"GradScaler {name!r}"
-                restore_grad_scaler_state(objects[name], states[name], optimizers)
-            for name, loader in self._resume_loaders().items():
-                stage = f"loader {name!r}"
-                loader.load_state_dict(checkpoint["loaders"][name])
-            stage = "extra state"
-            self._load_resume_extra_state(checkpoint["extra"])
-            stage = "iterators"
-            self._rebuild_resume_iterators()
-            # Last: rebuilding loaders and iterators may draw from the global generators.
-            stage = "random state"
-            restore_random_state(checkpoint["rng"], _rng_device())
-        except BaseException as error:
-            guard.locked_reason = f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
-            if not isinstance(error, Exception):
-                raise
-            raise TrainerLockedError(guard.locked_reason) from error
-        guard.locked_reason = None
-        guard.failed = False
-        guard.paused = False
-        guard.completed_steps = checkpoint["completed_steps"]
+            if name not in scalers:
+                stage = f"object {name!r}"
+                obj.load_state_dict(states[name])
+        # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.
+        for name in scalers:
+            stage = f"GradScaler {name!r}"
+            restore_grad_scaler_state(objects[name], states[name], optimizers)
+        for name, loader in trainer._resume_loaders().items():
+            stage = f"loader {name!r}"
+            loader.load_state_dict(checkpoint["loaders"][name])
+        stage = "extra state"
+        trainer._load_resume_extra_state(checkpoint["extra"])
+        stage = "iterators"
+        trainer._rebuild_resume_iterators()
+        # Last: rebuilding loaders and iterators may draw from the global generators.
+        stage = "random state"
+        restore_random_state(checkpoint["rng"], rng_device())
+    except BaseException as error:
+        guard.locked_reason = f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
+        if not isinstance(error, Exception):
+            raise
+        raise TrainerLockedError(guard.locked_reason) from error
+    guard.locked_reason = None
+    guard.failed = False
+    guard.paused = False
+    guard.completed_steps = checkpoint["completed_steps"]
+    record_boundary(trainer, guard)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
+
+if TYPE_CHECKING:  # typing.NotRequired needs Python 3.11; annotations are not evaluated
+    from typing_extensions import NotRequired
 
 __all__ = [
     "cpu_state",
@@ -21,8 +24,15 @@ __all__ = [
     "RandomState",
     "SamplerState",
     "BatchSamplerState",
+    "EpochSamplerSettings",
+    "EpochSamplerState",
     "LoaderState",
+    "RankPauseState",
+    "DistributedPauseState",
     "PauseCheckpoint",
+    "SampleRecord",
+    "LightningPauseState",
+    "FinishedMarker",
     "PAUSE_FORMAT",
 ]
 
@@ -177,7 +187,44 @@ class BatchSamplerState(_BatchSamplerStateOptional):
     consumed: int  # samples delivered since the start of the stream
 
 
-class LoaderState(TypedDict):
+class EpochSamplerSettings(TypedDict):
+    """Settings of a torch sampler read one epoch per ``iter(loader)``; a state loads only
+    into a loader with the same ones."""
+
+    sampler: str  # the sampler's class name, e.g. "RandomSampler"
+    batch_sampler: str | None  # "BatchSampler", or None with batch_size=None
+    batch_size: int | None
+    drop_last: bool
+    dataset_size: int
+    sampler_length: int  # len(sampler): indices per epoch
+    replacement: bool
+    num_replicas: int  # DistributedSampler's world size, else 1
+    generator: bool  # the sampler has a generator of its own
+
+
+class EpochSamplerState(TypedDict):
+    """Position of a loader over a torch sampler: batch ``offset`` of epoch ``epoch``.
+
+    ``0 <= offset < batches per epoch``: after the last batch of an epoch the position
+    is ``(epoch + 1, 0)``. The epoch's order is recomputed from ``generator`` (the
+    sampler generator's state at the start of the epoch), ``sampler_epoch`` or, for a
+    random sampler without a generator, the loader's ``augmentation_seed``.
+    """
+
+    format: str  # "trainer_resume.epoch_sampler/1"
+    settings: EpochSamplerSettings
+    epoch: int  # epochs begun before the current one (each iter(loader) is one)
+    offset: int  # batches delivered within ``epoch``
+    delivered: int  # batches delivered since the start, over all epochs
+    generator: torch.Tensor | None  # uint8 generator state, None without a generator
+    sampler_epoch: int | None  # DistributedSampler.epoch the epoch was ordered with
+
+
+class _LoaderStateOptional(TypedDict, total=False):
+    augmentation_seeding: str  # "batch" or "sample"; absent in older states, which seeded per sample
+
+
+class LoaderState(_LoaderStateOptional):
     """State of a resumable :class:`~trainer_resume.loaders.ResumableDataLoader`.
 
     Counts only batches delivered to the caller, never prefetched ones.
@@ -187,7 +234,28 @@ class LoaderState(TypedDict):
     augmentation_seed: int  # sample seed = derive_seed(augmentation_seed, stream position)
     batch_size: int | None  # the loader's batch_size (None with a batch sampler)
     delivered_batches: int
-    sampler: SamplerState | BatchSamplerState
+    sampler: SamplerState | BatchSamplerState | EpochSamplerState
+
+
+class RankPauseState(TypedDict):
+    """What differs between ranks at a pause."""
+
+    loaders: dict[str, LoaderState]  # the same global cursor on every rank
+    extra: dict[str, Any]
+    rng: RandomState
+
+
+class DistributedPauseState(TypedDict):
+    """The ``"distributed"`` entry of a pause file written by several ranks.
+
+    The top-level ``loaders`` / ``extra`` / ``rng`` of the file are rank 0's, so the
+    file also reads as a single-process pause file.
+    """
+
+    format: str  # trainer_resume.distributed.DISTRIBUTED_FORMAT
+    world_size: int
+    rng_base_seed: int  # base of the per-rank RNG re-derived for another world size
+    ranks: list[RankPauseState]  # by rank
 
 
 class PauseCheckpoint(TypedDict):
@@ -195,18 +263,51 @@ class PauseCheckpoint(TypedDict):
 
     ``config``, ``regular`` and ``shared_keys`` are optional when reading: files
     without them still load (no named config difference on a mismatch; no sharing).
+    ``distributed`` is present only in files written by several ranks.
     """
 
     format: str  # PAUSE_FORMAT
     module_version: str
     config_signature: str  # config_signature(config), "load" excluded
-    config: Any  # canonical_config(config): names the first differing path on a mismatch
+    config: NotRequired[Any]  # canonical_config(config): names the first differing path on a mismatch
     completed_steps: int
-    regular: dict[str, Any] | None  # CPU snapshot of _regular_checkpoint(), or None
-    shared_keys: list[str]  # resume objects whose state is regular[name]
+    regular: NotRequired[dict[str, Any] | None]  # CPU snapshot of _regular_checkpoint(), or None
+    shared_keys: NotRequired[list[str]]  # resume objects whose state is regular[name]
     # name -> state_dict; for a shared key the very object regular[name] (stored once),
     # and a reader takes regular[name] when the entry is absent.
     objects: dict[str, Any]
     loaders: dict[str, LoaderState]
     extra: dict[str, Any]
     rng: RandomState
+    distributed: NotRequired[DistributedPauseState]
+
+
+class SampleRecord(TypedDict):
+    """What one sample file of a ``ReuseDataset`` holds."""
+
+    format: str  # trainer_resume.loaders.reuse.store.RECORD_FORMAT
+    index: int
+    generation: int
+    seed: int
+    lifetime: int
+    fingerprint: str | int | None
+    sample: Any
+
+
+class LightningPauseState(TypedDict):
+    """What a pause file adds to Lightning's checkpoint, under the key ``"trainer_resume"``."""
+
+    format: str  # trainer_resume.adapters.lightning_files.LIGHTNING_PAUSE_FORMAT
+    global_step: int
+    world_size: int
+    config_signature: str | None
+    config: Any  # canonical form of the config (plain data), or None
+    rng: list[RandomState]  # main-process RNG of each global rank, by rank
+
+
+class FinishedMarker(TypedDict):
+    """The finished marker that ``finish()`` / ``mark_finished`` write (see ``trainer_resume.finished``)."""
+
+    format: str  # trainer_resume.finished.FINISHED_FORMAT
+    completed_steps: int
+    finished_at: float  # time.time() when the marker was written

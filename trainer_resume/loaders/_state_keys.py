@@ -1,0 +1,107 @@
+"""Format markers, key names and the checks shared by every loader state.
+
+A rejected state must name what is wrong and change nothing, so the checks here
+only read; each raises :class:`~trainer_resume.errors.LoaderStateError` (or, for a
+seed, :class:`~trainer_resume.errors.ResumableSamplerGeneratorError`) with the
+offending key in the detail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from ..errors import LoaderStateError, ResumableSamplerGeneratorError
+
+SAMPLER_FORMAT = "trainer_resume.sampler/1"
+BATCH_SAMPLER_FORMAT = "trainer_resume.batch_sampler/1"
+LOADER_FORMAT = "trainer_resume.loader/1"
+EPOCH_SAMPLER_FORMAT = "trainer_resume.epoch_sampler/1"
+
+# Key names of the saved states (the TypedDicts in trainer_resume.state list them).
+FORMAT = "format"
+DATASET_SIZE = "dataset_size"
+SEED = "seed"
+CONSUMED = "consumed"
+CYCLE = "cycle"
+OFFSET = "offset"
+SETTINGS = "settings"
+SETTINGS_DIGEST = "settings_digest"
+AUGMENTATION_SEED = "augmentation_seed"
+AUGMENTATION_SEEDING = "augmentation_seeding"  # "batch" or "sample" (absent in older states: "sample")
+BATCH_SIZE = "batch_size"
+DELIVERED_BATCHES = "delivered_batches"
+SAMPLER = "sampler"
+NUM_REPLICAS = "num_replicas"  # world size the state was written with (absent in older states: 1)
+EPOCH = "epoch"
+DELIVERED = "delivered"
+GENERATOR = "generator"
+SAMPLER_EPOCH = "sampler_epoch"
+
+SEED_LIMIT = 1 << 63  # seeds and positions stay below 2**63 (derive_seed's range)
+
+
+def draw_seed(generator: torch.Generator | None) -> int:
+    """Draw one seed in ``[0, 2**63)`` from ``generator`` (torch's default CPU RNG if None)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_mapping(state: Any, what: str, required: Iterable[str], optional: Iterable[str] = ()) -> None:
+    """Require a dict with every ``required`` key and nothing outside ``required | optional``."""
+    if not isinstance(state, Mapping):
+        raise LoaderStateError(f"{what} must be a dict, got {type(state).__name__}")
+    required = tuple(required)
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise LoaderStateError(f"{what} lacks key(s) {missing}")
+    allowed = set(required) | set(optional)
+    unexpected = sorted(str(key) for key in state if key not in allowed)
+    if unexpected:
+        raise LoaderStateError(f"{what} has unexpected key(s) {unexpected}")
+
+
+def check_format(state: Mapping[str, Any], what: str, expected: str) -> None:
+    if state[FORMAT] != expected:
+        raise LoaderStateError(f"{what}[{FORMAT!r}] is {state[FORMAT]!r}, expected {expected!r}")
+
+
+def check_count(state: Mapping[str, Any], what: str, key: str) -> int:
+    """An int in ``[0, 2**63)`` (cursors, counts)."""
+    value = state[key]
+    if not is_int(value):
+        raise LoaderStateError(f"{what}[{key!r}] must be an int, got {type(value).__name__}: {value!r}")
+    if not 0 <= value < SEED_LIMIT:
+        raise LoaderStateError(f"{what}[{key!r}] = {value} is outside [0, 2**63)")
+    return value
+
+
+def check_seed(state: Mapping[str, Any], what: str, key: str = SEED) -> int:
+    """A sampler seed; a bad one means the sampler's RNG state is corrupted (351)."""
+    value = state[key]
+    if not is_int(value) or not 0 <= value < SEED_LIMIT:
+        raise ResumableSamplerGeneratorError(
+            f"{what}[{key!r}] = {value!r} is not a seed (an int in [0, 2**63))"
+        )
+    return value
+
+
+def check_equal(state: Mapping[str, Any], what: str, key: str, expected: Any, hint: str) -> None:
+    value = state[key]
+    if type(value) is not type(expected) or value != expected:
+        raise LoaderStateError(f"{what}[{key!r}] is {value!r} but this {hint} is {expected!r}")
+
+
+def check_replicas(state: Mapping[str, Any], what: str) -> int:
+    """The optional ``num_replicas`` entry: an int >= 1; states written before it existed read as 1."""
+    if NUM_REPLICAS not in state:
+        return 1
+    value = state[NUM_REPLICAS]
+    if not is_int(value) or not 1 <= value < SEED_LIMIT:
+        raise LoaderStateError(f"{what}[{NUM_REPLICAS!r}] must be an int >= 1, got {value!r}")
+    return value

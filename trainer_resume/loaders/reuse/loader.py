@@ -1,0 +1,373 @@
+"""Reuse prepared samples for a fixed number of epochs when input preparation is the bottleneck.
+
+A sample prepared once serves ``lifetime`` consecutive epochs; which preparation
+serves index ``i`` in epoch ``e`` is decided in closed form by
+:class:`ReusePolicy`, so inputs do not depend on the number of workers or their
+speed, and resuming needs nothing but the epoch number (``start_epoch=N``).
+
+Prepared samples live in a directory, one file per index (``00000123.pt``). A
+file is served only when it was built for the same index, generation, sample
+seed, lifetime and fingerprint; anything else (missing, truncated, built under
+other settings) is rebuilt and overwritten, so the file count never exceeds the
+dataset size and nothing needs cleaning. One loader uses a directory at a time:
+starting one removes the ``*.tmp`` files an interrupted run left behind.
+
+Trust: the default load is ``torch.load(weights_only=True)``, so no pickled code
+runs, but a file whose record matches is served as the sample; use directories
+this library wrote and nobody else writes to.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ...rng import rng_scope
+from .keyed_permutation import KeyedPermutation
+from .policy import ReuseKey, ReusePolicy, check_int
+from .store import (
+    UNREADABLE,
+    LoadFn,
+    SaveFn,
+    check_storable,
+    default_load,
+    default_save,
+    make_record,
+    read_record,
+    record_matches,
+    remove_stale_temporaries,
+    sample_path,
+    write_record,
+)
+
+__all__ = ["ReusePolicy", "ReuseKey", "ReuseDataset", "ReuseSampler", "ReuseDataLoader"]
+
+BuildFn = Callable[[ReuseKey], Any]
+
+
+def _check_optional_callable(name: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {type(value).__name__}: {value!r}")
+
+
+class ReuseDataset(Dataset):
+    """Map-style dataset serving prepared samples that are reused for ``policy.lifetime`` epochs.
+
+    ``dataset[i]`` computes ``key = policy.key(i, epoch)``; when ``i``'s file holds
+    that key's sample under the same lifetime and fingerprint, the sample is
+    loaded, otherwise ``build(key)`` prepares it. ``build`` runs inside
+    ``rng_scope(key.seed)`` (Python, NumPy global and torch CPU seeded with the
+    sample seed, the caller's state restored afterwards), so a ``build`` drawing
+    from the global generators is reproducible. A freshly built sample is stored
+    only when a later epoch uses it again (``key.use < lifetime - 1``), so
+    ``lifetime == 1`` writes nothing.
+
+    The epoch lives in shared memory: :meth:`set_epoch` in the main process is seen
+    by DataLoader workers, persistent ones included, under fork and spawn alike.
+
+    Args:
+        build: ``build(key) -> sample``; a deterministic function of ``key.index``
+            and ``key.seed`` (or ``key.generation``) and of what ``fingerprint``
+            identifies. Not of ``key.epoch``: one sample serves several epochs, and
+            whether it is loaded or rebuilt must not show. Must be picklable for
+            spawned workers.
+        size: number of indices, at least 1.
+        directory: where the sample files live; created if missing.
+        policy: the reuse schedule.
+        fingerprint: identifies everything else ``build`` depends on (data
+            version, augmentation settings); a file stored under another
+            fingerprint is never served. ``str``, ``int`` or ``None``.
+        save: ``save(record, path)`` writing exactly ``path``; default
+            ``torch.save`` after checking that the sample is plain data (tensors,
+            numbers, str, bytes, None, lists/tuples/sets/dicts of them).
+        load: ``load(path) -> record``; default ``torch.load(weights_only=True)``
+            to CPU. A custom load that unpickles arbitrary objects trusts the directory.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: ``size < 1``, or ``directory`` exists and is not a directory.
+    """
+
+    def __init__(
+        self,
+        build: BuildFn,
+        size: int,
+        directory: str | os.PathLike[str],
+        policy: ReusePolicy,
+        *,
+        fingerprint: str | int | None = None,
+        save: SaveFn | None = None,
+        load: LoadFn | None = None,
+    ) -> None:
+        if not callable(build):
+            raise TypeError(f"build must be callable, got {type(build).__name__}: {build!r}")
+        check_int("size", size, 1)
+        if not isinstance(policy, ReusePolicy):
+            raise TypeError(f"policy must be a ReusePolicy, got {type(policy).__name__}: {policy!r}")
+        if fingerprint is not None and (isinstance(fingerprint, bool) or not isinstance(fingerprint, (str, int))):
+            raise TypeError(
+                f"fingerprint must be a str, an int or None, got {type(fingerprint).__name__}: {fingerprint!r}"
+            )
+        _check_optional_callable("save", save)
+        _check_optional_callable("load", load)
+        path = Path(os.fspath(directory))
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"directory {os.fspath(path)!r} exists and is not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path)
+
+        self.build = build
+        self.size = size
+        self.directory = path
+        self.policy = policy
+        self.fingerprint = fingerprint
+        self._save = save
+        self._load = load if load is not None else default_load
+        # [epoch, first epoch set] in a shared tensor rather than ints: workers
+        # (forked or spawned, persistent or not) hold the same memory, so set_epoch
+        # reaches them without a restart.
+        self._epochs = torch.tensor([0, -1], dtype=torch.int64).share_memory_()
+        self._warned_unreadable = False
+
+    def _require_init(self) -> None:
+        if "_epochs" not in self.__dict__:
+            raise RuntimeError(f"{type(self).__name__}.__init__ must call ReuseDataset.__init__")
+
+    @property
+    def epoch(self) -> int:
+        """The epoch ``dataset[i]`` serves."""
+        self._require_init()
+        return int(self._epochs[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve ``epoch`` from now on, in this process and in every worker.
+
+        Raises:
+            TypeError: ``epoch`` is not an int.
+            ValueError: ``epoch < 0``.
+        """
+        self._require_init()
+        check_int("epoch", epoch, 0)
+        if int(self._epochs[1]) < 0:
+            self._epochs[1] = epoch
+        self._epochs[0] = epoch
+
+    def path(self, index: int) -> Path:
+        """The file that holds ``index``'s prepared sample."""
+        return sample_path(self.directory, index)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> Any:
+        self._require_init()
+        position = operator.index(index)
+        if not 0 <= position < self.size:
+            raise IndexError(f"index {index!r} is outside range({self.size})")
+        epoch, first_set = self._epochs.tolist()
+        return self._fetch(self.policy.key(position, epoch), first_served=max(first_set, 0))
+
+    def _fetch(self, key: ReuseKey, *, first_served: int) -> Any:
+        lifetime = self.policy.lifetime
+        path = self.path(key.index)
+        # In its first epoch a generation can only have been stored by an earlier
+        # pass over this same epoch, i.e. a restart: skip reading the previous
+        # generation's file (a wasted load per rebuild) unless this epoch is the
+        # first this dataset serves. Skipping is always safe, only slower.
+        maybe_stored = key.epoch != key.first_epoch or key.epoch <= first_served
+        if lifetime > 1 and maybe_stored:
+            record = read_record(path, self._load)
+            if record_matches(record, key, lifetime=lifetime, fingerprint=self.fingerprint):
+                return record["sample"]
+            if record is UNREADABLE and not self._warned_unreadable:
+                self._warned_unreadable = True
+                warnings.warn(
+                    f"rebuilding unreadable sample file {os.fspath(path)!r} (further ones are rebuilt silently)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        with rng_scope(key.seed):
+            sample = self.build(key)
+        if key.use < lifetime - 1:
+            self._store(path, key, sample)
+        return sample
+
+    def _store(self, path: Path, key: ReuseKey, sample: Any) -> None:
+        save = self._save
+        if save is None:
+            check_storable(sample, index=key.index)
+            save = default_save
+        record = make_record(key, lifetime=self.policy.lifetime, fingerprint=self.fingerprint, sample=sample)
+        try:
+            write_record(path, record, save)
+        except OSError:
+            raise  # the disk, not the sample: keep the original error
+        except Exception as error:
+            raise TypeError(
+                f"save could not store the sample built for index {key.index} "
+                f"(a {type(sample).__module__}.{type(sample).__qualname__}): {error}"
+            ) from error
+
+
+class ReuseSampler(Sampler[int]):
+    """Each epoch's shuffled order of ``range(size)``, computed in closed form by ``policy.order``.
+
+    Iteration yields ``policy.order(p, epoch, size)`` for ``p`` in ``range(size)``
+    (evaluated in vectorised chunks; memory does not grow with ``size``). The
+    epoch is fixed when iteration starts.
+
+    Args:
+        size: number of indices, at least 1.
+        policy: supplies the per-epoch keyed permutation.
+        epoch: the epoch to iterate until :meth:`set_epoch` changes it.
+    """
+
+    def __init__(self, size: int, policy: ReusePolicy, *, epoch: int = 0) -> None:
+        super().__init__()
+        check_int("size", size, 1)
+        if not isinstance(policy, ReusePolicy):
+            raise TypeError(f"policy must be a ReusePolicy, got {type(policy).__name__}: {policy!r}")
+        self.size = size
+        self.policy = policy
+        self._epoch = check_int("epoch", epoch, 0)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration shuffles."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle ``epoch``'s order from the next iteration on."""
+        self._epoch = check_int("epoch", epoch, 0)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        # Built now, not on the first next(): the epoch is the one current at iter().
+        return _iterate(self.policy.permutation(self._epoch, self.size))
+
+
+def _iterate(permutation: KeyedPermutation) -> Iterator[int]:
+    for chunk in permutation.iter_chunks():
+        yield from chunk.tolist()
+
+
+class ReuseDataLoader(DataLoader):
+    """A ``DataLoader`` over a :class:`ReuseDataset` that advances the epoch by itself.
+
+    Each ``iter(loader)`` starts the next epoch (``start_epoch`` first); an
+    epoch abandoned part-way still counts. Resuming after epoch ``N - 1`` is
+    ``ReuseDataLoader(..., start_epoch=N)`` over the same directory. Starting a
+    new iteration makes the previous iterator raise ``RuntimeError`` on its next
+    use, so no batch built for another epoch is ever delivered.
+
+    Args:
+        build: ``build(key) -> sample``, see :class:`ReuseDataset`.
+        size: number of indices, at least 1.
+        directory: where the sample files live.
+        lifetime: number of consecutive epochs a prepared sample serves, at least 1.
+        seed: base of the sample seeds and of the shuffle.
+        start_epoch: the epoch the first iteration serves.
+        fingerprint, save, load: see :class:`ReuseDataset`.
+        **dataloader_kwargs: passed to ``torch.utils.data.DataLoader`` unchanged
+            (``batch_size``, ``num_workers``, ``collate_fn``, ``persistent_workers``,
+            ...), except that ``shuffle=True`` without a ``sampler`` or
+            ``batch_sampler`` uses a :class:`ReuseSampler` (``generator`` is then
+            unused). A user ``sampler`` / ``batch_sampler`` is used as given; reuse
+            does not depend on the order, and such a sampler's ``set_epoch`` is
+            left to the caller.
+
+    Raises:
+        TypeError, ValueError: bad arguments, see :class:`ReusePolicy` and
+            :class:`ReuseDataset`; ``DataLoader``'s own checks apply as well.
+    """
+
+    def __init__(
+        self,
+        build: BuildFn,
+        size: int,
+        directory: str | os.PathLike[str],
+        *,
+        lifetime: int,
+        seed: int,
+        start_epoch: int = 0,
+        fingerprint: str | int | None = None,
+        save: SaveFn | None = None,
+        load: LoadFn | None = None,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        if "dataset" in dataloader_kwargs:
+            raise TypeError("ReuseDataLoader builds its own dataset; pass build, size and directory instead")
+        policy = ReusePolicy(lifetime, seed)
+        check_int("start_epoch", start_epoch, 0)
+        dataset = ReuseDataset(build, size, directory, policy, fingerprint=fingerprint, save=save, load=load)
+        kwargs = dict(dataloader_kwargs)
+        sampler: ReuseSampler | None = None
+        if kwargs.get("shuffle") and kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None:
+            del kwargs["shuffle"]
+            sampler = ReuseSampler(size, policy, epoch=start_epoch)
+            kwargs["sampler"] = sampler
+        self._reuse_sampler = sampler
+        self._reuse_next_epoch = start_epoch
+        self._reuse_epoch: int | None = None
+        super().__init__(dataset, **kwargs)
+
+    @property
+    def policy(self) -> ReusePolicy:
+        """The reuse schedule."""
+        return self.dataset.policy
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of the iteration started last; ``None`` before the first."""
+        return self._reuse_epoch
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next ``iter(loader)`` serves (save it to resume with ``start_epoch``)."""
+        return self._reuse_next_epoch
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        epoch = self._reuse_next_epoch
+        self._reuse_next_epoch = epoch + 1
+        self._reuse_epoch = epoch
+        # Before DataLoader.__iter__: persistent workers start fetching the new
+        # epoch inside it, and they must already read the new epoch.
+        self.dataset.set_epoch(epoch)
+        if self._reuse_sampler is not None:
+            self._reuse_sampler.set_epoch(epoch)
+        return _EpochIterator(self, super().__iter__(), epoch)
+
+
+class _EpochIterator:
+    """Delivers one epoch's batches; refuses to go on once a newer epoch started."""
+
+    def __init__(self, loader: ReuseDataLoader, inner: Iterator[Any], epoch: int) -> None:
+        self._loader = loader
+        self._inner = inner
+        self.epoch = epoch
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        # Workers read the epoch from shared memory, so after a newer iter(loader)
+        # they build that epoch's samples: this iterator's batches would mix epochs.
+        current = self._loader.epoch
+        if current != self.epoch:
+            raise RuntimeError(
+                f"this iterator serves epoch {self.epoch}, but iteration over epoch {current} has started since; "
+                f"use the newer iterator"
+            )
+        return next(self._inner)
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
