@@ -29,8 +29,9 @@ Then state_dict() cost: for ResumableDataLoader and StatefulDataLoader, mid-stre
 ``--state-calls`` individually timed calls, and the size of the pickled state.
 With workers, StatefulDataLoader's state_dict() returns the snapshot that came with
 the last batch (the snapshot's cost is paid per batch, inside the throughput table);
-without workers it builds the state on each call. torch's DataLoader has no state_dict(). StatefulDataLoader is left out, with a
-printed note, when torchdata is not importable.
+without workers it builds the state on each call. torch's DataLoader has no
+state_dict(). StatefulDataLoader is left out, with a printed note, when torchdata is
+not importable.
 
     python -m benchmarks.loader_throughput            # full run
     python -m benchmarks.loader_throughput --quick    # short run

@@ -304,3 +304,21 @@ def test_signed_file_rewritten_while_loading_is_never_accepted_with_other_bytes(
         writer.join(30)
     assert accepted + refused_count == 300
     assert refused_count > 0, "no load overlapped a rewrite; the test proved nothing"
+
+
+# --- the command line -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["truncated-by-100", "missing-tensor-record"])
+def test_inspect_of_a_broken_zip_prints_one_error_line_and_exits_3(
+    tmp_path: Path, good: bytes, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    from trainer_resume.cli import main
+
+    make = {**BEFORE_UNPICKLING, **WHILE_UNPICKLING}[damage]
+    path = tmp_path / "broken.ckpt"
+    path.write_bytes(reframed(make(_payload(good))))
+    assert main(["inspect", str(path)]) == 3
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error [321]: ") and captured.err.count("\n") == 1
+    assert captured.out == ""

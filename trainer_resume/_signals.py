@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "DEFAULT_PAUSE_SIGNALS",
     "Handler",
+    "armed_signals",
     "forward_signal",
     "install_handlers",
     "restore_handlers",
@@ -26,6 +27,15 @@ DEFAULT_PAUSE_SIGNALS: tuple[signal.Signals, ...] = tuple(
 )
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+# Every signal a handler here has turned into a pause request in this process: the
+# processes it starts keep them blocked too (see pause_signals).
+_ARMED: set[signal.Signals] = set()
+
+
+def armed_signals() -> frozenset[signal.Signals]:
+    """The signals that have requested pauses in this process, besides the defaults."""
+    return frozenset(_ARMED)
 
 
 def install_handlers(
@@ -39,6 +49,8 @@ def install_handlers(
     back to: the signal then goes back to its default. Should installing fail part
     way, the handlers installed so far are put back before the error propagates.
     """
+    signals = tuple(signals)
+    _ARMED.update(signal.Signals(number) for number in signals)
     try:
         for number in signals:
             replaced = signal.signal(number, handler)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ._sealed_copy import SealedCopy
+from ._weights_only import refusal_reason
 from .errors import CheckpointFormatError, UnsafeCheckpointError
 
 __all__ = ["MAX_NESTING", "check_nesting", "crc32_skipped", "load_payload"]
@@ -122,7 +123,7 @@ def load_payload(copy: SealedCopy, map_location: Any, where: str) -> Any:
     except pickle.UnpicklingError as exc:
         text = str(exc)
         if any(word in text for word in _UNSAFE_WORDS):
-            raise UnsafeCheckpointError(f"{where}: {_unsafe_reason(text)}") from exc
+            raise UnsafeCheckpointError(f"{where}: {refusal_reason(exc)}") from exc
         raise CheckpointFormatError(f"{where}: the payload's pickle is malformed") from exc
     except (MemoryError, KeyboardInterrupt):
         raise
@@ -140,11 +141,3 @@ def load_payload(copy: SealedCopy, map_location: Any, where: str) -> Any:
 def _first_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[0][:200] if lines else ""
-
-
-def _unsafe_reason(text: str) -> str:
-    # torch's message is a page of advice; the line naming the refused global is the news.
-    marker = "WeightsUnpickler error:"
-    if marker in text:
-        return text.split(marker, 1)[1].strip().split(". ", 1)[0]
-    return _first_line(text) or "refused by the weights-only unpickler"

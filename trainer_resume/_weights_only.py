@@ -8,13 +8,14 @@ while the state is still at hand, not when a later run fails to load the file.
 from __future__ import annotations
 
 import io
+import pickle
 from collections import OrderedDict
 from functools import cache
 from typing import Any
 
 import torch
 
-__all__ = ["refused_entry"]
+__all__ = ["refusal_reason", "refused_entry"]
 
 # Exact types: a NumPy float64 is a float subclass but is pickled as a NumPy object.
 _ALWAYS: frozenset[type] = frozenset(
@@ -121,3 +122,20 @@ def _refused(
         if found:
             return found
     return None
+
+
+def refusal_reason(error: pickle.UnpicklingError) -> str:
+    """What a weights-only load refused, in one line (the global it would not unpickle)."""
+    # torch's message is a page of advice (retry with weights_only=False); the line
+    # naming the refused global is the news.
+    text = str(error)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        return text.split(marker, 1)[1].strip().split(". ", 1)[0]
+    # Other torch releases and paths put the news in a paragraph of its own
+    # ("Trying to load unsupported GLOBAL ...") between the advice and a docs link.
+    paragraphs = [part.strip() for part in text.split("\n\n") if part.strip()]
+    for paragraph in paragraphs[1:]:
+        if "GLOBAL" in paragraph:
+            return paragraph.splitlines()[0]
+    return paragraphs[0].splitlines()[0] if paragraphs else type(error).__name__

@@ -47,7 +47,7 @@ from .point_files import (
     retain_points,
 )
 from .sharded import first_dtensor
-from .state import map_tensors
+from .state import PauseCheckpoint, map_tensors
 
 __all__ = ["ResumePoint", "ResumePoints", "host_snapshot"]
 
@@ -281,7 +281,7 @@ class ResumePoints:
         return bool(self._requested) or self._unreported is not None or self._due(completed_steps)
 
     def at_step_boundary(
-        self, completed_steps: int, snapshot: Callable[[], dict[str, Any]], *, key: bytes | None
+        self, completed_steps: int, snapshot: Callable[[], PauseCheckpoint], *, key: bytes | None
     ) -> CheckpointWriteError | None:
         """Take a point if one is due or requested; return an unreported write failure.
 
@@ -299,7 +299,7 @@ class ResumePoints:
         return failure
 
     def take(
-        self, completed_steps: int, snapshot: Callable[[], dict[str, Any]], *, key: bytes | None
+        self, completed_steps: int, snapshot: Callable[[], PauseCheckpoint], *, key: bytes | None
     ) -> ResumePoint:
         """Snapshot now (waiting for the write in flight first) and write in the background.
 
@@ -407,7 +407,7 @@ class ResumePoints:
         point._finish(error)
 
     def _collective_boundary(
-        self, completed_steps: int, snapshot: Callable[[], dict[str, Any]], key: bytes | None
+        self, completed_steps: int, snapshot: Callable[[], PauseCheckpoint], key: bytes | None
     ) -> CheckpointWriteError | None:
         rank = _distributed.world()[1]
         due, requested, failed = _distributed.any_ranks(
@@ -432,7 +432,7 @@ class ResumePoints:
             return failure
         if rank == 0:
             self.wait()
-        combined = _distributed.gather_pause(snapshot())  # type: ignore[arg-type]
+        combined = _distributed.gather_pause(snapshot())
         point = self._submit(combined, completed_steps, key, write=rank == 0)
         self._serve_requests(point)
         return failure

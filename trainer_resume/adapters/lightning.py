@@ -4,6 +4,8 @@
   bit-identically with ``fit(ckpt_path=...)``.
 - :class:`DurableCheckpointIO`: a ``CheckpointIO`` plugin that writes every
   checkpoint durably and loads it verified and weights-only.
+- :func:`load_from_checkpoint` and :func:`plain_lightning_checkpoint`: read those
+  files as Lightning's ``load_from_checkpoint`` and a plain checkpoint dict.
 
 Requires ``pytorch_lightning`` >= 2.5.3, the first release with Lightning's own
 fixes to resumed loop counters (2.5.0) and to the double iteration on resume
@@ -39,11 +41,15 @@ from .lightning_callback import (  # noqa: E402
     LightningPauseState,
     ResumeCallback,
 )
+from .lightning_files import plain_lightning_checkpoint  # noqa: E402
 from .lightning_io import DurableCheckpointIO  # noqa: E402
+from .lightning_loading import load_from_checkpoint  # noqa: E402
 
 __all__ = [
     "ResumeCallback",
     "DurableCheckpointIO",
+    "load_from_checkpoint",
+    "plain_lightning_checkpoint",
     "LightningPauseState",
     "PAUSE_KEY",
     "LIGHTNING_PAUSE_FORMAT",

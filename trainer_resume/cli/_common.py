@@ -63,9 +63,9 @@ def format_bytes(count: int) -> str:
     """``1234567`` -> ``"1,234,567 B (1.2 MiB)"``; small sizes stay in bytes only."""
     if count < 1024:
         return f"{count:,} B"
-    value = float(count)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
+    value, unit = float(count), "B"
+    for larger in ("KiB", "MiB", "GiB", "TiB"):
+        value, unit = value / 1024, larger
         if value < 1024:
             break
     return f"{count:,} B ({value:.1f} {unit})"
