@@ -45,9 +45,11 @@ from .lightning_callback import (  # noqa: E402
 from .lightning_files import plain_lightning_checkpoint  # noqa: E402
 from .lightning_io import DurableCheckpointIO  # noqa: E402
 from .lightning_loading import load_from_checkpoint  # noqa: E402
+from .lightning_points import ResumePointsCallback  # noqa: E402
 
 __all__ = [
     "ResumeCallback",
+    "ResumePointsCallback",
     "DurableCheckpointIO",
     "load_from_checkpoint",
     "plain_lightning_checkpoint",
