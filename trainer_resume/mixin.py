@@ -40,10 +40,11 @@ from .errors import (
     PauseBlockedError,
     ResumeStateMismatchError,
     TrainerLockedError,
+    UnsupportedResumeConfigurationError,
     VersionMismatchError,
 )
 from .rng import random_state, restore_random_state
-from .sharded import refuse_dtensors
+from . import sharded as _sharded
 from .signature import canonical_config, config_difference, config_signature
 from .state import PAUSE_FORMAT, PauseCheckpoint
 
@@ -75,8 +76,8 @@ class _Settings:
 def _refuse_on_every_rank(error: BaseException, action: str) -> None:
     # Tell the other ranks (they raise too); this rank then raises its own error.
     try:
-        _distributed.agree(f"{type(error).__name__}: {error}", action)
-    except RuntimeError:
+        _distributed.agree(error, action)
+    except Exception:  # noqa: BLE001 - every rank failed; this one raises its own error
         pass
 
 
@@ -229,13 +230,18 @@ class TrainingResumeMixin:
                     raise TrainerLockedError(guard.locked_reason)
                 if guard.failed:
                     raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
-                checkpoint = self._pause_checkpoint(guard)
+                sharded = _sharded.sharded_objects(self._resume_objects())
+                checkpoint = self._pause_checkpoint(guard, sharded)
             except Exception as error:
                 if collective:
                     _refuse_on_every_rank(error, "pause()")
                 raise
             if collective:
                 _distributed.agree(None, "pause()")
+            if sharded:
+                key = self._resume_settings("pause()").key
+                _sharded.write_pause(path, checkpoint, self._resume_objects(), sharded, key=key)
+            elif collective:
                 combined = _distributed.gather_pause(checkpoint)
                 _distributed.commit(lambda: self._save_pause_checkpoint(combined, path), os.fspath(path))
             else:
@@ -275,15 +281,22 @@ class TrainingResumeMixin:
             location = os.fspath(path)
             collective = _distributed.is_distributed()
             try:
-                checkpoint = self._rank_checkpoint(self._load_pause_checkpoint(path), location)
+                opened = None
+                if _sharded.is_pause_directory(path):
+                    opened = _sharded.open_pause(path, key=self._resume_settings("resume()").key)
+                    loaded: Any = opened.checkpoint
+                else:
+                    loaded = self._load_pause_checkpoint(path)
+                checkpoint = self._rank_checkpoint(loaded, location)
                 states = self._check_pause_checkpoint(checkpoint, location)
+                self._check_sharded(opened, location)
             except Exception as error:
                 if collective:
                     _refuse_on_every_rank(error, "resume()")
                 raise
             if collective:  # every rank checked the file: restore everywhere or nowhere
                 _distributed.agree(None, "resume()")
-            self._restore(guard, checkpoint, states, location)
+            self._restore(guard, checkpoint, states, location, opened)
 
     def request_pause(self, path: StrPath) -> None:
         """Ask for a pause at the end of the running (or next) outermost training step.
@@ -371,12 +384,29 @@ class TrainingResumeMixin:
             hint = " use request_pause(path) to pause when the step ends" if action == "pause" else ""
             raise RuntimeError(f"{action}() was called inside a training step;{hint}")
 
-    def _pause_checkpoint(self, guard: StepGuard) -> PauseCheckpoint:
+    def _check_sharded(self, opened: _sharded.ShardedPause | None, location: str) -> None:
+        if opened is not None:
+            opened.check_objects(self._resume_objects())
+        elif _sharded.sharded_objects(self._resume_objects()):
+            raise UnsupportedResumeConfigurationError(
+                f"{location} is a pause file of unsharded states; a trainer whose model has "
+                "DTensor parameters (fully_shard) resumes from a sharded pause directory"
+            )
+
+    def _pause_checkpoint(
+        self, guard: StepGuard, sharded: _sharded.ShardedObjects
+    ) -> PauseCheckpoint:
         settings = self._resume_settings("pause()")
         objects = dict(self._resume_objects())
         shared = list(self._resume_shared_keys())
         regular_source = self._regular_checkpoint()
         for name in shared:
+            if name in sharded.names:
+                raise UnsupportedResumeConfigurationError(
+                    f"shared key {name!r} names a sharded object (DTensor parameters): its "
+                    "state is written through torch.distributed.checkpoint, not taken from the "
+                    "regular checkpoint"
+                )
             if name not in objects or regular_source is None or name not in regular_source:
                 where = "the resume objects" if name not in objects else "the regular checkpoint"
                 raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
@@ -384,6 +414,9 @@ class TrainingResumeMixin:
         regular = None if regular_source is None else to_cpu(dict(regular_source), memo)
         object_states: dict[str, Any] = {}
         for name, obj in objects.items():
+            if name in sharded.names:  # written by every rank for its shards, see write_pause
+                object_states[name] = dict(_sharded.SHARDED_STATE)
+                continue
             # A shared key references the regular snapshot: no second state_dict() call,
             # and torch.save writes the object once because it is the same object.
             object_states[name] = (
@@ -402,7 +435,7 @@ class TrainingResumeMixin:
             "extra": to_cpu(dict(self._resume_extra_state()), memo),
             "rng": random_state(_rng_device()),
         }
-        refuse_dtensors(checkpoint, "checkpoint")
+        _sharded.refuse_dtensors(checkpoint, "checkpoint")
         check_saveable(checkpoint)
         return checkpoint
 
@@ -430,14 +463,26 @@ class TrainingResumeMixin:
         check_random_state(checkpoint["rng"], location, _rng_device())
         return states
 
-    def _restore(self, guard: StepGuard, checkpoint: PauseCheckpoint, states: dict[str, Any], location: str) -> None:
+    def _restore(
+        self,
+        guard: StepGuard,
+        checkpoint: PauseCheckpoint,
+        states: dict[str, Any],
+        location: str,
+        opened: _sharded.ShardedPause | None = None,
+    ) -> None:
         objects = self._resume_objects()
         scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]
         optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
+        sharded = opened.names if opened is not None else []
         stage = "objects"
         try:
+            if opened is not None:
+                # First, on every rank alike: DCP's load is a collective.
+                stage = "sharded objects"
+                opened.restore(objects)
             for name, obj in objects.items():
-                if name not in scalers:
+                if name not in scalers and name not in sharded:
                     stage = f"object {name!r}"
                     obj.load_state_dict(states[name])
             # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.
