@@ -11,7 +11,7 @@ categories: the dataset's
 own work, seeding and restoring the RNGs around each sample (replayable
 augmentation), collate, the sampler, the loader's own bookkeeping, and the rest.
 
-    python benchmarks/_profile_loader.py --quick
+    python -m benchmarks._profile_loader --quick
 
 Prints the split and writes benchmarks/out/profile_loader.json (read by ``python -m
 benchmarks`` for the notes of benchmarks/RESULTS.md).
@@ -24,17 +24,15 @@ import cProfile
 import pstats
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
-from loader_throughput import BATCH, SpinDataset  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+from benchmarks._common import print_table, write_json
+from benchmarks.loader_throughput import BATCH, SpinDataset
+from torch.utils.data import DataLoader
 
-from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader  # noqa: E402
+from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
 
 CATEGORIES = ("dataset", "RNG seeding and restoring", "collate", "sampler", "loader bookkeeping", "other")
 LOADERS = ("DataLoader", "ResumableDataLoader")

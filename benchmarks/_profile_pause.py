@@ -9,8 +9,8 @@ written; the main thread's wait for it counts here), collecting the state, and t
 rest. The categories partition the profiled time. cProfile slows Python-level
 code down, so the absolute times run above the plain benchmark; the split is the point.
 
-    python benchmarks/_profile_pause.py --quick     # ~10M parameters
-    python benchmarks/_profile_pause.py             # ~100M parameters
+    python -m benchmarks._profile_pause --quick     # ~10M parameters
+    python -m benchmarks._profile_pause             # ~100M parameters
 
 Prints the split and writes benchmarks/out/profile_pause.json (read by ``python -m
 benchmarks`` for the notes of benchmarks/RESULTS.md).
@@ -22,16 +22,14 @@ import argparse
 import cProfile
 import pstats
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
-from checkpointing import SIZES, _build, _tensor_bytes  # noqa: E402
+from benchmarks._common import print_table, write_json
+from benchmarks.checkpointing import SIZES, build_model, tensor_bytes
 
 CATEGORIES = (
     "fsync (file)",
@@ -127,8 +125,8 @@ def main(argv: list[str] | None = None) -> None:
 
     label = args.size or ("10M" if args.quick else "100M")
     width, layers = SIZES[label]
-    model, optimizer = _build(width, layers)
-    state_bytes = _tensor_bytes(model.state_dict(), optimizer.state_dict())
+    model, optimizer = build_model(width, layers)
+    state_bytes = tensor_bytes(model.state_dict(), optimizer.state_dict())
     trainer = BenchTrainer(model, optimizer, shared=False)
     runs: dict[str, list[dict[str, Any]]] = {"pause()": [], "torch.save + fsync": []}
     with tempfile.TemporaryDirectory(prefix=".profile-pause-", dir=args.dir or Path.cwd()) as name:

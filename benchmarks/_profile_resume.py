@@ -10,7 +10,7 @@ The loader and positions of ``benchmarks/loader_resume.py`` (4,000,000 samples,
 * the fixed cost the worker runs add: a fresh ``num_workers=2`` loader's first batch
   with no state loaded at all (worker start-up), median of ``--repeats``.
 
-    python benchmarks/_profile_resume.py --quick
+    python -m benchmarks._profile_resume --quick
 
 Prints the split and writes benchmarks/out/profile_resume.json (read by ``python -m
 benchmarks`` for the notes of benchmarks/RESULTS.md).
@@ -23,16 +23,14 @@ import cProfile
 import pstats
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
-from loader_resume import BATCH, POSITIONS, WORKERS, IndexDataset, resumable_state  # noqa: E402
+from benchmarks._common import print_table, write_json
+from benchmarks.loader_resume import BATCH, POSITIONS, WORKERS, IndexDataset, resumable_state
 
-from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader  # noqa: E402
+from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
 
 
 def make_loader(workers: int) -> ResumableDataLoader:

@@ -21,8 +21,8 @@ fsync then read their file back: ``resume()`` against ``torch.load(weights_only=
 + ``load_state_dict`` of the same state. Finally ``@training_step`` overhead per call
 (``pause.measure_overhead``).
 
-    python benchmarks/checkpointing.py            # ~10M and ~100M parameters, 5 runs each
-    python benchmarks/checkpointing.py --quick    # ~10M, 3 runs; ~100M for pause() and torch.save + fsync only
+    python -m benchmarks.checkpointing            # ~10M and ~100M parameters, 5 runs each
+    python -m benchmarks.checkpointing --quick    # ~10M, 3 runs; ~100M for pause() and torch.save + fsync only
 
 Prints tables and writes benchmarks/out/checkpointing.json.
 """
@@ -44,8 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
+from benchmarks._common import print_table, write_json
 
 # name -> (width, layers): the shapes benchmarks/pause.py uses for --quick and the full run.
 SIZES = {"10M": (1024, 10), "100M": (2048, 24)}
@@ -91,7 +90,7 @@ def _baseline() -> tuple[int, bool]:
     return _peak_rss_bytes(), reset
 
 
-def _tensor_bytes(*states: Any) -> int:
+def tensor_bytes(*states: Any) -> int:
     import torch
 
     seen: set[tuple[int, int]] = set()
@@ -116,7 +115,7 @@ def _tensor_bytes(*states: Any) -> int:
     return total
 
 
-def _build(width: int, layers: int) -> tuple[Any, Any]:
+def build_model(width: int, layers: int) -> tuple[Any, Any]:
     """Model + AdamW after one step: exp_avg and exp_avg_sq exist for every parameter."""
     import torch
     from pause import build_model
@@ -154,8 +153,8 @@ def _timed_with_peak(action: Callable[[], Any]) -> dict[str, Any]:
 def _child_pause(width: int, layers: int, directory: Path) -> dict[str, Any]:
     from pause import BenchTrainer
 
-    model, optimizer = _build(width, layers)
-    state_bytes = _tensor_bytes(model.state_dict(), optimizer.state_dict())
+    model, optimizer = build_model(width, layers)
+    state_bytes = tensor_bytes(model.state_dict(), optimizer.state_dict())
     trainer = BenchTrainer(model, optimizer, shared=False)
     path = directory / "pause.ckpt"
     save = _timed_with_peak(lambda: trainer.pause(path))
@@ -168,8 +167,8 @@ def _child_torch(width: int, layers: int, directory: Path, *, fsync: bool) -> di
     import torch
     from pause import torch_save_fsync
 
-    model, optimizer = _build(width, layers)
-    state_bytes = _tensor_bytes(model.state_dict(), optimizer.state_dict())
+    model, optimizer = build_model(width, layers)
+    state_bytes = tensor_bytes(model.state_dict(), optimizer.state_dict())
     path = directory / "torch.pt"
 
     def plain_save() -> None:
@@ -226,7 +225,7 @@ def _child_lightning(width: int, layers: int, directory: Path) -> dict[str, Any]
     optimizer = trainer.optimizers[0]
     if not optimizer.state:
         raise RuntimeError("Lightning fit did not create the optimizer state")
-    state_bytes = _tensor_bytes(module.state_dict(), optimizer.state_dict())
+    state_bytes = tensor_bytes(module.state_dict(), optimizer.state_dict())
     path = directory / "lightning.ckpt"
     save = _timed_with_peak(lambda: trainer.save_checkpoint(path))
     save["file_bytes"] = _path_bytes(path)
@@ -246,7 +245,7 @@ def _child_accelerate(width: int, layers: int, directory: Path) -> dict[str, Any
     accelerator.backward(model(torch.randn(2, width)).square().mean())
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    state_bytes = _tensor_bytes(model.state_dict(), optimizer.state_dict())
+    state_bytes = tensor_bytes(model.state_dict(), optimizer.state_dict())
     path = directory / "accelerate"
     save = _timed_with_peak(lambda: accelerator.save_state(str(path)))
     save["file_bytes"] = _path_bytes(path)
@@ -279,7 +278,7 @@ def accelerate_missing() -> str | None:
 
 def _run_child(method: str, width: int, layers: int, directory: Path, timeout: float) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=directory))
-    command = [sys.executable, __file__, "--child", method, "--width", str(width), "--layers", str(layers),
+    command = [sys.executable, "-m", "benchmarks.checkpointing", "--child", method, "--width", str(width), "--layers", str(layers),
                "--dir", str(workdir)]
     try:
         done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout)

@@ -6,7 +6,7 @@ Each measurement runs in a fresh child process: it builds a float32 state dict o
 A streaming save stays near zero; a save that serializes into memory first would
 rise by about the state size.
 
-    python benchmarks/durable_save.py --size-mib 1024 --repeats 3
+    python -m benchmarks.durable_save --size-mib 1024 --repeats 3
 
 Prints a table and writes benchmarks/out/durable_save.json.
 """
@@ -105,7 +105,7 @@ def _child(method: str, size_mib: int, target: str) -> None:
 
 def _measure(method: str, size_mib: int, directory: Path) -> dict[str, Any]:
     target = directory / f"bench-{method}.pt"
-    command = [sys.executable, __file__, "--child", method, "--size-mib", str(size_mib), "--dir", str(directory)]
+    command = [sys.executable, "-m", "benchmarks.durable_save", "--child", method, "--size-mib", str(size_mib), "--dir", str(directory)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:

@@ -16,8 +16,8 @@ to p / 32 batches (checked against a real state after a few batches, where
 replaying is cheap), so building it does not replay p samples first. Positions for
 it are capped at 1e6 (``--stateful-max``) to keep the run under two minutes.
 
-    python benchmarks/loader_resume.py            # full run
-    python benchmarks/loader_resume.py --quick    # short run
+    python -m benchmarks.loader_resume            # full run
+    python -m benchmarks.loader_resume --quick    # short run
 
 Prints a table and writes benchmarks/out/loader_resume.json.
 """
@@ -27,19 +27,16 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
-import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import median, print_table, write_json  # noqa: E402
+from benchmarks._common import median, print_table, write_json
 
-from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader  # noqa: E402
+from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
 
 SIZE = 4_000_000
 BATCH = 32

@@ -27,8 +27,8 @@ the last batch (the snapshot's cost is paid per batch, inside the throughput tab
 without workers it builds the state on each call. torch's DataLoader has no state_dict(). StatefulDataLoader is left out, with a
 printed note, when torchdata is not importable.
 
-    python benchmarks/loader_throughput.py            # full run
-    python benchmarks/loader_throughput.py --quick    # short run
+    python -m benchmarks.loader_throughput            # full run
+    python -m benchmarks.loader_throughput --quick    # short run
 
 Prints the tables and writes benchmarks/out/loader_throughput.json.
 """
@@ -38,20 +38,17 @@ from __future__ import annotations
 import argparse
 import pickle
 import resource
-import sys
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import busy_wait_cpu, median, print_table, write_json  # noqa: E402
+from benchmarks._common import busy_wait_cpu, median, print_table, write_json
 
-from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader  # noqa: E402
+from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
 
 SIZE = 200_000
 BATCH = 32

@@ -14,8 +14,8 @@
 
 Prints a table and writes JSON to ``benchmarks/out/pause.json``.
 
-    python benchmarks/pause.py            # ~100M parameters (about 1.2 GB per file)
-    python benchmarks/pause.py --quick    # ~10M parameters
+    python -m benchmarks.pause            # ~100M parameters (about 1.2 GB per file)
+    python -m benchmarks.pause --quick    # ~10M parameters
 """
 
 from __future__ import annotations

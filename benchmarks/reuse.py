@@ -5,8 +5,8 @@ Every loader runs the same ``build``: a busy-wait of ``--cost-ms`` milliseconds
 3x64x64 float image. The loop only draws batches, so the wall time is the input
 pipeline's. Workers are persistent and shared across epochs.
 
-    python benchmarks/reuse.py            # 512 samples, 6 epochs
-    python benchmarks/reuse.py --quick    # 64 samples, 3 epochs
+    python -m benchmarks.reuse            # 512 samples, 6 epochs
+    python -m benchmarks.reuse --quick    # 64 samples, 3 epochs
 
 Prints a table and writes benchmarks/out/reuse.json.
 """

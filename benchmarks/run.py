@@ -30,10 +30,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a file: python benchmarks/run.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks._report import (  # noqa: E402
+from benchmarks._report import (
     MISS,
     PASS,
     ScriptRun,
@@ -55,26 +52,27 @@ RESULTS = HERE / "RESULTS.md"
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One script of the suite; it writes ``benchmarks/out/<name>.json``."""
+    """One script of the suite, run as ``python -m benchmarks.<script>``; it writes
+    ``benchmarks/out/<name>.json``."""
 
     name: str
-    script: str
+    script: str  # the module's name inside the benchmarks package
     quick_args: tuple[str, ...]
     full_args: tuple[str, ...] = ()
     timeout_s: int = 3600
 
 
 SUITE: tuple[Benchmark, ...] = (
-    Benchmark("loader_throughput", "loader_throughput.py", ("--quick",)),
-    Benchmark("loader_resume", "loader_resume.py", ("--quick",)),
-    Benchmark("reuse", "reuse.py", ("--quick",)),
+    Benchmark("loader_throughput", "loader_throughput", ("--quick",)),
+    Benchmark("loader_resume", "loader_resume", ("--quick",)),
+    Benchmark("reuse", "reuse", ("--quick",)),
     # durable_save has no --quick: a 128 MiB state instead of 1 GiB.
-    Benchmark("durable_save", "durable_save.py", ("--size-mib", "128", "--repeats", "3")),
-    Benchmark("pause", "pause.py", ("--quick",)),
-    Benchmark("checkpointing", "checkpointing.py", ("--quick",)),
-    Benchmark("profile_pause", "_profile_pause.py", ("--quick",)),
-    Benchmark("profile_loader", "_profile_loader.py", ("--quick",)),
-    Benchmark("profile_resume", "_profile_resume.py", ("--quick",)),
+    Benchmark("durable_save", "durable_save", ("--size-mib", "128", "--repeats", "3")),
+    Benchmark("pause", "pause", ("--quick",)),
+    Benchmark("checkpointing", "checkpointing", ("--quick",)),
+    Benchmark("profile_pause", "_profile_pause", ("--quick",)),
+    Benchmark("profile_loader", "_profile_loader", ("--quick",)),
+    Benchmark("profile_resume", "_profile_resume", ("--quick",)),
 )
 NAMES = tuple(benchmark.name for benchmark in SUITE)
 DISTRIBUTIONS = ("torch", "numpy", "pytorch-lightning", "torchdata", "accelerate", "trainer-resume")
@@ -155,9 +153,10 @@ def arguments_for(benchmark: Benchmark, *, quick: bool, started: float) -> list[
 def run_benchmark(benchmark: Benchmark, arguments: Sequence[str], *, timeout_s: float) -> ScriptRun:
     """Run one script in a fresh process, echoing its output; the script's whole process group
     is killed if it outlives ``timeout_s``."""
-    shown = shlex.join(["python", f"benchmarks/{benchmark.script}", *arguments])
-    if not (HERE / benchmark.script).is_file():
-        return ScriptRun(benchmark.name, shown, f"not available: benchmarks/{benchmark.script} does not exist",
+    module = f"benchmarks.{benchmark.script}"
+    shown = shlex.join(["python", "-m", module, *arguments])
+    if not (HERE / f"{benchmark.script}.py").is_file():
+        return ScriptRun(benchmark.name, shown, f"not available: benchmarks/{benchmark.script}.py does not exist",
                          None, "")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -165,7 +164,7 @@ def run_benchmark(benchmark: Benchmark, arguments: Sequence[str], *, timeout_s: 
     start = time.perf_counter()
     with tempfile.TemporaryFile(mode="w+") as stderr:
         process = subprocess.Popen(
-            [sys.executable, str(HERE / benchmark.script), *arguments], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            [sys.executable, "-m", module, *arguments], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
             start_new_session=True,  # its own process group: a timeout also ends its workers and children
         )
         timed_out = threading.Event()
@@ -274,7 +273,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__.split("\n\n")[0],
-        epilog="Scripts: " + ", ".join(f"{b.name} (benchmarks/{b.script})" for b in SUITE),
+        epilog="Scripts: " + ", ".join(f"{b.name} (python -m benchmarks.{b.script})" for b in SUITE),
     )
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a few minutes on 2 cores)")
     parser.add_argument("--only", nargs="+", choices=NAMES, metavar="NAME", help="run only these benchmarks")
@@ -297,7 +296,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         return 0
 
     selected = [b for b in SUITE if (not args.only or b.name in args.only) and b.name not in args.skip]
-    command = " ".join([prog or "python benchmarks/run.py", shlex.join(arguments)]).strip()
+    command = " ".join([prog or "python -m benchmarks.run", shlex.join(arguments)]).strip()
     machine = machine_description()
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     started = time.time()

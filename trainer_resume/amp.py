@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["restore_grad_scaler_state"]
+__all__ = ["restore_grad_scaler_state", "validate_grad_scaler_state"]
 
 # Keys of GradScaler.state_dict() for an enabled scaler (torch >= 1.6).
 _STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
@@ -69,6 +69,17 @@ def restore_grad_scaler_state(
         for name in _OPTIMIZER_TEMPORARIES:
             if name in vars(optimizer):
                 delattr(optimizer, name)
+
+
+def validate_grad_scaler_state(scaler: Any, state: Any) -> None:
+    """Raise what :func:`restore_grad_scaler_state` would raise for ``state``; changes nothing.
+
+    Raises:
+        TypeError: ``state`` is not a dict, or the scaler is not a torch GradScaler.
+        ValueError: ``state`` lacks a key, holds a value of the wrong type, or does not
+            match whether ``scaler`` is enabled.
+    """
+    _validate(scaler, state)
 
 
 def _optimizer_list(optimizers: Any) -> list[torch.optim.Optimizer]:

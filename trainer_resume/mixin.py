@@ -33,8 +33,10 @@ from ._step_guard import (
     serialized_training,
     training_step,
 )
+from ._state_match import check_object_states
 from .amp import restore_grad_scaler_state
 from .durable import load_checkpoint, save_checkpoint
+from .finished import finished_marker_path, mark_finished, refuse_if_finished
 from .errors import (
     ConfigSignatureMismatchError,
     PauseBlockedError,
@@ -79,6 +81,10 @@ def _refuse_on_every_rank(error: BaseException, action: str) -> None:
         _distributed.agree(error, action)
     except Exception:  # noqa: BLE001 - every rank failed; this one raises its own error
         pass
+
+
+def _overrides(trainer: Any, hook: str) -> bool:
+    return getattr(type(trainer), hook) is not getattr(TrainingResumeMixin, hook)
 
 
 def _rng_device() -> int | None:
@@ -254,8 +260,9 @@ class TrainingResumeMixin:
         """Restore the trainer from a pause file and unpause it.
 
         The file is verified and checked completely (format, module version, config
-        signature, entries, loader states, ``_validate_resume``, RNG state) before
-        anything changes; a refusal leaves the trainer as it was. Objects, loaders,
+        signature, entries, every object's state against the live object: keys,
+        shapes, dtypes, optimizer parameter groups; loader states,
+        ``_validate_resume``, RNG state) before anything changes; a refusal leaves the trainer as it was. Objects, loaders,
         extra state and iterators are then restored, the main-process RNG last.
 
         Args:
@@ -263,9 +270,12 @@ class TrainingResumeMixin:
 
         Raises:
             FileNotFoundError: ``path`` does not exist.
+            RunFinishedError: ``finish(path)`` marked the run finished (see
+                :func:`trainer_resume.run_finished`); nothing changed.
             ResumeError: the file is refused (321 format, 322 corrupted, 323 config,
-                328 unsafe, 329 version, 330 entries, 333 loader state, 339
-                signature, or what ``_validate_resume`` raises); nothing changed.
+                328 unsafe, 329 version, 330 entries or a state that does not fit its
+                object, 333 loader state, 339 signature, or what ``_validate_resume``
+                raises); nothing changed and the trainer is not locked.
             TrainerLockedError: restoring failed part-way; the trainer refuses steps
                 and pauses until a later ``resume()`` succeeds.
             RuntimeError: called inside a training step; or, under a process group
@@ -281,15 +291,18 @@ class TrainingResumeMixin:
             location = os.fspath(path)
             collective = _distributed.is_distributed()
             try:
+                refuse_if_finished(location, key=self._resume_settings("resume()").key)
                 opened = None
                 if _sharded.is_pause_directory(path):
                     opened = _sharded.open_pause(path, key=self._resume_settings("resume()").key)
                     loaded: Any = opened.checkpoint
                 else:
                     loaded = self._load_pause_checkpoint(path)
-                checkpoint = self._rank_checkpoint(loaded, location)
-                states = self._check_pause_checkpoint(checkpoint, location)
                 self._check_sharded(opened, location)
+                checkpoint = self._rank_checkpoint(loaded, location)
+                states = self._check_pause_checkpoint(
+                    checkpoint, location, sharded=opened.names if opened is not None else ()
+                )
             except Exception as error:
                 if collective:
                     _refuse_on_every_rank(error, "resume()")
@@ -297,6 +310,45 @@ class TrainingResumeMixin:
             if collective:  # every rank checked the file: restore everywhere or nowhere
                 _distributed.agree(None, "resume()")
             self._restore(guard, checkpoint, states, location, opened)
+
+    def finish(self, path: StrPath) -> str:
+        """Mark the run that pauses to ``path`` finished, once training is complete.
+
+        A durable *finished marker* holding the completed step count replaces the
+        pause file (see :mod:`trainer_resume.finished`). From then on ``resume(path)``
+        raises ``RunFinishedError`` and :func:`trainer_resume.run_finished` returns
+        the marker, so a requeued job that already finished can exit 0 instead of
+        training the tail again.
+
+        Args:
+            path: The pause file path the run uses (it need not exist).
+
+        Returns:
+            The marker's path.
+
+        Raises:
+            TrainerLockedError: a restore failed part-way.
+            CheckpointWriteError: the marker could not be written; nothing was retired.
+            RuntimeError: called inside a training step.
+
+        Under a process group of several ranks, call it on every rank: rank 0 writes.
+        """
+        guard = guard_of(self, "finish()")
+        with guard.exclusive():
+            self._require_step_boundary(guard, "finish")
+            if guard.locked_reason is not None:
+                raise TrainerLockedError(guard.locked_reason)
+            key = self._resume_settings("finish()").key
+            location = os.fspath(path)
+
+            def write() -> None:
+                mark_finished(location, completed_steps=guard.completed_steps, key=key)
+
+            if _distributed.is_distributed():
+                _distributed.commit(write, location)
+            else:
+                write()
+            return finished_marker_path(location)
 
     def request_pause(self, path: StrPath) -> None:
         """Ask for a pause at the end of the running (or next) outermost training step.
@@ -439,7 +491,9 @@ class TrainingResumeMixin:
         check_saveable(checkpoint)
         return checkpoint
 
-    def _check_pause_checkpoint(self, checkpoint: Any, location: str) -> dict[str, Any]:
+    def _check_pause_checkpoint(
+        self, checkpoint: Any, location: str, *, sharded: Iterable[str] = ()
+    ) -> dict[str, Any]:
         settings = self._resume_settings("resume()")
         check_layout(checkpoint, location)
         if checkpoint["module_version"] != settings.version:
@@ -454,9 +508,19 @@ class TrainingResumeMixin:
             )
         states = object_states(checkpoint)
         loaders = self._resume_loaders()
-        check_names("objects", states, self._resume_objects())
-        check_names("loaders", checkpoint["loaders"], loaders)
-        check_names("extra state", checkpoint["extra"], self._resume_extra_state())
+        objects = self._resume_objects()
+        check_names("objects (_resume_objects())", states, objects)
+        check_names("loaders (_resume_loaders())", checkpoint["loaders"], loaders)
+        check_names("extra state (_resume_extra_state())", checkpoint["extra"], self._resume_extra_state())
+        if checkpoint["extra"] and not _overrides(self, "_load_resume_extra_state"):
+            raise ResumeStateMismatchError(
+                f"the checkpoint holds extra state {sorted(checkpoint['extra'])} but "
+                f"{type(self).__name__} does not implement _load_resume_extra_state(state) to restore it"
+            )
+        # Sharded states are in the DCP files; ShardedPause.check_objects checks those.
+        skipped = set(sharded)
+        unsharded = {name: obj for name, obj in objects.items() if name not in skipped}
+        check_object_states(unsharded, states, _GRAD_SCALERS)
         for name, loader in loaders.items():
             loader.validate_state_dict(checkpoint["loaders"][name])
         self._validate_resume(checkpoint)

@@ -25,10 +25,7 @@ from trainer_resume.errors import (
 )
 from trainer_resume.signature import config_signature
 
-try:
-    from . import _lightning_child as child
-except ImportError:
-    import _lightning_child as child
+import _lightning_child as child
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint

@@ -18,10 +18,7 @@ import torch
 
 from trainer_resume.testing import first_difference
 
-try:
-    from . import _lightning_procs as procs
-except ImportError:
-    import _lightning_procs as procs
+import _lightning_procs as procs
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-try:
-    from . import _lightning_procs as procs
-except ImportError:
-    import _lightning_procs as procs
+import _lightning_procs as procs
 
 pytestmark = pytest.mark.slow
 

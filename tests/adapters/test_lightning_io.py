@@ -17,12 +17,8 @@ from trainer_resume.adapters.lightning import DurableCheckpointIO
 from trainer_resume.durable import read_checkpoint_header, save_checkpoint
 from trainer_resume.errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
 
-try:
-    from . import _lightning_child as child
-    from . import _lightning_procs as procs
-except ImportError:
-    import _lightning_child as child
-    import _lightning_procs as procs
+import _lightning_child as child
+import _lightning_procs as procs
 
 
 class _WithHyperparameters(child.Regressor):

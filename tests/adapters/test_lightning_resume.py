@@ -15,10 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-try:
-    from . import _lightning_procs as procs
-except ImportError:
-    import _lightning_procs as procs
+import _lightning_procs as procs
 
 pytestmark = pytest.mark.slow
 

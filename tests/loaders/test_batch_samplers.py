@@ -20,10 +20,7 @@ from trainer_resume.errors import (
 )
 from trainer_resume.loaders import build_batch_sampler
 
-try:
-    from . import _loader_streams as streams
-except ImportError:
-    import _loader_streams as streams
+import _loader_streams as streams
 
 
 class Labelled:

@@ -17,10 +17,7 @@ from trainer_resume.errors import (
 from trainer_resume.loaders import InfiniteRandomSampler
 from trainer_resume.loaders import sampler as sampler_module
 
-try:
-    from . import _loader_streams as streams
-except ImportError:
-    import _loader_streams as streams
+import _loader_streams as streams
 
 SIZE = 7
 

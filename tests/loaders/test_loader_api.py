@@ -17,10 +17,7 @@ from trainer_resume.errors import (
 )
 from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader, build_batch_sampler
 
-try:
-    from . import _loader_streams as streams
-except ImportError:
-    import _loader_streams as streams
+import _loader_streams as streams
 
 
 def test_signature_is_dataloaders_plus_keyword_only_resumable():

@@ -15,10 +15,7 @@ from trainer_resume.errors import (
     LoaderStateError,
 )
 
-try:
-    from . import _loader_streams as streams
-except ImportError:
-    import _loader_streams as streams
+import _loader_streams as streams
 
 WORKERS = [0, pytest.param(2, marks=pytest.mark.slow)]
 

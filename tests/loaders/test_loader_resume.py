@@ -9,10 +9,7 @@ import torch
 
 from trainer_resume.rng import derive_seed, random_state, rng_scope
 
-try:
-    from . import _loader_streams as streams
-except ImportError:
-    import _loader_streams as streams
+import _loader_streams as streams
 
 AFTER = 9  # batches compared after the last pause point (crosses at least one more cycle)
 

@@ -8,10 +8,7 @@ import warnings
 import pytest
 import torch
 
-try:
-    from . import _loader_streams as streams
-except ImportError:
-    import _loader_streams as streams
+import _loader_streams as streams
 
 pytestmark = pytest.mark.slow
 

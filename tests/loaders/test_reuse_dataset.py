@@ -12,10 +12,7 @@ import torch
 from trainer_resume.loaders.reuse import ReuseDataLoader, ReuseDataset, ReusePolicy
 from trainer_resume.rng import derive_seed
 
-try:
-    from . import _reuse_child as helpers
-except ImportError:
-    import _reuse_child as helpers
+import _reuse_child as helpers
 
 SIZE = 24
 

@@ -10,10 +10,7 @@ from torch.utils.data import SequentialSampler
 
 from trainer_resume.loaders.reuse import ReuseDataLoader, ReusePolicy
 
-try:
-    from . import _reuse_child as helpers
-except ImportError:
-    import _reuse_child as helpers
+import _reuse_child as helpers
 
 SIZE = helpers.SIZE
 

@@ -21,10 +21,7 @@ from trainer_resume.loaders import (
     build_batch_sampler,
 )
 
-try:
-    from . import _loader_streams as streams
-except ImportError:
-    import _loader_streams as streams
+import _loader_streams as streams
 
 SEED = 1234
 TARGETS = streams.TARGETS  # "sampler" plus every batch-sampler target

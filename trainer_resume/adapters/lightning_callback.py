@@ -34,13 +34,12 @@ from ..errors import (
 from ..rng import random_state, restore_random_state, validate_random_state
 from ..signature import canonical_config, config_difference, config_signature
 from ..state import RandomState
+from .lightning_files import LIGHTNING_PAUSE_FORMAT, PAUSE_KEY
 from .lightning_io import DurableCheckpointIO, PauseFileReader
 from .lightning_positions import DeliveredLoaderStates, LoaderPositionUnknown
 
 __all__ = ["ResumeCallback", "LightningPauseState", "PAUSE_KEY", "LIGHTNING_PAUSE_FORMAT", "DEFAULT_SIGNALS"]
 
-PAUSE_KEY = "trainer_resume"
-LIGHTNING_PAUSE_FORMAT = "trainer_resume.lightning_pause/1"
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name)
 )

@@ -1,0 +1,180 @@
+"""Real files of every kind the export and inspect tests read, with the weights they must hold.
+
+Each maker trains briefly, writes its file the way a user's run does and returns
+the path with the trainer's own ``state_dict()`` at that moment. Files are made once
+per test session (the distributed one spawns two ranks).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
+from trainer_resume.mixin import TrainingResumeMixin, training_step
+
+DATASET_SIZE = 12
+BATCH_SIZE = 4
+STEPS = 5  # 20 samples delivered: cycle 1, offset 8
+LIGHTNING_PAUSE_STEP = 3
+DISTRIBUTED_PAUSE_STEP = 3
+
+_made: dict[str, Any] = {}
+
+
+def _net() -> nn.Module:
+    # BatchNorm: buffers (running stats, num_batches_tracked) must be exported too.
+    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
+
+
+class MixinTrainer(TrainingResumeMixin):
+    def __init__(self, *, num_replicas: int = 1) -> None:
+        torch.manual_seed(0)
+        self.model = _net()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
+        data = TensorDataset(torch.randn(DATASET_SIZE, 4), torch.randn(DATASET_SIZE, 3))
+        self.loader = ResumableDataLoader(
+            data,
+            batch_size=BATCH_SIZE,
+            sampler=InfiniteRandomSampler(data, resumable=True, num_replicas=num_replicas, rank=0),
+            resumable=True,
+        )
+        self.batches = iter(self.loader)
+        self.seen = 0
+        self._initialize_training_resume(
+            {"lr": 0.01, "batch_size": BATCH_SIZE}, version="inspect-test/1"
+        )
+
+    def _resume_objects(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def _resume_loaders(self) -> dict[str, Any]:
+        return {"train": self.loader}
+
+    def _resume_extra_state(self) -> dict[str, Any]:
+        return {"seen": self.seen, "warmed_up": True}
+
+    @training_step
+    def step(self) -> None:
+        inputs, targets = next(self.batches)
+        loss = nn.functional.mse_loss(self.model(inputs), targets)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.seen += len(inputs)
+
+
+def clone_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
+
+
+def mixin_pause(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A single-process pause file after ``STEPS`` steps, and the model's state then."""
+    if "mixin" not in _made:
+        path = tmp_path_factory.mktemp("mixin") / "pause.ckpt"
+        trainer = MixinTrainer()
+        for _ in range(STEPS):
+            trainer.step()
+        trainer.pause(path)
+        trainer.loader.close()
+        _made["mixin"] = (path, clone_state(trainer.model))
+    return _made["mixin"]
+
+
+class _Features(Dataset):
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(7)
+        self.x = torch.randn(DATASET_SIZE * 2, 4, generator=generator)
+        self.y = torch.randn(DATASET_SIZE * 2, 3, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+
+def lightning_module_class() -> type:
+    """The LightningModule of the Lightning files (built lazily: Lightning imports slowly)."""
+    if "module_class" in _made:
+        return _made["module_class"]
+    import pytorch_lightning as pl
+
+    class SmallModule(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _net()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    _made["module_class"] = SmallModule
+    return SmallModule
+
+
+def lightning_pause(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A ``ResumeCallback`` pause file written at ``LIGHTNING_PAUSE_STEP``; the module state."""
+    if "lightning" not in _made:
+        import pytorch_lightning as pl
+
+        from trainer_resume.adapters.lightning import ResumeCallback
+
+        class PauseAt(pl.Callback):
+            def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+                if trainer.global_step == LIGHTNING_PAUSE_STEP - 1:
+                    resume.request_pause()  # written at the end of the next batch
+
+        path = tmp_path_factory.mktemp("lightning") / "pause.ckpt"
+        resume = ResumeCallback(path, signals=(), config={"lr": 0.01})
+        torch.manual_seed(0)
+        module = lightning_module_class()()
+        dataset = _Features()
+        loader = ResumableDataLoader(
+            dataset,
+            batch_size=BATCH_SIZE,
+            sampler=InfiniteRandomSampler(dataset, resumable=True),
+            resumable=True,
+        )
+        trainer = pl.Trainer(
+            max_steps=10,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[resume, PauseAt()],
+        )
+        trainer.fit(module, loader)
+        assert resume.paused_at_step == LIGHTNING_PAUSE_STEP
+        _made["lightning"] = (path, clone_state(module))
+    return _made["lightning"]
+
+
+def distributed_pause(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A pause file of a 2-rank DDP run (gloo, spawned ranks); rank 0's model state at the pause."""
+    if "distributed" not in _made:
+        from _ddp_workers import describe_exits, launch, load_results
+
+        out = tmp_path_factory.mktemp("distributed")
+        path = out / "pause.ckpt"
+        job = {"tag": "paused", "steps": 10, "requests": {DISTRIBUTED_PAUSE_STEP: [str(path), 1]}}
+        codes = launch(2, job, out)
+        assert codes == [0, 0], describe_exits(codes, "paused", out)
+        results = load_results(2, "paused", out)
+        assert results[0]["paused_at"] == [DISTRIBUTED_PAUSE_STEP]
+        _made["distributed"] = (path, results[0]["model"])
+    return _made["distributed"]

@@ -1,0 +1,164 @@
+"""``export_checkpoint``: the weights of each kind of trainer-resume file, read by other tools."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from _checkpoint_makers import (
+    distributed_pause,
+    lightning_module_class,
+    lightning_pause,
+    mixin_pause,
+)
+from safetensors.torch import load_file
+
+from trainer_resume.durable import save_checkpoint
+from trainer_resume.errors import CheckpointFormatError, CheckpointWriteError
+from trainer_resume.export import export_checkpoint
+
+
+def assert_same_state(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> None:
+    # Exactly the model's state_dict keys, buffers included (safetensors does not keep their order).
+    assert sorted(actual) == sorted(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+        assert actual[name].dtype == tensor.dtype, name
+
+
+def test_mixin_pause_model_exports_as_torch_file_loadable_weights_only(tmp_path_factory, tmp_path):
+    path, weights = mixin_pause(tmp_path_factory)
+    result = export_checkpoint(path, tmp_path / "model.pt")
+    assert (result.kind, result.source, result.what, result.format) == (
+        "pause",
+        "model",
+        "model",
+        "torch",
+    )
+    assert any("running_mean" in name for name in weights)
+    exported = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert list(exported) == list(weights)  # a torch file keeps the state_dict's order
+    assert_same_state(weights, exported)
+
+
+def test_mixin_pause_model_exports_as_safetensors(tmp_path_factory, tmp_path):
+    path, weights = mixin_pause(tmp_path_factory)
+    export_checkpoint(path, tmp_path / "model.safetensors", format="safetensors")
+    assert_same_state(weights, load_file(tmp_path / "model.safetensors"))
+
+
+def test_exported_state_dict_loads_into_a_fresh_model(tmp_path_factory, tmp_path):
+    from _checkpoint_makers import _net
+
+    path, weights = mixin_pause(tmp_path_factory)
+    export_checkpoint(path, tmp_path / "model.pt")
+    model = _net()
+    model.load_state_dict(
+        torch.load(tmp_path / "model.pt", weights_only=True)
+    )  # strict: every key matches
+    assert_same_state(weights, model.state_dict())
+
+
+def test_export_all_writes_the_whole_pause_as_a_plain_torch_file(tmp_path_factory, tmp_path):
+    path, weights = mixin_pause(tmp_path_factory)
+    export_checkpoint(path, tmp_path / "all.pt", what="all")
+    whole = torch.load(tmp_path / "all.pt", weights_only=True)
+    assert whole["completed_steps"] == 5
+    assert set(whole["objects"]) == {"model", "optimizer"}
+    assert_same_state(weights, whole["objects"]["model"])
+
+
+def test_lightning_pause_model_exports_the_modules_state_dict(tmp_path_factory, tmp_path):
+    path, weights = lightning_pause(tmp_path_factory)
+    result = export_checkpoint(path, tmp_path / "model.pt")
+    assert (result.kind, result.source) == ("lightning pause", "state_dict")
+    assert_same_state(weights, torch.load(tmp_path / "model.pt", weights_only=True))
+    export_checkpoint(path, tmp_path / "model.safetensors", format="safetensors")
+    assert_same_state(weights, load_file(tmp_path / "model.safetensors"))
+
+
+def test_lightning_pause_exported_whole_loads_with_lightnings_own_load_from_checkpoint(
+    tmp_path_factory, tmp_path
+):
+    path, weights = lightning_pause(tmp_path_factory)
+    export_checkpoint(path, tmp_path / "plain.ckpt", what="all")
+    module = lightning_module_class().load_from_checkpoint(
+        tmp_path / "plain.ckpt", map_location="cpu"
+    )
+    assert_same_state(weights, module.state_dict())
+    plain = torch.load(tmp_path / "plain.ckpt", weights_only=True)
+    assert plain["global_step"] == 3
+
+
+@pytest.mark.slow
+def test_distributed_pause_model_exports_rank_zeros_weights(tmp_path_factory, tmp_path):
+    path, weights = distributed_pause(tmp_path_factory)
+    result = export_checkpoint(path, tmp_path / "model.pt")
+    assert (result.kind, result.source) == ("pause", "model")
+    assert_same_state(weights, torch.load(tmp_path / "model.pt", weights_only=True))
+    export_checkpoint(path, tmp_path / "model.safetensors", format="safetensors")
+    assert_same_state(weights, load_file(tmp_path / "model.safetensors"))
+
+
+def test_tied_weights_are_kept_under_every_key_in_safetensors(tmp_path):
+    shared = torch.arange(6.0).reshape(2, 3)
+    save_checkpoint(
+        {"net": {"encoder.weight": shared, "decoder.weight": shared}, "step": 3},
+        tmp_path / "tied.ckpt",
+    )
+    result = export_checkpoint(
+        tmp_path / "tied.ckpt", tmp_path / "tied.safetensors", format="safetensors"
+    )
+    assert result.source == "net"  # the one module-like entry
+    loaded = load_file(tmp_path / "tied.safetensors")
+    assert torch.equal(loaded["encoder.weight"], shared) and torch.equal(
+        loaded["decoder.weight"], shared
+    )
+
+
+def test_ambiguous_model_is_refused_listing_the_names(tmp_path):
+    states = {"generator": {"w": torch.ones(2)}, "discriminator": {"w": torch.zeros(2)}}
+    save_checkpoint(states, tmp_path / "gan.ckpt")
+    with pytest.raises(
+        ValueError, match="several module state_dicts.*'generator', 'discriminator'"
+    ):
+        export_checkpoint(tmp_path / "gan.ckpt", tmp_path / "out.pt")
+    assert not (tmp_path / "out.pt").exists()
+    export_checkpoint(tmp_path / "gan.ckpt", tmp_path / "out.pt", object="discriminator")
+    assert torch.equal(torch.load(tmp_path / "out.pt", weights_only=True)["w"], torch.zeros(2))
+
+
+def test_unknown_object_is_refused_listing_the_names(tmp_path_factory, tmp_path):
+    path, _ = mixin_pause(tmp_path_factory)
+    with pytest.raises(ValueError, match="no object 'net'.*'model', 'optimizer'"):
+        export_checkpoint(path, tmp_path / "out.pt", object="net")
+
+
+def test_a_plain_torch_file_is_not_exported(tmp_path):
+    torch.save({"w": torch.ones(2)}, tmp_path / "plain.pt")
+    with pytest.raises(CheckpointFormatError, match="no trainer-resume header"):
+        export_checkpoint(tmp_path / "plain.pt", tmp_path / "out.pt")
+
+
+def test_safetensors_with_the_whole_state_is_refused_before_reading(tmp_path):
+    with pytest.raises(ValueError, match="use format='torch'"):
+        export_checkpoint(
+            tmp_path / "absent.ckpt", tmp_path / "out.safetensors", what="all", format="safetensors"
+        )
+
+
+def test_a_failed_write_leaves_the_previous_export_intact(tmp_path_factory, tmp_path, monkeypatch):
+    path, _ = mixin_pause(tmp_path_factory)
+    export_checkpoint(path, tmp_path / "model.pt")
+    before = (tmp_path / "model.pt").read_bytes()
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(CheckpointWriteError):
+        export_checkpoint(path, tmp_path / "model.pt", what="all")
+    monkeypatch.undo()
+    assert (tmp_path / "model.pt").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]

@@ -1,0 +1,152 @@
+"""Does a saved state fit the live object it is about to be loaded into?
+
+``resume()`` runs these checks on every resume object before the first one is
+loaded: ``Module.load_state_dict`` copies the tensors whose shapes match before it
+complains about the others, and ``Optimizer.load_state_dict`` accepts moment
+buffers of any shape. A refusal found half-way would leave a trainer that is
+neither the old run nor the new one, so every mismatch is found first.
+
+What is compared, per kind of object:
+
+- ``torch.nn.Module``: the key sets, and each tensor's shape and dtype;
+- ``torch.optim.Optimizer``: the number of parameter groups, the number of
+  parameters in each, and each saved per-parameter tensor against the live state
+  of that parameter (or, for a fresh optimizer, against the parameter's shape);
+- a GradScaler: what ``restore_grad_scaler_state`` would refuse;
+- anything else: the shape and dtype of every tensor both states hold at the
+  same place (their key sets may legitimately differ).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import chain
+from typing import Any
+
+import torch
+
+from .amp import validate_grad_scaler_state
+from .errors import ResumeStateMismatchError
+
+__all__ = ["check_object_states"]
+
+_MAX_NAMED = 3  # keys listed in one message; the rest are counted
+
+
+def check_object_states(objects: Mapping[str, Any], states: Mapping[str, Any], scalers: tuple[type, ...]) -> None:
+    """Raise ``ResumeStateMismatchError`` naming the first state that does not fit its object.
+
+    Args:
+        objects: Name -> live resume object.
+        states: Name -> the state saved for it (same names, already checked).
+        scalers: The GradScaler classes of this torch.
+    """
+    for name, obj in objects.items():
+        where = f"object {name!r} ({type(obj).__name__})"
+        saved = states[name]
+        if isinstance(obj, torch.nn.Module):
+            _check_module(where, saved, obj.state_dict())
+        elif isinstance(obj, torch.optim.Optimizer):
+            _check_optimizer(where, saved, obj)
+        elif isinstance(obj, scalers):
+            try:
+                validate_grad_scaler_state(obj, saved)
+            except (TypeError, ValueError) as error:
+                raise ResumeStateMismatchError(f"{where}: {error}") from error
+        else:
+            _check_common_tensors(where, saved, obj.state_dict())
+
+
+def _check_module(where: str, saved: Any, live: Mapping[str, Any]) -> None:
+    if not isinstance(saved, Mapping):
+        raise ResumeStateMismatchError(f"{where}: the checkpoint holds a {type(saved).__name__}, not a state dict")
+    missing = [key for key in live if key not in saved]
+    unexpected = [key for key in saved if key not in live]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing from the checkpoint: {_names(missing)}")
+        if unexpected:
+            parts.append(f"not in this model: {_names(unexpected)}")
+        raise ResumeStateMismatchError(f"{where}: " + "; ".join(parts))
+    for key, value in live.items():
+        _check_tensor(f"{where}: {key!r}", saved[key], value)
+
+
+def _check_optimizer(where: str, saved: Any, optimizer: torch.optim.Optimizer) -> None:
+    groups = saved.get("param_groups") if isinstance(saved, Mapping) else None
+    per_param = saved.get("state") if isinstance(saved, Mapping) else None
+    if not isinstance(groups, list) or not isinstance(per_param, Mapping):
+        raise ResumeStateMismatchError(f"{where}: the checkpoint holds no optimizer state dict")
+    live_groups = optimizer.param_groups
+    if len(groups) != len(live_groups):
+        raise ResumeStateMismatchError(
+            f"{where}: {len(groups)} parameter groups in the checkpoint, {len(live_groups)} in this optimizer"
+        )
+    for index, (group, live_group) in enumerate(zip(groups, live_groups)):
+        params = group.get("params") if isinstance(group, Mapping) else None
+        if not isinstance(params, list) or len(params) != len(live_group["params"]):
+            count = len(params) if isinstance(params, list) else "no"
+            raise ResumeStateMismatchError(
+                f"{where}: parameter group {index} has {count} parameters in the checkpoint, "
+                f"{len(live_group['params'])} in this optimizer"
+            )
+    # The same pairing of saved ids and live parameters Optimizer.load_state_dict makes.
+    parameters = dict(
+        zip(chain.from_iterable(g["params"] for g in groups), chain.from_iterable(g["params"] for g in live_groups))
+    )
+    for param_id, entries in per_param.items():
+        param = parameters.get(param_id)
+        if param is None:
+            raise ResumeStateMismatchError(f"{where}: state for parameter id {param_id!r}, which no group lists")
+        if not isinstance(entries, Mapping):
+            continue
+        live_entries = optimizer.state.get(param, {})
+        for key, value in entries.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            label = f"{where}: state {key!r} of parameter {param_id!r}"
+            live = live_entries.get(key)
+            if isinstance(live, torch.Tensor):
+                _check_tensor(label, value, live)
+            elif not _fits_parameter(value, param):
+                raise ResumeStateMismatchError(
+                    f"{label} has shape {list(value.shape)}, the parameter {list(param.shape)}"
+                )
+
+
+def _fits_parameter(value: torch.Tensor, param: torch.Tensor) -> bool:
+    # Moment buffers have the parameter's shape; factored ones (Adafactor) keep its
+    # dimensions with some reduced to 1. Other layouts cannot be judged without a
+    # live state, so they pass.
+    if value.dim() != param.dim() or value.dim() == 0:
+        return True
+    return all(saved in (1, live) for saved, live in zip(value.shape, param.shape))
+
+
+def _check_common_tensors(where: str, saved: Any, live: Any, path: str = "") -> None:
+    if isinstance(live, torch.Tensor):
+        _check_tensor(f"{where}: {path or 'state'}", saved, live)
+    elif isinstance(live, Mapping) and isinstance(saved, Mapping):
+        for key, value in live.items():
+            if key in saved:
+                _check_common_tensors(where, saved[key], value, f"{path}[{key!r}]")
+    elif isinstance(live, (list, tuple)) and isinstance(saved, (list, tuple)) and len(live) == len(saved):
+        for index, (old, new) in enumerate(zip(saved, live)):
+            _check_common_tensors(where, old, new, f"{path}[{index}]")
+
+
+def _check_tensor(where: str, saved: Any, live: Any) -> None:
+    if not isinstance(live, torch.Tensor):
+        return
+    if not isinstance(saved, torch.Tensor):
+        raise ResumeStateMismatchError(f"{where} is a {type(saved).__name__} in the checkpoint, a tensor here")
+    if saved.shape != live.shape:
+        raise ResumeStateMismatchError(f"{where} has shape {list(saved.shape)} in the checkpoint, {list(live.shape)} here")
+    if saved.dtype != live.dtype:
+        raise ResumeStateMismatchError(f"{where} has dtype {saved.dtype} in the checkpoint, {live.dtype} here")
+
+
+def _names(keys: list[Any]) -> str:
+    shown = ", ".join(repr(key) for key in keys[:_MAX_NAMED])
+    return shown if len(keys) <= _MAX_NAMED else f"{shown} and {len(keys) - _MAX_NAMED} more"

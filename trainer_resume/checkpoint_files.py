@@ -1,0 +1,163 @@
+"""Reading any checkpoint file safely and saying what it is.
+
+trainer-resume's own files (a verified header in front of a ``torch.save``
+archive) are verified before anything is unpickled. Other ``torch.save`` archives
+(a plain Lightning checkpoint, a state dict) have nothing to verify; they are read
+weights-only, so no code in them runs. Anything else is refused.
+
+The kind of a file comes from its content, whichever way it was stored:
+
+=====================  ==========================================================
+kind                   content
+=====================  ==========================================================
+``pause``              a pause file of ``TrainingResumeMixin`` (one process or several)
+``lightning pause``    a Lightning checkpoint with ``ResumeCallback``'s pause entry
+``lightning``          any other Lightning checkpoint
+``checkpoint``         anything else in trainer-resume's format (``save_checkpoint``)
+``torch``              anything else ``torch.save`` wrote
+=====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .adapters.lightning_files import PAUSE_KEY, is_lightning_checkpoint
+from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header
+from .errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
+from .state import PAUSE_FORMAT
+
+__all__ = [
+    "CHECKPOINT",
+    "LIGHTNING",
+    "LIGHTNING_PAUSE",
+    "PAUSE",
+    "TORCH",
+    "CheckpointFile",
+    "kind_of",
+    "read_checkpoint_file",
+    "tensor_totals",
+]
+
+PAUSE = "pause"
+LIGHTNING_PAUSE = "lightning pause"
+LIGHTNING = "lightning"
+CHECKPOINT = "checkpoint"
+TORCH = "torch"
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archive format (the default since torch 1.6)
+
+
+@dataclass(frozen=True)
+class CheckpointFile:
+    """A checkpoint file, read.
+
+    Attributes:
+        path: The file.
+        kind: What it holds (see the module docstring).
+        content: The loaded object (CPU tensors).
+        header: The verified trainer-resume header; ``None`` for a file without one
+            (a plain ``torch.save`` archive: read weights-only, nothing verified).
+        file_bytes: Size of the file.
+    """
+
+    path: str
+    kind: str
+    content: Any
+    header: CheckpointHeader | None
+    file_bytes: int
+
+    @property
+    def verified(self) -> bool:
+        """Whether the bytes were verified against a trainer-resume header."""
+        return self.header is not None
+
+
+def kind_of(content: Any) -> str:
+    """The kind of a loaded checkpoint (module docstring); ``checkpoint`` for other content."""
+    if isinstance(content, Mapping) and content.get("format") == PAUSE_FORMAT:
+        return PAUSE
+    if is_lightning_checkpoint(content):
+        return LIGHTNING_PAUSE if PAUSE_KEY in content else LIGHTNING
+    return CHECKPOINT
+
+
+def read_checkpoint_file(
+    path: str | os.PathLike[str], *, key: bytes | None = None, plain: bool = True
+) -> CheckpointFile:
+    """Verify (when it is ours) and load ``path`` weights-only.
+
+    Args:
+        path: The file.
+        key: The signing key: the file must then be a trainer-resume file with a
+            valid signature.
+        plain: Accept a plain ``torch.save`` archive (loaded weights-only, not verified).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        CheckpointFormatError: Neither a trainer-resume file nor (with ``plain``) a
+            ``torch.save`` archive that ``torch.load`` reads (321).
+        CheckpointCorruptedError: A trainer-resume file with truncated or altered bytes (322).
+        CheckpointSignatureError: ``key`` given and the signature is missing or wrong (339).
+        UnsafeCheckpointError: The file holds objects outside the weights-only set (328).
+    """
+    where = os.fspath(path)
+    if os.path.isdir(where):
+        raise CheckpointFormatError(f"{where} is a directory, not a checkpoint file")
+    with open(where, "rb") as handle:
+        start = handle.read(len(_ZIP_MAGIC))
+    size = os.path.getsize(where)
+    if start != _ZIP_MAGIC:
+        header = read_checkpoint_header(where, key=key)
+        content = load_checkpoint(where, key=key)
+        return CheckpointFile(where, kind_of(content), content, header, size)
+    if key is not None:
+        raise CheckpointSignatureError(
+            f"{where} is a plain torch.save file without a trainer-resume header"
+        )
+    if not plain:
+        raise CheckpointFormatError(
+            f"{where} is a plain torch.save file (no trainer-resume header): "
+            "there is nothing to verify"
+        )
+    content = _load_plain(where)
+    kind = kind_of(content)
+    return CheckpointFile(where, TORCH if kind == CHECKPOINT else kind, content, None, size)
+
+
+def _load_plain(path: str) -> Any:
+    try:
+        # mmap: a large file is described without reading every tensor into memory.
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UnsafeCheckpointError(f"{path}: {reason}") from error
+    except (RuntimeError, ValueError, EOFError, OSError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise CheckpointFormatError(f"{path}: torch.load cannot read it ({error})") from error
+
+
+def tensor_totals(value: Any) -> tuple[int, int]:
+    """Number and bytes of the distinct tensors in nested state (a shared tensor counts once)."""
+    seen: set[int] = set()
+    count = size = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if id(item) not in seen:
+                seen.add(id(item))
+                count += 1
+                size += item.numel() * item.element_size()
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return count, size
