@@ -20,6 +20,7 @@ from trainer_resume.errors import (
     CheckpointCorruptedError,
     CheckpointFormatError,
     CheckpointWriteError,
+    ResumeStateMismatchError,
     UnsafeCheckpointError,
     UnsupportedResumeConfigurationError,
 )
@@ -200,3 +201,27 @@ def test_a_dtensor_outside_the_sharded_objects_is_refused_before_anything_is_wri
         trainer.pause(tmp_path / "pause")
     assert not (tmp_path / "pause").exists()
     assert not trainer.paused
+
+
+def test_a_sharded_model_of_another_shape_is_refused_before_any_state_changes(
+    one_rank, paused, monkeypatch
+):
+    import _ddp_workers
+
+    monkeypatch.setitem(_ddp_workers.CONFIG, "model", {"hidden": 6, "dropout": 0.25})
+    trainer = _trainer(one_rank, 1)
+    monkeypatch.undo()  # the config signature is that of the paused run again
+    trainer._initialize_training_resume(_ddp_workers.CONFIG, version="1")
+    _assert_refused_unchanged(
+        trainer, paused, ResumeStateMismatchError, r"'0.weight' is torch.float32 \(8, 4\) in the pause"
+    )
+
+
+def test_a_sharded_cpu_model_under_an_nccl_process_group_is_refused_before_anything_is_written(
+    one_rank, tmp_path, monkeypatch
+):
+    trainer = _trainer(one_rank, 1)
+    monkeypatch.setattr(dist, "get_backend", lambda *args: "nccl")  # no NCCL on a CPU build
+    with pytest.raises(UnsupportedResumeConfigurationError, match="NCCL moves CUDA tensors only"):
+        trainer.pause(tmp_path / "pause")
+    assert not (tmp_path / "pause").exists()

@@ -215,15 +215,20 @@ class TrainingResumeMixin:
                 continue or retry.
             TypeError: the state holds a value ``torch.load(weights_only=True)``
                 would refuse (named by its path); nothing was written.
+            UnsupportedResumeConfigurationError: a DTensor outside the sharded
+                model/optimizer pairs (see :mod:`trainer_resume.sharded`).
             RuntimeError: called inside a training step (use ``request_pause``); or,
-                under a process group of several ranks, another rank refused or the
-                ranks are not at the same completed step (then every rank raises and
-                nothing is written).
+                under a process group of several ranks, the ranks are not at the same
+                completed step (then every rank raises and nothing is written). When
+                another rank refused with a ``ResumeError``, this rank raises the same
+                class, naming that rank.
 
         Under a ``torch.distributed`` process group of several ranks, call it on every
         rank at the same completed step (or use ``request_pause`` / signals on any
         rank): rank 0 writes one file with every rank's state, see
-        :mod:`trainer_resume.distributed`.
+        :mod:`trainer_resume.distributed`. A model with DTensor parameters (FSDP2
+        ``fully_shard``) makes ``path`` a directory that every rank writes its own
+        shards to, see :mod:`trainer_resume.sharded`.
         """
         guard = guard_of(self, "pause()")
         with guard.exclusive():
@@ -266,7 +271,8 @@ class TrainingResumeMixin:
         extra state and iterators are then restored, the main-process RNG last.
 
         Args:
-            path: A file written by ``pause()``.
+            path: A file written by ``pause()``, or the directory of a sharded pause
+                (see :mod:`trainer_resume.sharded`).
 
         Raises:
             FileNotFoundError: ``path`` does not exist.
@@ -278,8 +284,10 @@ class TrainingResumeMixin:
                 raises); nothing changed and the trainer is not locked.
             TrainerLockedError: restoring failed part-way; the trainer refuses steps
                 and pauses until a later ``resume()`` succeeds.
-            RuntimeError: called inside a training step; or, under a process group
-                of several ranks, another rank refused the file (nothing changed).
+            RuntimeError: called inside a training step. Under a process group of
+                several ranks, when another rank refused (nothing changed anywhere),
+                this rank raises the same ``ResumeError`` class naming that rank
+                (``RuntimeError`` for any other failure there).
 
         Under a process group every rank calls it with the same file and takes its own
         part; with another world size than the paused run the loaders re-shard from

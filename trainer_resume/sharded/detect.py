@@ -89,7 +89,25 @@ def sharded_objects(objects: Mapping[str, Any]) -> ShardedObjects:
         # the run; its state_dict() holds no tensor, so the rank file takes it.
         if obj.state:
             models[owners[0]].append(name)
+    for name in models:
+        _check_backend(name, objects[name])
     return ShardedObjects(models)
+
+
+def _check_backend(name: str, model: torch.nn.Module) -> None:
+    # Written for NCCL as for gloo, but NCCL moves CUDA tensors only: say so before
+    # a collective fails deep inside DCP (tested on CPU with gloo only).
+    dist = torch.distributed
+    if not dist.is_initialized() or "nccl" not in dist.get_backend():
+        return
+    devices = {p.device.type for p in model.parameters()}
+    if not torch.cuda.is_available() or "cuda" not in devices:
+        raise UnsupportedResumeConfigurationError(
+            f"model {name!r} is sharded on {sorted(devices)} under an NCCL process group"
+            f"{'' if torch.cuda.is_available() else ' without a CUDA device'}: NCCL moves CUDA "
+            "tensors only; shard the model on each rank's CUDA device (torch.cuda.set_device("
+            "local_rank) before init_process_group) or use gloo for a CPU model"
+        )
 
 
 def first_dtensor(value: Any, where: str) -> str | None:

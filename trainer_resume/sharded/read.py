@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from .. import distributed as _distributed
-from .._pause_file import check_layout
+from .._pause_file import check_layout, check_names
 from ..durable import load_checkpoint
 from ..errors import (
     CheckpointFormatError,
@@ -150,6 +151,37 @@ class ShardedPause:
                 raise ResumeStateMismatchError(
                     f"{where}: {model!r} has DTensor parameters but was paused unsharded"
                 )
+        self._check_model_shapes(objects)
+
+    def _check_model_shapes(self, objects: Mapping[str, Any]) -> None:
+        # DCP would find a differing model only while loading, after the first change.
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        root = os.path.join(self.directory, DCP_DIRECTORY)
+        files = _VerifiedFileSystem(root, self.manifest["files"])
+        with files.create_stream(os.path.join(root, ".metadata"), "rb") as stream:
+            saved = pickle.load(stream).state_dict_metadata  # the verified bytes
+        for model in self.manifest["models"]:
+            prefix = f"models.{model}."
+            tensors = {
+                key[len(prefix) :]: entry
+                for key, entry in saved.items()
+                if key.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
+            }
+            live = {
+                key: value
+                for key, value in objects[model].state_dict().items()
+                if isinstance(value, torch.Tensor)
+            }
+            where = f"{self.location}: sharded model {model!r}"
+            check_names(where, tensors, live)
+            for key, value in live.items():
+                entry = tensors[key]
+                if tuple(entry.size) != tuple(value.shape) or entry.properties.dtype != value.dtype:
+                    raise ResumeStateMismatchError(
+                        f"{where}: {key!r} is {entry.properties.dtype} {tuple(entry.size)} in the "
+                        f"pause, {value.dtype} {tuple(value.shape)} in this model"
+                    )
 
     def restore(self, objects: Mapping[str, Any]) -> None:
         """Load the sharded models and optimizers (collective under a process group)."""
