@@ -67,8 +67,34 @@ def loader_without_workers_argument() -> DataLoader:
     return DataLoader(ImageDataset(), batch_size=4)
 
 
-def tuple_samples() -> list:
-    return [(index, torch.zeros(2)) for index in range(4)]
+class TupleDataset(Dataset):
+    """``(image, label)`` samples, the usual shape of a vision dataset; optionally augmented
+    with noise drawn from torch's global generator."""
+
+    def __init__(self, *, noisy: bool = False) -> None:
+        self.noisy = noisy
+
+    def __len__(self) -> int:
+        return SIZE
+
+    def __getitem__(self, index: int) -> tuple:
+        image = torch.arange(3 * 4 * 4, dtype=torch.float32).reshape(3, 4, 4) + index
+        if self.noisy:
+            image = image + torch.rand(())
+        return image, index % 4
+
+
+def tuple_dataset() -> TupleDataset:
+    return TupleDataset()
+
+
+def noisy_tuple_dataset() -> TupleDataset:
+    return TupleDataset(noisy=True)
+
+
+def shuffled_noisy_tuple_loader(num_workers: int) -> DataLoader:
+    """A plain shuffled DataLoader whose samples draw from the generator that also shuffles."""
+    return DataLoader(TupleDataset(noisy=True), batch_size=4, shuffle=True, num_workers=num_workers)
 
 
 def resumable_noisy_loader(num_workers: int):

@@ -25,6 +25,7 @@ from trainer_resume.errors import (
     TrainerLockedError,
     TrainingPausedError,
 )
+from trainer_resume import mixin as mixin_module
 from trainer_resume.mixin import TrainingResumeMixin, training_step
 from trainer_resume.testing import assert_training_resume, first_difference
 
@@ -330,19 +331,50 @@ def test_failure_after_restore_began_locks_until_a_resume_succeeds(tmp_path):
 
 
 @pytest.mark.parametrize("every_step, expected", [(True, 3), (False, 0)])
-def test_collective_trainers_get_the_boundary_hook_after_every_step(every_step, expected):
-    class Counting(TinyTrainer):
+def test_collective_trainers_get_the_boundary_hook_after_every_step(every_step, expected, monkeypatch):
+    class Collective(TinyTrainer):
         _pause_check_every_step = every_step
-        boundaries = 0
 
-        def _pause_at_step_boundary(self):
-            self.boundaries += 1
-            super()._pause_at_step_boundary()
-
-    trainer = Counting()
+    boundaries = []
+    check = mixin_module._pause_at_step_boundary
+    monkeypatch.setattr(
+        mixin_module, "_pause_at_step_boundary", lambda trainer: boundaries.append(trainer) or check(trainer)
+    )
+    trainer = Collective()
     for _ in range(3):
         trainer.train_step()
-    assert trainer.boundaries == expected and not trainer.paused
+    assert len(boundaries) == expected and not trainer.paused
+    assert all(seen is trainer for seen in boundaries)
+
+
+def test_trainer_methods_named_like_the_machinery_do_not_replace_pause_or_resume(tmp_path):
+    class SameNames(TinyTrainer):
+        # Names the pause and restore machinery once had as methods of the trainer.
+        def _restore(self, *args):
+            raise AssertionError("the trainer's own _restore ran")
+
+        def _pause_checkpoint(self, *args):
+            raise AssertionError("the trainer's own _pause_checkpoint ran")
+
+        def _check_pause_checkpoint(self, *args):
+            raise AssertionError("the trainer's own _check_pause_checkpoint ran")
+
+        def _rank_checkpoint(self, *args):
+            raise AssertionError("the trainer's own _rank_checkpoint ran")
+
+        def _pause_at_step_boundary(self):
+            raise AssertionError("the trainer's own _pause_at_step_boundary ran")
+
+    expected = reference_losses(4)
+    trainer = SameNames()
+    trainer.train_step()
+    trainer.request_pause(tmp_path / "pause.ckpt")
+    trainer.train_step()
+    assert trainer.paused
+    resumed = SameNames()
+    resumed.resume(tmp_path / "pause.ckpt")
+    later = [resumed.train_step() for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(expected[2:], later, strict=True))
 
 
 def test_requested_pause_that_fails_to_write_is_raised_from_the_completed_step(tmp_path, monkeypatch):

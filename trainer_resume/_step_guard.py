@@ -25,9 +25,15 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 class StepGuard:
-    """Per-trainer lock, step counter and pause/lock flags."""
+    """Per-trainer lock, step counter and pause/lock flags.
 
-    def __init__(self) -> None:
+    Args:
+        at_boundary: Called with the trainer after an outermost step completes when a
+            pause may be due; it writes a pending pause (the mixin's boundary check).
+    """
+
+    def __init__(self, at_boundary: Callable[[Any], object]) -> None:
+        self.at_boundary = at_boundary
         self.lock = threading.RLock()
         self.depth = 0  # nesting of @training_step calls in the thread holding the lock
         self.completed_steps = 0
@@ -126,7 +132,7 @@ def training_step(method: _Method) -> _Method:
             guard.failed = False
             # Under a process group every boundary is a collective agreement on pausing.
             if guard.requested_path is not None or guard.check_every_boundary or is_distributed():
-                self._pause_at_step_boundary()
+                guard.at_boundary(self)
             return result
 
     return wrapper  # type: ignore[return-value]

@@ -101,8 +101,9 @@ class TrainingResumeMixin:
     through ``@serialized_training``.
     """
 
-    # True runs _pause_at_step_boundary() after every step, for trainers whose pause
-    # decision is collective (every process must take part at every boundary).
+    # True checks for a pause at every step boundary, not only after a request, for
+    # trainers whose pause decision is collective (every process must take part at
+    # every boundary).
     _pause_check_every_step: ClassVar[bool] = False
 
     # ----------------------------------------------------------------- setup
@@ -123,12 +124,8 @@ class TrainingResumeMixin:
         canonical = canonical_config(config)
         self.__dict__["_training_resume_settings"] = _Settings(version, config_signature(config), canonical, key)
         if GUARD_ATTRIBUTE not in self.__dict__:
-            self.__dict__[GUARD_ATTRIBUTE] = StepGuard()
+            self.__dict__[GUARD_ATTRIBUTE] = StepGuard(_pause_at_step_boundary)
         self.__dict__[GUARD_ATTRIBUTE].check_every_boundary = bool(self._pause_check_every_step)
-
-    def _resume_settings(self, action: str) -> _Settings:
-        guard_of(self, action)
-        return self.__dict__["_training_resume_settings"]
 
     # ------------------------------------------------------------ state flags
     @property
@@ -183,11 +180,11 @@ class TrainingResumeMixin:
 
     def _save_pause_checkpoint(self, checkpoint: PauseCheckpoint, path: StrPath) -> None:
         """Write the pause checkpoint durably (default: ``save_checkpoint``)."""
-        save_checkpoint(checkpoint, path, key=self._resume_settings("pause()").key)
+        save_checkpoint(checkpoint, path, key=_settings(self, "pause()").key)
 
     def _load_pause_checkpoint(self, path: StrPath) -> Any:
         """Read and verify a pause file (default: ``load_checkpoint``, weights-only)."""
-        return load_checkpoint(path, map_location="cpu", key=self._resume_settings("resume()").key)
+        return load_checkpoint(path, map_location="cpu", key=_settings(self, "resume()").key)
 
     # ----------------------------------------------------------------- guards
     # pause() and resume() are guards, not hooks: they take the training lock, refuse
@@ -232,7 +229,7 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "pause()")
         with guard.exclusive():
-            self._require_step_boundary(guard, "pause")
+            _require_step_boundary(guard, "pause")
             # Under a process group every rank takes part in each collective below, so a
             # refusal on one rank is announced to all before it is raised (none waits forever).
             collective = _distributed.is_distributed()
@@ -242,7 +239,7 @@ class TrainingResumeMixin:
                 if guard.failed:
                     raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
                 sharded = _sharded.sharded_objects(self._resume_objects())
-                checkpoint = self._pause_checkpoint(guard, sharded)
+                checkpoint = _pause_checkpoint(self, guard, sharded)
             except Exception as error:
                 if collective:
                     _refuse_on_every_rank(error, "pause()")
@@ -250,7 +247,7 @@ class TrainingResumeMixin:
             if collective:
                 _distributed.agree(None, "pause()")
             if sharded:
-                key = self._resume_settings("pause()").key
+                key = _settings(self, "pause()").key
                 _sharded.write_pause(path, checkpoint, self._resume_objects(), sharded, key=key)
             elif collective:
                 combined = _distributed.gather_pause(checkpoint)
@@ -295,21 +292,22 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "resume()")
         with guard.exclusive():
-            self._require_step_boundary(guard, "resume")
+            _require_step_boundary(guard, "resume")
             location = os.fspath(path)
             collective = _distributed.is_distributed()
             try:
-                refuse_if_finished(location, key=self._resume_settings("resume()").key)
+                key = _settings(self, "resume()").key
+                refuse_if_finished(location, key=key)
                 opened = None
                 if _sharded.is_pause_directory(path):
-                    opened = _sharded.open_pause(path, key=self._resume_settings("resume()").key)
+                    opened = _sharded.open_pause(path, key=key)
                     loaded: Any = opened.checkpoint
                 else:
                     loaded = self._load_pause_checkpoint(path)
-                self._check_sharded(opened, location)
-                checkpoint = self._rank_checkpoint(loaded, location)
-                states = self._check_pause_checkpoint(
-                    checkpoint, location, sharded=opened.names if opened is not None else ()
+                _check_sharded(self, opened, location)
+                checkpoint = _rank_checkpoint(self, loaded, location)
+                states = _check_pause_checkpoint(
+                    self, checkpoint, location, sharded=opened.names if opened is not None else ()
                 )
             except Exception as error:
                 if collective:
@@ -317,7 +315,7 @@ class TrainingResumeMixin:
                 raise
             if collective:  # every rank checked the file: restore everywhere or nowhere
                 _distributed.agree(None, "resume()")
-            self._restore(guard, checkpoint, states, location, opened)
+            _restore(self, guard, checkpoint, states, location, opened)
 
     def finish(self, path: StrPath) -> str:
         """Mark the run that pauses to ``path`` finished, once training is complete.
@@ -343,10 +341,10 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "finish()")
         with guard.exclusive():
-            self._require_step_boundary(guard, "finish")
+            _require_step_boundary(guard, "finish")
             if guard.locked_reason is not None:
                 raise TrainerLockedError(guard.locked_reason)
-            key = self._resume_settings("finish()").key
+            key = _settings(self, "finish()").key
             location = os.fspath(path)
 
             def write() -> None:
@@ -379,10 +377,10 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "pause_if_requested()")
         with guard.exclusive():
-            self._require_step_boundary(guard, "pause_if_requested")
+            _require_step_boundary(guard, "pause_if_requested")
             if guard.requested_path is None and not _distributed.is_distributed():
                 return False
-            return self._pause_at_step_boundary()
+            return _pause_at_step_boundary(self)
 
     def pause_on_signal(self, path: StrPath, signals: Iterable[int] = DEFAULT_PAUSE_SIGNALS) -> SignalPause:
         """Turn the given signals into a pause request (written at the next step boundary).
@@ -411,172 +409,190 @@ class TrainingResumeMixin:
         if handle is not None:
             handle.restore()
 
-    # -------------------------------------------------------------- internals
-    def _pause_at_step_boundary(self) -> bool:
-        """Write the pending pause request, if any (runs under the lock, between steps)."""
-        guard: StepGuard = self.__dict__[GUARD_ATTRIBUTE]
-        path = guard.requested_path
-        guard.requested_path = None
-        if _distributed.is_distributed():
-            # A request on any rank pauses every rank at this same boundary.
-            path = _distributed.pause_path_agreed(path)
-        if path is None:
-            return False
-        self.pause(path)
-        return True
 
-    def _rank_checkpoint(self, checkpoint: Any, location: str) -> PauseCheckpoint:
-        # This rank's part of a pause file (the file itself for one process and a plain file).
-        check_layout(checkpoint, location)
-        world_size, rank = _distributed.world()
-        return _distributed.rank_view(
-            checkpoint,
-            world_size=world_size,
-            rank=rank,
-            location=location,
-            device=_rng_device(),
-            objects=self._resume_objects(),
+# ------------------------------------------------------------------ internals
+# The machinery behind the guards lives here, outside the class, so that a trainer's
+# namespace holds only the documented hooks: a trainer with its own ``_restore`` or
+# ``_pause_checkpoint`` method cannot replace the restore or pause path by accident.
+
+
+def _settings(trainer: TrainingResumeMixin, action: str) -> _Settings:
+    guard_of(trainer, action)
+    return trainer.__dict__["_training_resume_settings"]
+
+
+def _pause_at_step_boundary(trainer: TrainingResumeMixin) -> bool:
+    """Write the pending pause request, if any (runs under the lock, between steps)."""
+    guard: StepGuard = trainer.__dict__[GUARD_ATTRIBUTE]
+    path = guard.requested_path
+    guard.requested_path = None
+    if _distributed.is_distributed():
+        # A request on any rank pauses every rank at this same boundary.
+        path = _distributed.pause_path_agreed(path)
+    if path is None:
+        return False
+    trainer.pause(path)
+    return True
+
+
+def _rank_checkpoint(trainer: TrainingResumeMixin, checkpoint: Any, location: str) -> PauseCheckpoint:
+    # This rank's part of a pause file (the file itself for one process and a plain file).
+    check_layout(checkpoint, location)
+    world_size, rank = _distributed.world()
+    return _distributed.rank_view(
+        checkpoint,
+        world_size=world_size,
+        rank=rank,
+        location=location,
+        device=_rng_device(),
+        objects=trainer._resume_objects(),
+    )
+
+
+def _require_step_boundary(guard: StepGuard, action: str) -> None:
+    if guard.depth:
+        hint = " use request_pause(path) to pause when the step ends" if action == "pause" else ""
+        raise RuntimeError(f"{action}() was called inside a training step;{hint}")
+
+
+def _check_sharded(
+    trainer: TrainingResumeMixin, opened: _sharded.ShardedPause | None, location: str
+) -> None:
+    if opened is not None:
+        opened.check_objects(trainer._resume_objects())
+    elif _sharded.sharded_objects(trainer._resume_objects()):
+        raise UnsupportedResumeConfigurationError(
+            f"{location} is a pause file of unsharded states; a trainer whose model has "
+            "DTensor parameters (fully_shard) resumes from a sharded pause directory"
         )
 
-    @staticmethod
-    def _require_step_boundary(guard: StepGuard, action: str) -> None:
-        if guard.depth:
-            hint = " use request_pause(path) to pause when the step ends" if action == "pause" else ""
-            raise RuntimeError(f"{action}() was called inside a training step;{hint}")
 
-    def _check_sharded(self, opened: _sharded.ShardedPause | None, location: str) -> None:
-        if opened is not None:
-            opened.check_objects(self._resume_objects())
-        elif _sharded.sharded_objects(self._resume_objects()):
+def _pause_checkpoint(
+    trainer: TrainingResumeMixin, guard: StepGuard, sharded: _sharded.ShardedObjects
+) -> PauseCheckpoint:
+    settings = _settings(trainer, "pause()")
+    objects = dict(trainer._resume_objects())
+    shared = list(trainer._resume_shared_keys())
+    regular_source = trainer._regular_checkpoint()
+    for name in shared:
+        if name in sharded.names:
             raise UnsupportedResumeConfigurationError(
-                f"{location} is a pause file of unsharded states; a trainer whose model has "
-                "DTensor parameters (fully_shard) resumes from a sharded pause directory"
+                f"shared key {name!r} names a sharded object (DTensor parameters): its "
+                "state is written through torch.distributed.checkpoint, not taken from the "
+                "regular checkpoint"
             )
+        if name not in objects or regular_source is None or name not in regular_source:
+            where = "the resume objects" if name not in objects else "the regular checkpoint"
+            raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
+    memo: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+    regular = None if regular_source is None else to_cpu(dict(regular_source), memo)
+    object_states: dict[str, Any] = {}
+    for name, obj in objects.items():
+        if name in sharded.names:  # written by every rank for its shards, see write_pause
+            object_states[name] = dict(_sharded.SHARDED_STATE)
+            continue
+        # A shared key references the regular snapshot: no second state_dict() call,
+        # and torch.save writes the object once because it is the same object.
+        object_states[name] = (
+            regular[name] if regular is not None and name in shared else to_cpu(obj.state_dict(), memo)
+        )
+    checkpoint: PauseCheckpoint = {
+        "format": PAUSE_FORMAT,
+        "module_version": settings.version,
+        "config_signature": settings.signature,
+        "config": settings.canonical,
+        "completed_steps": guard.completed_steps,
+        "regular": regular,
+        "shared_keys": shared,
+        "objects": object_states,
+        "loaders": {name: to_cpu(loader.state_dict(), memo) for name, loader in trainer._resume_loaders().items()},
+        "extra": to_cpu(dict(trainer._resume_extra_state()), memo),
+        "rng": random_state(_rng_device()),
+    }
+    _sharded.refuse_dtensors(checkpoint, "checkpoint")
+    check_saveable(checkpoint)
+    return checkpoint
 
-    def _pause_checkpoint(
-        self, guard: StepGuard, sharded: _sharded.ShardedObjects
-    ) -> PauseCheckpoint:
-        settings = self._resume_settings("pause()")
-        objects = dict(self._resume_objects())
-        shared = list(self._resume_shared_keys())
-        regular_source = self._regular_checkpoint()
-        for name in shared:
-            if name in sharded.names:
-                raise UnsupportedResumeConfigurationError(
-                    f"shared key {name!r} names a sharded object (DTensor parameters): its "
-                    "state is written through torch.distributed.checkpoint, not taken from the "
-                    "regular checkpoint"
-                )
-            if name not in objects or regular_source is None or name not in regular_source:
-                where = "the resume objects" if name not in objects else "the regular checkpoint"
-                raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
-        memo: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
-        regular = None if regular_source is None else to_cpu(dict(regular_source), memo)
-        object_states: dict[str, Any] = {}
+
+def _check_pause_checkpoint(
+    trainer: TrainingResumeMixin, checkpoint: Any, location: str, *, sharded: Iterable[str] = ()
+) -> dict[str, Any]:
+    settings = _settings(trainer, "resume()")
+    check_layout(checkpoint, location)
+    if checkpoint["module_version"] != settings.version:
+        raise VersionMismatchError(
+            f"{location} was written by version {checkpoint['module_version']!r}, this trainer is {settings.version!r}"
+        )
+    if checkpoint["config_signature"] != settings.signature:
+        saved = checkpoint.get("config")
+        difference = config_difference(saved, settings.canonical) if saved is not None else None
+        raise ConfigSignatureMismatchError(
+            difference or f"signature {checkpoint['config_signature'][:16]}... != {settings.signature[:16]}..."
+        )
+    states = object_states(checkpoint)
+    loaders = trainer._resume_loaders()
+    objects = trainer._resume_objects()
+    check_names("objects (_resume_objects())", states, objects)
+    check_names("loaders (_resume_loaders())", checkpoint["loaders"], loaders)
+    check_names("extra state (_resume_extra_state())", checkpoint["extra"], trainer._resume_extra_state())
+    if checkpoint["extra"] and not _overrides(trainer, "_load_resume_extra_state"):
+        raise ResumeStateMismatchError(
+            f"the checkpoint holds extra state {sorted(checkpoint['extra'])} but "
+            f"{type(trainer).__name__} does not implement _load_resume_extra_state(state) to restore it"
+        )
+    # Sharded states are in the DCP files; ShardedPause.check_objects checks those.
+    skipped = set(sharded)
+    unsharded = {name: obj for name, obj in objects.items() if name not in skipped}
+    check_object_states(unsharded, states, _GRAD_SCALERS)
+    for name, loader in loaders.items():
+        loader.validate_state_dict(checkpoint["loaders"][name])
+    trainer._validate_resume(checkpoint)
+    check_random_state(checkpoint["rng"], location, _rng_device())
+    return states
+
+
+def _restore(
+    trainer: TrainingResumeMixin,
+    guard: StepGuard,
+    checkpoint: PauseCheckpoint,
+    states: dict[str, Any],
+    location: str,
+    opened: _sharded.ShardedPause | None = None,
+) -> None:
+    objects = trainer._resume_objects()
+    scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]
+    optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
+    sharded = opened.names if opened is not None else []
+    stage = "objects"
+    try:
+        if opened is not None:
+            # First, on every rank alike: DCP's load is a collective.
+            stage = "sharded objects"
+            opened.restore(objects)
         for name, obj in objects.items():
-            if name in sharded.names:  # written by every rank for its shards, see write_pause
-                object_states[name] = dict(_sharded.SHARDED_STATE)
-                continue
-            # A shared key references the regular snapshot: no second state_dict() call,
-            # and torch.save writes the object once because it is the same object.
-            object_states[name] = (
-                regular[name] if regular is not None and name in shared else to_cpu(obj.state_dict(), memo)
-            )
-        checkpoint: PauseCheckpoint = {
-            "format": PAUSE_FORMAT,
-            "module_version": settings.version,
-            "config_signature": settings.signature,
-            "config": settings.canonical,
-            "completed_steps": guard.completed_steps,
-            "regular": regular,
-            "shared_keys": shared,
-            "objects": object_states,
-            "loaders": {name: to_cpu(loader.state_dict(), memo) for name, loader in self._resume_loaders().items()},
-            "extra": to_cpu(dict(self._resume_extra_state()), memo),
-            "rng": random_state(_rng_device()),
-        }
-        _sharded.refuse_dtensors(checkpoint, "checkpoint")
-        check_saveable(checkpoint)
-        return checkpoint
-
-    def _check_pause_checkpoint(
-        self, checkpoint: Any, location: str, *, sharded: Iterable[str] = ()
-    ) -> dict[str, Any]:
-        settings = self._resume_settings("resume()")
-        check_layout(checkpoint, location)
-        if checkpoint["module_version"] != settings.version:
-            raise VersionMismatchError(
-                f"{location} was written by version {checkpoint['module_version']!r}, this trainer is {settings.version!r}"
-            )
-        if checkpoint["config_signature"] != settings.signature:
-            saved = checkpoint.get("config")
-            difference = config_difference(saved, settings.canonical) if saved is not None else None
-            raise ConfigSignatureMismatchError(
-                difference or f"signature {checkpoint['config_signature'][:16]}... != {settings.signature[:16]}..."
-            )
-        states = object_states(checkpoint)
-        loaders = self._resume_loaders()
-        objects = self._resume_objects()
-        check_names("objects (_resume_objects())", states, objects)
-        check_names("loaders (_resume_loaders())", checkpoint["loaders"], loaders)
-        check_names("extra state (_resume_extra_state())", checkpoint["extra"], self._resume_extra_state())
-        if checkpoint["extra"] and not _overrides(self, "_load_resume_extra_state"):
-            raise ResumeStateMismatchError(
-                f"the checkpoint holds extra state {sorted(checkpoint['extra'])} but "
-                f"{type(self).__name__} does not implement _load_resume_extra_state(state) to restore it"
-            )
-        # Sharded states are in the DCP files; ShardedPause.check_objects checks those.
-        skipped = set(sharded)
-        unsharded = {name: obj for name, obj in objects.items() if name not in skipped}
-        check_object_states(unsharded, states, _GRAD_SCALERS)
-        for name, loader in loaders.items():
-            loader.validate_state_dict(checkpoint["loaders"][name])
-        self._validate_resume(checkpoint)
-        check_random_state(checkpoint["rng"], location, _rng_device())
-        return states
-
-    def _restore(
-        self,
-        guard: StepGuard,
-        checkpoint: PauseCheckpoint,
-        states: dict[str, Any],
-        location: str,
-        opened: _sharded.ShardedPause | None = None,
-    ) -> None:
-        objects = self._resume_objects()
-        scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]
-        optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
-        sharded = opened.names if opened is not None else []
-        stage = "objects"
-        try:
-            if opened is not None:
-                # First, on every rank alike: DCP's load is a collective.
-                stage = "sharded objects"
-                opened.restore(objects)
-            for name, obj in objects.items():
-                if name not in scalers and name not in sharded:
-                    stage = f"object {name!r}"
-                    obj.load_state_dict(states[name])
-            # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.
-            for name in scalers:
-                stage = f"GradScaler {name!r}"
-                restore_grad_scaler_state(objects[name], states[name], optimizers)
-            for name, loader in self._resume_loaders().items():
-                stage = f"loader {name!r}"
-                loader.load_state_dict(checkpoint["loaders"][name])
-            stage = "extra state"
-            self._load_resume_extra_state(checkpoint["extra"])
-            stage = "iterators"
-            self._rebuild_resume_iterators()
-            # Last: rebuilding loaders and iterators may draw from the global generators.
-            stage = "random state"
-            restore_random_state(checkpoint["rng"], _rng_device())
-        except BaseException as error:
-            guard.locked_reason = f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
-            if not isinstance(error, Exception):
-                raise
-            raise TrainerLockedError(guard.locked_reason) from error
-        guard.locked_reason = None
-        guard.failed = False
-        guard.paused = False
-        guard.completed_steps = checkpoint["completed_steps"]
+            if name not in scalers and name not in sharded:
+                stage = f"object {name!r}"
+                obj.load_state_dict(states[name])
+        # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.
+        for name in scalers:
+            stage = f"GradScaler {name!r}"
+            restore_grad_scaler_state(objects[name], states[name], optimizers)
+        for name, loader in trainer._resume_loaders().items():
+            stage = f"loader {name!r}"
+            loader.load_state_dict(checkpoint["loaders"][name])
+        stage = "extra state"
+        trainer._load_resume_extra_state(checkpoint["extra"])
+        stage = "iterators"
+        trainer._rebuild_resume_iterators()
+        # Last: rebuilding loaders and iterators may draw from the global generators.
+        stage = "random state"
+        restore_random_state(checkpoint["rng"], _rng_device())
+    except BaseException as error:
+        guard.locked_reason = f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
+        if not isinstance(error, Exception):
+            raise
+        raise TrainerLockedError(guard.locked_reason) from error
+    guard.locked_reason = None
+    guard.failed = False
+    guard.paused = False
+    guard.completed_steps = checkpoint["completed_steps"]

@@ -21,6 +21,8 @@ __all__ = [
     "RandomState",
     "SamplerState",
     "BatchSamplerState",
+    "EpochSamplerSettings",
+    "EpochSamplerState",
     "LoaderState",
     "PauseCheckpoint",
     "PAUSE_FORMAT",
@@ -177,6 +179,39 @@ class BatchSamplerState(_BatchSamplerStateOptional):
     consumed: int  # samples delivered since the start of the stream
 
 
+class EpochSamplerSettings(TypedDict):
+    """Settings of a torch sampler read one epoch per ``iter(loader)``; a state loads only
+    into a loader with the same ones."""
+
+    sampler: str  # the sampler's class name, e.g. "RandomSampler"
+    batch_sampler: str | None  # "BatchSampler", or None with batch_size=None
+    batch_size: int | None
+    drop_last: bool
+    dataset_size: int
+    sampler_length: int  # len(sampler): indices per epoch
+    replacement: bool
+    num_replicas: int  # DistributedSampler's world size, else 1
+    generator: bool  # the sampler has a generator of its own
+
+
+class EpochSamplerState(TypedDict):
+    """Position of a loader over a torch sampler: batch ``offset`` of epoch ``epoch``.
+
+    ``0 <= offset < batches per epoch``: after the last batch of an epoch the position
+    is ``(epoch + 1, 0)``. The epoch's order is recomputed from ``generator`` (the
+    sampler generator's state at the start of the epoch), ``sampler_epoch`` or, for a
+    random sampler without a generator, the loader's ``augmentation_seed``.
+    """
+
+    format: str  # "trainer_resume.epoch_sampler/1"
+    settings: EpochSamplerSettings
+    epoch: int  # epochs begun before the current one (each iter(loader) is one)
+    offset: int  # batches delivered within ``epoch``
+    delivered: int  # batches delivered since the start, over all epochs
+    generator: torch.Tensor | None  # uint8 generator state, None without a generator
+    sampler_epoch: int | None  # DistributedSampler.epoch the epoch was ordered with
+
+
 class LoaderState(TypedDict):
     """State of a resumable :class:`~trainer_resume.loaders.ResumableDataLoader`.
 
@@ -187,7 +222,7 @@ class LoaderState(TypedDict):
     augmentation_seed: int  # sample seed = derive_seed(augmentation_seed, stream position)
     batch_size: int | None  # the loader's batch_size (None with a batch sampler)
     delivered_batches: int
-    sampler: SamplerState | BatchSamplerState
+    sampler: SamplerState | BatchSamplerState | EpochSamplerState
 
 
 class PauseCheckpoint(TypedDict):

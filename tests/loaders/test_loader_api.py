@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import inspect
+import re
 import typing
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
 
 from trainer_resume.errors import (
     LoaderStateError,
@@ -15,7 +22,11 @@ from trainer_resume.errors import (
     ResumableSamplerGeneratorError,
     UnsupportedResumeConfigurationError,
 )
-from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader, build_batch_sampler
+from trainer_resume.loaders import (
+    InfiniteRandomSampler,
+    ResumableDataLoader,
+    build_batch_sampler,
+)
 
 import _loader_streams as streams
 
@@ -93,11 +104,9 @@ def test_a_resumable_sampler_in_a_plain_loader_raises_resumable_mode_required(ar
             },
             id="plain-batch-sampler",
         ),
-        pytest.param(lambda ds: {}, id="no-sampler"),
-        pytest.param(lambda ds: {"shuffle": True}, id="shuffle"),
     ],
 )
-def test_a_resumable_loader_without_a_resumable_sampler_raises_resumable_mode_required(arguments):
+def test_a_resumable_loader_with_a_plain_sampler_of_this_package_raises_resumable_mode_required(arguments):
     dataset = streams.AugmentedDataset()
     with pytest.raises(ResumableModeRequiredError):
         ResumableDataLoader(dataset, resumable=True, **arguments(dataset))
@@ -112,25 +121,47 @@ class _SamplerSubclass(InfiniteRandomSampler):
     pass
 
 
+class _RandomSubclass(RandomSampler):
+    pass
+
+
+class _BatchSubclass(BatchSampler):
+    pass
+
+
+class _Unordered(torch.utils.data.Sampler):
+    def __iter__(self):
+        return iter(range(10))
+
+    def __len__(self):
+        return 10
+
+
 @pytest.mark.parametrize(
     "arguments",
     [
         pytest.param(lambda ds: {"dataset": _Stream()}, id="iterable-dataset"),
         pytest.param(lambda ds: {"sampler": _SamplerSubclass(ds, resumable=True)}, id="sampler-subclass"),
-        pytest.param(lambda ds: {"sampler": RandomSampler(ds)}, id="torch-sampler"),
+        pytest.param(lambda ds: {"sampler": _RandomSubclass(ds)}, id="torch-sampler-subclass"),
+        pytest.param(lambda ds: {"sampler": _Unordered()}, id="custom-sampler"),
         pytest.param(
-            lambda ds: {"batch_sampler": BatchSampler(SequentialSampler(ds), 2, False)}, id="torch-batch-sampler"
+            lambda ds: {"batch_sampler": _BatchSubclass(SequentialSampler(ds), 2, False)}, id="batch-sampler-subclass"
+        ),
+        pytest.param(
+            lambda ds: {"batch_sampler": BatchSampler(_Unordered(), 2, False)}, id="batch-sampler-over-custom"
         ),
         pytest.param(
             lambda ds: {"sampler": InfiniteRandomSampler(ds, resumable=True), "in_order": False}, id="in-order-false"
         ),
     ],
 )
-def test_configurations_that_cannot_resume_exactly_are_refused(arguments):
+def test_configurations_that_cannot_resume_exactly_are_refused_with_the_fix_named(arguments):
     dataset = streams.AugmentedDataset()
     options = {"dataset": dataset, **arguments(dataset)}
-    with pytest.raises(UnsupportedResumeConfigurationError):
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
         ResumableDataLoader(resumable=True, **options)
+    assert caught.value.code == 332
+    assert re.search(r"use (one of|a map-style)|leave in_order=True", str(caught.value))
 
 
 def test_a_sampler_built_for_another_dataset_size_is_an_argument_error():

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer_resume.loaders import keyed_permutation
+from trainer_resume.loaders.reuse import keyed_permutation
 from trainer_resume.loaders.reuse import ReusePolicy, ReuseSampler
 from trainer_resume.rng import derive_seed
 

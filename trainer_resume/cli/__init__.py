@@ -92,21 +92,26 @@ imported with the current directory first on sys.path). It is called as
 FACTORY(num_workers=W) when it has a num_workers parameter, else as FACTORY().
 It returns either
   - a map-style dataset (__getitem__ and __len__): the audit loads it with
-    torch's DataLoader(batch_size=--batch-size, shuffle=False, num_workers=W); or
+    torch's DataLoader(batch_size=--batch-size, shuffle=False, num_workers=W)
+    and no collation, so samples are compared exactly as dataset[i] returns them; or
   - a torch DataLoader (a ResumableDataLoader too) over a map-style dataset; the
     factory must then take num_workers and build the loader with it.
-Every sample is a dict with an "id" field (an int, a str or a 0-d integer
-tensor) that is unique in the dataset, plus any other fields. The default
-collate keeps it as the batch's "id" entry; a custom collate_fn must keep it too.
+A sample may be anything: a tensor, a tuple such as (image, label), a dict,
+nested containers. It is identified by its dataset index (the audit tags each
+dataset[i] on its way through the loader; the loader's collate_fn still gets the
+bare samples), and compared whole, field by field.
 
 Checks:
-  contract    dataset[i] before collation: every field (nested dicts and lists
-              too) has one type, dtype and shape; each differing sample is
-              named by its id (and index), as are repeated ids and failures
-  workers     each worker count against num_workers=0, from the same seed:
-              the same ids in the same order, and the same contents
-  epochs      duplicate ids and ids never delivered (gaps) in each epoch (an
-              endless loader is cut into windows of len(dataset) samples)
+  contract    dataset[i] before collation: every field ([0] of a tuple, image of
+              a dict, nested containers too) has one type, dtype and shape; each
+              differing or failing sample is named by its index; and which
+              global generators (torch, random, numpy) dataset[i] draws from
+  workers     each worker count against num_workers=0, from the same seed: the
+              same indices in the same order, the same samples (the first
+              differing field is named), the same collated batches; the known
+              causes of a difference are explained
+  epochs      duplicate indices and indices never delivered (gaps) in each epoch
+              (an endless loader is cut into windows of len(dataset) samples)
   throughput  samples/s of every epoch of every setting, and the median; the
               first batch of each epoch (worker start-up) is excluded and shown
 """

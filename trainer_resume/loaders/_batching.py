@@ -21,7 +21,7 @@ from ..errors import (
     ResumableBatchConfigurationError,
 )
 from ..state import BatchSamplerSettings, BatchSamplerState
-from . import _state as keys
+from . import _state_keys as keys
 from ._cursor import ResumableCursor
 from ._cycles import cycle_generator
 from ._sharding import resolve_replicas

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 from ..errors import ResumableModeRequiredError
-from . import _state as keys
+from . import _state_keys as keys
 
 __all__ = ["ResumableCursor"]
 

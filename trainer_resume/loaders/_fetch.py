@@ -1,8 +1,8 @@
 """Fetching one batch with replayable augmentation, in the main process or a worker.
 
-The loader hands its workers ``(first stream position, indices)`` tasks instead of
-bare indices. Sample ``i`` of a task runs with Python ``random``, NumPy's global
-generator and torch CPU seeded by ``derive_seed(augmentation_seed, position)``, and
+The loader hands its workers ``(seed base, first stream position, indices)`` tasks
+instead of bare indices. Sample ``i`` of a task runs with Python ``random``, NumPy's
+global generator and torch CPU seeded by ``derive_seed(base, position)``, and
 ``collate_fn`` runs seeded by a per-batch seed: the same stream position gives the
 same augmentation in any process, with any number of workers. A failing sample or
 collate is returned as a :class:`FetchFailure` (not raised) so the main process can
@@ -80,7 +80,7 @@ class FetchFailure:
 
 
 class BatchFetcher(Dataset):
-    """The internal loader's dataset: ``fetcher[(first_position, indices)]`` is a collated batch.
+    """The internal loader's dataset: ``fetcher[(base, first_position, indices)]`` is a collated batch.
 
     Attribute reads it does not define go to the wrapped dataset, so code that
     configures ``get_worker_info().dataset`` in ``worker_init_fn`` still finds the
@@ -89,7 +89,6 @@ class BatchFetcher(Dataset):
     Args:
         dataset: The user's map-style dataset.
         collate_fn: The user's collate function.
-        augmentation_seed: Base of every sample and batch seed.
         batched: Tasks carry a list of indices (``batch_size`` set) or one index
             (``batch_size=None``, where ``collate_fn`` gets the single sample).
         stride: Global-stream distance between the samples of one task (the world
@@ -97,12 +96,9 @@ class BatchFetcher(Dataset):
             so a sample's augmentation does not depend on the world size.
     """
 
-    def __init__(
-        self, dataset: Any, collate_fn: Callable[[Any], Any], augmentation_seed: int, batched: bool, stride: int = 1
-    ) -> None:
+    def __init__(self, dataset: Any, collate_fn: Callable[[Any], Any], batched: bool, stride: int = 1) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
-        self.augmentation_seed = augmentation_seed
         self.batched = batched
         self.stride = stride
 
@@ -117,17 +113,17 @@ class BatchFetcher(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, task: tuple[int, Any]) -> Any:
-        first_position, indices = task
+    def __getitem__(self, task: tuple[int, int, Any]) -> Any:
+        base, first_position, indices = task
         if get_worker_info() is not None:
             # In a worker nothing but these fetches draws from the global generators,
             # and each fetch reseeds them, so there is no caller state to restore.
-            return self._fetch(first_position, indices, in_worker=True)
-        with rng_scope(collate_seed(self.augmentation_seed, first_position)):
-            return self._fetch(first_position, indices, in_worker=False)
+            return self._fetch(base, first_position, indices, in_worker=True)
+        with rng_scope(collate_seed(base, first_position)):
+            return self._fetch(base, first_position, indices, in_worker=False)
 
-    def _fetch(self, first_position: int, indices: Any, *, in_worker: bool) -> Any:
-        dataset, base = self.dataset, self.augmentation_seed
+    def _fetch(self, base: int, first_position: int, indices: Any, *, in_worker: bool) -> Any:
+        dataset = self.dataset
         batch = indices if self.batched else (indices,)
         samples = []
         stride = self.stride

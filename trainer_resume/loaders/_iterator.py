@@ -18,7 +18,7 @@ from ..errors import IteratorInvalidatedError, LoaderCommitFailedError, LoaderFe
 from ._fetch import FetchFailure
 from ._sources import Pending, Source
 
-__all__ = ["Stream", "ResumableIterator", "shutdown"]
+__all__ = ["Stream", "ResumableIterator", "release", "shutdown"]
 
 
 class Stream:
@@ -46,15 +46,24 @@ def shutdown(inner: Any) -> None:
         stop()
 
 
+def release(inner: Any) -> None:
+    """Let go of an internal iterator that is done: persistent workers stay for the next
+    ``iter()`` (whose reset drops what they prefetched), others stop now."""
+    if not getattr(inner, "_persistent_workers", False):
+        shutdown(inner)
+
+
 class ResumableIterator:
     """Iterator over a resumable loader's shared stream; see ``ResumableDataLoader``."""
 
-    def __init__(self, stream: Stream, inner: Any, pending: deque[Pending]) -> None:
+    def __init__(self, stream: Stream, inner: Any, pending: deque[Pending], epoch: int = 0) -> None:
         self._stream = stream
         self._inner: Any = inner
         self._pending = pending
         self._dead: BaseException | None = None  # the error every later next() raises
         self._exhausted = False
+        self.epoch = epoch  # the epoch this iterator reads (sources with epochs)
+        self.delivered = 0  # batches this iterator returned
 
     def __iter__(self) -> ResumableIterator:
         return self
@@ -75,6 +84,7 @@ class ResumableIterator:
         except StopIteration:
             self._exhausted = True
             self._inner = None
+            self._stream.source.end_epoch(self.epoch)
             raise
         except Exception as exc:
             raise self._fail_fetch(self._describe_pending(f"fetching failed: {type(exc).__name__}: {exc}")) from exc
@@ -86,7 +96,7 @@ class ResumableIterator:
         if type(data) is FetchFailure:
             raise self._fail_fetch(data.describe()) from _cause(data)
         try:
-            _, before, after = self._pending.popleft()
+            _, before, after, last = self._pending.popleft()
             self._stream.source.commit(before, after)
         except Exception as exc:
             # The batch is not handed out: the recorded position is now unknown.
@@ -95,7 +105,26 @@ class ResumableIterator:
             raise LoaderCommitFailedError(
                 f"{self._stream.commit_failure}; call load_state_dict() with a saved state to recover"
             ) from exc
+        self.delivered += 1
+        if last:
+            # The iteration's last batch: end now instead of leaving a StopIteration
+            # pending, which a consumer that stops after len(loader) batches would
+            # otherwise meet as an empty next epoch.
+            self._exhausted = True
+            inner, self._inner = self._inner, None
+            self._pending.clear()
+            release(inner)
         return data
+
+    def retire(self, reason: str) -> None:
+        """Replaced by a new iterator: later ``next()`` raises IteratorInvalidatedError;
+        persistent workers are kept for the new one."""
+        if self._dead is None:
+            self._dead = IteratorInvalidatedError(reason)
+        inner, self._inner = self._inner, None
+        self._pending.clear()
+        if inner is not None:
+            release(inner)
 
     def invalidate(self, reason: str) -> None:
         """Stop this iterator's workers; every later ``next()`` raises IteratorInvalidatedError."""

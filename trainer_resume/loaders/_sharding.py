@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ._state import is_int
+from ._state_keys import is_int
 
 __all__ = ["process_group_world", "resolve_replicas"]
 

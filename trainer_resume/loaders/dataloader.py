@@ -7,7 +7,7 @@ from multiprocessing.context import BaseContext
 from typing import Any, cast
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..errors import (
     LoaderFetchFailedError,
@@ -17,12 +17,12 @@ from ..errors import (
 )
 from ..rng import derive_seed
 from ..state import LoaderState
-from . import _state as keys
+from . import _state_keys as keys
 from ._batching import ResumableBatchSampler
+from ._configuration import check_resumable_configuration, source_of
 from ._fetch import BatchFetcher, as_is
 from ._iterator import ResumableIterator, Stream, shutdown
-from ._sources import BatchSamplerSource, SamplerSource, Source, Tasks
-from .batch_samplers import BATCH_SAMPLER_TARGETS
+from ._sources import Tasks
 from .sampler import InfiniteRandomSampler
 
 __all__ = ["ResumableDataLoader"]
@@ -38,14 +38,31 @@ class ResumableDataLoader(DataLoader):
     """A ``DataLoader`` whose position can be saved and restored exactly.
 
     With ``resumable=False`` (the default) it is ``torch.utils.data.DataLoader``,
-    argument for argument. With ``resumable=True``:
+    argument for argument. With ``resumable=True`` it takes the same arguments with the
+    same meaning, and resumes exactly from :meth:`state_dict` in a new loader built
+    with the same arguments (also in a new process):
 
-    * ``sampler=`` must be a resumable :class:`InfiniteRandomSampler` (that exact
-      class), or ``batch_sampler=`` a resumable sampler from
-      :func:`build_batch_sampler`.
-    * There is one shared stream: ``iter(loader)`` returns the active iterator while
-      it can deliver, so every loop (and ``next(iter(loader))``) continues the same
-      stream. A new iterator starts at the first undelivered batch.
+    * ``shuffle=True/False``, or ``sampler=`` torch's ``SequentialSampler``,
+      ``RandomSampler`` (any ``generator``, ``replacement``, ``num_samples``),
+      ``SubsetRandomSampler``, ``WeightedRandomSampler``, ``DistributedSampler``, or
+      ``batch_sampler=BatchSampler(...)`` over one of them (exact classes): each
+      ``iter(loader)`` is one epoch, as with ``DataLoader``. The epoch's indices are
+      computed when it starts (indices only: no sample is read to reach a
+      position), and the state records what ordered them (the sampler generator's
+      state at the start of the epoch, or ``DistributedSampler``'s epoch; a random
+      sampler without a generator gets its order from ``augmentation_seed``), so the
+      rest of the epoch and every later one come out the same in any process. After
+      the last batch of an epoch the state names the first batch of the next one;
+      :attr:`epoch` is the epoch the next ``iter()`` reads. A new ``iter()`` replaces
+      the previous iterator; one replaced before it delivered a batch does not count
+      as an epoch (a loaded position stays pending).
+    * ``sampler=`` a resumable :class:`InfiniteRandomSampler` (that exact class), or
+      ``batch_sampler=`` a resumable sampler from :func:`build_batch_sampler`: one
+      endless stream, described next.
+    * Endless samplers have one shared stream: ``iter(loader)`` returns the active
+      iterator while it can deliver, so every loop (and ``next(iter(loader))``)
+      continues the same stream. A new iterator starts at the first undelivered batch.
+      Without ``repeat`` an iteration ends right after the last batch of its cycle.
     * :meth:`state_dict` counts only batches *returned to the caller*, never
       prefetched ones; :meth:`load_state_dict` validates completely, then stops the
       workers and drops the prefetch, so the next batch is the first undelivered one.
@@ -72,8 +89,8 @@ class ResumableDataLoader(DataLoader):
         ResumableModeRequiredError: a resumable sampler with ``resumable=False``, or
             ``resumable=True`` without one.
         UnsupportedResumeConfigurationError: with ``resumable=True``: an
-            IterableDataset, another sampler or batch sampler (subclasses included),
-            or ``in_order=False``.
+            IterableDataset, a sampler or batch sampler other than those above
+            (subclasses included), or ``in_order=False``.
         ValueError: the sampler was built for a dataset of another size (and every
             argument error ``DataLoader`` raises).
     """
@@ -103,7 +120,7 @@ class ResumableDataLoader(DataLoader):
         if not isinstance(resumable, bool):
             raise TypeError(f"resumable must be a bool, got {type(resumable).__name__}")
         if resumable:
-            _check_resumable_configuration(dataset, sampler, batch_sampler, in_order)
+            check_resumable_configuration(dataset, sampler, batch_sampler, in_order)
         else:
             for given in (sampler, batch_sampler):
                 if _is_resumable_sampler(given):
@@ -133,15 +150,8 @@ class ResumableDataLoader(DataLoader):
         self.resumable = resumable
         if not resumable:
             return
-        # _check_resumable_configuration made sure which of the two it is.
-        source: Source
-        if batch_sampler is not None:
-            chosen = cast(ResumableBatchSampler, batch_sampler)
-            source, expected = BatchSamplerSource(chosen), chosen.dataset_size
-        else:
-            infinite = cast(InfiniteRandomSampler, sampler)
-            source, expected = SamplerSource(infinite, self.batch_size), infinite.dataset_size
-        if len(dataset) != expected:  # type: ignore[arg-type]
+        source, expected = source_of(self)
+        if expected is not None and len(dataset) != expected:  # type: ignore[arg-type]
             raise ValueError(
                 f"the sampler was built for {expected} samples but the dataset has {len(dataset)}"  # type: ignore[arg-type]
             )
@@ -162,6 +172,17 @@ class ResumableDataLoader(DataLoader):
         super().__setattr__(name, value)
 
     @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter(loader)`` reads (resumable mode; 0 for endless samplers).
+
+        Each ``iter(loader)`` over a torch sampler is one epoch, so after
+        :meth:`load_state_dict` an epoch loop continues with
+        ``for epoch in range(loader.epoch, epochs)``.
+        """
+        source = self._require_stream("epoch").source
+        return source.cursor[0] if source.epochs else 0
+
+    @property
     def augmentation_seed(self) -> int:
         """Base seed of every sample's and batch's augmentation (resumable mode)."""
         return self._require_stream("augmentation_seed").augmentation_seed
@@ -175,15 +196,25 @@ class ResumableDataLoader(DataLoader):
         stream.require_committable()
         if stream.fetch_failure is not None:
             raise LoaderFetchFailedError(stream.fetch_failure)
+        source = stream.source
         active = self._active
         if active is not None and active.alive:
-            return active
+            if not source.epochs:
+                return active
+            # As with DataLoader, a new iter() starts a new epoch; an iterator that has
+            # not delivered yet is only replaced (its position, maybe a loaded one, stays).
+            active.retire("a new iter(loader) replaced this iterator")
+            if active.delivered:
+                source.end_epoch(active.epoch)
+        self._active = None
+        source.begin(stream.augmentation_seed)
         engine = self._engine
         if engine is None or not self._reuses_workers():
             engine = self._engine = self._build_engine(stream)
         inner = iter(engine)  # calls iter(Tasks), which publishes this iteration's FIFO
         tasks = cast(Tasks, engine.sampler)
-        self._active = ResumableIterator(stream, inner, tasks.pending)
+        epoch = source.cursor[0] if source.epochs else 0
+        self._active = ResumableIterator(stream, inner, tasks.pending, epoch)
         return self._active
 
     def _reuses_workers(self) -> bool:
@@ -195,15 +226,9 @@ class ResumableDataLoader(DataLoader):
         worker_seeds = torch.Generator()
         worker_seeds.manual_seed(derive_seed(stream.augmentation_seed, _WORKER_SEED_SALT))
         return DataLoader(
-            BatchFetcher(
-                self.dataset,
-                self.collate_fn,
-                stream.augmentation_seed,
-                self.batch_sampler is not None,
-                stream.source.stride,
-            ),
+            BatchFetcher(self.dataset, self.collate_fn, self.batch_sampler is not None, stream.source.stride),
             batch_size=None,
-            sampler=Tasks(stream.source),
+            sampler=Tasks(stream.source, stream.augmentation_seed),
             num_workers=self.num_workers,
             collate_fn=as_is,
             pin_memory=self.pin_memory,
@@ -285,8 +310,7 @@ class ResumableDataLoader(DataLoader):
             )
         delivered = keys.check_count(state, what, keys.DELIVERED_BATCHES)
         sampler_state = state[keys.SAMPLER]
-        batched = isinstance(stream.source, BatchSamplerSource)
-        expected_format = keys.BATCH_SAMPLER_FORMAT if batched else keys.SAMPLER_FORMAT
+        expected_format = stream.source.format
         if isinstance(sampler_state, Mapping) and sampler_state.get(keys.FORMAT) != expected_format:
             raise LoaderStateError(
                 f"{what}[{keys.SAMPLER!r}] has format {sampler_state.get(keys.FORMAT)!r}, but this loader's "
@@ -338,36 +362,3 @@ class ResumableDataLoader(DataLoader):
                 raise RuntimeError(f"ResumableDataLoader.__init__ was not called before {method}")
             raise ResumableModeRequiredError(f"ResumableDataLoader.{method} needs a loader built with resumable=True")
         return stream
-
-
-def _check_resumable_configuration(dataset: Any, sampler: Any, batch_sampler: Any, in_order: bool) -> None:
-    if isinstance(dataset, IterableDataset):
-        raise UnsupportedResumeConfigurationError(
-            f"{type(dataset).__name__} is an IterableDataset; resumable loading needs a map-style dataset"
-        )
-    if in_order is not True:
-        raise UnsupportedResumeConfigurationError("a resumable loader needs in_order=True")
-    if batch_sampler is not None:
-        if type(batch_sampler) not in BATCH_SAMPLER_TARGETS.values():
-            raise UnsupportedResumeConfigurationError(
-                f"batch_sampler {type(batch_sampler).__name__} is not one that build_batch_sampler makes"
-            )
-        if not batch_sampler.resumable:
-            raise ResumableModeRequiredError(
-                "the batch sampler was built with resumable=False; build it with resumable=True"
-            )
-    elif sampler is not None:
-        if type(sampler) is not InfiniteRandomSampler:
-            raise UnsupportedResumeConfigurationError(
-                f"sampler {type(sampler).__name__} is not InfiniteRandomSampler (subclasses are not "
-                "supported either: their streams could not be checked on resume)"
-            )
-        if not sampler.resumable:
-            raise ResumableModeRequiredError(
-                "the InfiniteRandomSampler was built with resumable=False; build it with resumable=True"
-            )
-    else:
-        raise ResumableModeRequiredError(
-            "resumable=True needs sampler=InfiniteRandomSampler(..., resumable=True) or "
-            "batch_sampler=build_batch_sampler(..., resumable=True)"
-        )

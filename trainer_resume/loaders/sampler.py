@@ -13,7 +13,7 @@ from ..errors import (
     ResumableBatchConfigurationError,
 )
 from ..state import SamplerState
-from . import _state as keys
+from . import _state_keys as keys
 from ._cursor import ResumableCursor
 from ._cycles import CycleReader, permutation
 from ._sharding import resolve_replicas

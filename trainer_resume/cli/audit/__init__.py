@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import statistics
-from collections import Counter
-from collections.abc import Sequence
 from typing import TextIO
 
 from .._common import EXIT_CHECK_FAILED, EXIT_OK, format_table
+from .compare import check_epochs, compare_workers, explain
 from .contract import AuditUsageError, ContractReport, check_contract, describe
 from .runs import EpochRun, build_target, is_endless, load_factory, run_epochs, seed_everything
 
 __all__ = ["AuditUsageError", "run_audit"]
 
-_SHOWN = 10  # findings listed per check; the rest are counted
-
-
-def _ids_text(ids: Sequence[object]) -> str:
-    shown = ", ".join(repr(i) for i in list(ids)[:_SHOWN])
-    return shown + (f", ... ({len(ids) - _SHOWN} more)" if len(ids) > _SHOWN else "")
+_SHOWN = 10  # contract violations listed; the rest are counted
 
 
 def _print_contract(report: ContractReport, out: TextIO) -> None:
     scope = "every index" if report.complete else f"the first {report.checked} indices"
     print(f"\ncontract: dataset[i] for {scope}, before collation", file=out)
     rows = [
-        (path, *describe(signature), f"{count}/{report.checked}")
+        (path or "(sample)", *describe(signature), f"{count}/{report.checked}")
         for path, (signature, count) in report.references.items()
     ]
     print(format_table(("field", "type", "dtype", "shape", "samples"), rows), file=out)
@@ -35,88 +29,14 @@ def _print_contract(report: ContractReport, out: TextIO) -> None:
         print(f"  ... and {len(report.violations) - _SHOWN} more violations", file=out)
     if not report.violations:
         print("  ok: every field has one type, dtype and shape", file=out)
-
-
-def _first_difference(reference: list[EpochRun], other: list[EpochRun], attribute: str) -> str | None:
-    for epoch, (left, right) in enumerate(zip(reference, other), start=1):
-        a, b = getattr(left, attribute), getattr(right, attribute)
-        for position, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                where = f"epoch {epoch}, position {position}"
-                if attribute == "ids":
-                    return f"{where}: id {x!r} vs {y!r}"
-                return f"{where} (id {left.ids[position]!r})"
-        if len(a) != len(b):
-            return f"epoch {epoch}: {len(a)} vs {len(b)} samples"
-    return None
-
-
-def _compare_workers(runs: dict[int, list[EpochRun]], out: TextIO) -> int:
-    reference = runs[0]
-    print("\nworkers: each setting against num_workers=0 (same seed, position by position)", file=out)
-    rows, problems = [], 0
-    for workers, other in runs.items():
-        if workers == 0:
-            continue
-        ids = _first_difference(reference, other, "ids")
-        contents = None if ids else _first_difference(reference, other, "digests")
-        problems += bool(ids) + bool(contents)
-        rows.append(
-            (
-                workers,
-                "same" if ids is None else f"DIFFER at {ids}",
-                "not compared" if ids else ("same" if contents is None else f"DIFFER at {contents}"),
-            )
-        )
-    if rows:
-        print(format_table(("num_workers", "ids", "contents"), rows), file=out)
-    else:
-        print("  only num_workers=0 was run; nothing to compare", file=out)
-    return problems
-
-
-def _windows(epoch_runs: list[EpochRun], size: int, endless: bool) -> list[tuple[list, bool]]:
-    """Per-epoch id lists with whether each is a complete epoch; an endless stream is
-    cut into consecutive windows of ``size`` samples (its cycles)."""
-    if not endless:
-        return [(run.ids, run.ended) for run in epoch_runs]
-    stream = [i for run in epoch_runs for i in run.ids]
-    return [(stream[start : start + size], start + size <= len(stream)) for start in range(0, len(stream), size)]
-
-
-def _check_epochs(runs: dict[int, list[EpochRun]], expected: list | None, size: int, endless: bool, out: TextIO) -> int:
-    unit = f"window of {size} samples (the loader is endless)" if endless else "epoch"
-    print(f"\nepochs: duplicates and gaps, per {unit}", file=out)
-    rows, notes, problems = [], [], 0
-    for workers, epoch_runs in runs.items():
-        for number, (ids, complete) in enumerate(_windows(epoch_runs, size, endless), start=1):
-            duplicates = sorted((i for i, n in Counter(ids).items() if n > 1), key=repr)
-            if expected is not None and complete:
-                delivered = set(ids)
-                gaps = [i for i in expected if i not in delivered]
-                gap_text = str(len(gaps))
-            else:
-                gaps, gap_text = [], "not checked (partial)"
-            problems += bool(duplicates) + bool(gaps)
-            rows.append((workers, number, len(ids), len(duplicates), gap_text))
-            if duplicates:
-                notes.append(f"  DUPLICATES num_workers={workers} epoch {number}: ids {_ids_text(duplicates)}")
-            if gaps:
-                notes.append(f"  GAPS num_workers={workers} epoch {number}: ids never delivered {_ids_text(gaps)}")
-    print(format_table(("num_workers", "epoch", "samples", "duplicate ids", "gaps"), rows), file=out)
-    for note in notes:
-        print(note, file=out)
-    reference = _windows(runs[0], size, endless)
-    if len(reference) > 1:
-        same = all(ids == reference[0][0] for ids, _ in reference[1:])
-        print(f"  order: {'the same in every epoch' if same else 'differs between epochs (shuffled)'}", file=out)
-    return problems
+    drawn = ", ".join(report.global_generators)
+    print(f"  global generators dataset[i] draws from: {drawn or 'none'}", file=out)
 
 
 def _print_throughput(runs: dict[int, list[EpochRun]], out: TextIO) -> None:
     epochs = max(len(r) for r in runs.values())
     print(
-        "\nthroughput: samples/s of each epoch, wall time including the audit's id and content digests;"
+        "\nthroughput: samples/s of each epoch, wall time including the audit's content digests;"
         "\n  excluded as warm-up: iter() and the first batch of each epoch (worker start-up)",
         file=out,
     )
@@ -166,7 +86,7 @@ def run_audit(
     first = build_target(factory, num_workers=0, batch_size=batch_size)
     dataset_size = len(first.dataset)
     origin = (
-        f"a dataset; the audit loads it with batch_size={batch_size}, shuffle=False"
+        f"a dataset; the audit loads it with batch_size={batch_size}, shuffle=False, no collation"
         if first.built_by_audit
         else f"a {type(first.loader).__name__} (batch_size={first.loader.batch_size})"
     )
@@ -214,9 +134,15 @@ def run_audit(
         print(f"\nresult: {len(failures)} problem(s) found; the reference setting failed", file=out)
         return EXIT_CHECK_FAILED
 
-    problems = len(failures) + _compare_workers(runs, out)
-    expected = contract.ids if contract.complete else None
-    problems += _check_epochs(runs, expected, dataset_size, endless, out)
+    findings = compare_workers(runs, out)
+    explain(
+        findings,
+        global_generators=contract.global_generators,
+        resumable=bool(getattr(first.loader, "resumable", False)),
+        out=out,
+    )
+    problems = len(failures) + findings.problems
+    problems += check_epochs(runs, dataset_size, endless, out)
     _print_throughput(runs, out)
     print(f"\nresult: {'ok' if not problems else f'{problems} problem(s) found'}", file=out)
     return EXIT_CHECK_FAILED if problems else EXIT_OK

@@ -1,14 +1,18 @@
 """The output contract of a dataset, checked sample by sample before collation.
 
-A sample is a mapping with an ``"id"`` field (an int, a str, or a 0-d integer
-tensor/array) and any other fields. Each field (nested mappings and sequences are
-walked, e.g. ``meta.size`` or ``boxes[0]``) must keep one type and, for tensors and
-arrays, one dtype and one shape across samples. The most common signature of a
-field is its reference; every sample that differs is reported by its id.
+A sample may be anything ``dataset[i]`` returns: a tensor, a tuple such as
+``(image, label)``, a dict, nested mappings and sequences. It is identified by its
+index. Each field (``[0]`` of a tuple, ``image`` of a dict, ``meta.size``,
+``boxes[0]``; the sample itself when it is not a container) must keep one type and,
+for tensors and arrays, one dtype and one shape across samples. The most common
+signature of a field is its reference; every sample that differs is reported by its
+index. The check also notes which global generators ``dataset[i]`` draws from: a
+known cause of differences between worker counts and between epochs.
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,16 +23,21 @@ import torch
 
 from .._common import UsageError
 
-__all__ = ["ID_FIELD", "AuditUsageError", "ContractReport", "Violation", "check_contract", "sample_id"]
-
-ID_FIELD = "id"
+__all__ = [
+    "AuditUsageError",
+    "ContractReport",
+    "Violation",
+    "check_contract",
+    "field_name",
+    "flatten_sample",
+]
 
 # (type name, dtype or "-", shape or None)
 Signature = tuple[str, str, "tuple[int, ...] | None"]
 
 
 class AuditUsageError(UsageError):
-    """The audited target cannot be used as documented (bad factory, no id field)."""
+    """The audited target cannot be used as documented (bad factory, iterable dataset)."""
 
 
 @dataclass(frozen=True)
@@ -36,12 +45,10 @@ class Violation:
     """One sample that breaks the contract."""
 
     index: int
-    sample_id: int | str | None
     text: str
 
     def __str__(self) -> str:
-        who = f"sample id {self.sample_id!r}" if self.sample_id is not None else "sample"
-        return f"{who} (index {self.index}): {self.text}"
+        return f"sample index {self.index}: {self.text}"
 
 
 @dataclass
@@ -50,9 +57,15 @@ class ContractReport:
 
     checked: int = 0
     complete: bool = False  # every index of the dataset was checked
-    ids: list[int | str] = field(default_factory=list)
     references: dict[str, tuple[Signature, int]] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
+    # Global generators that dataset[i] drew from in the main process ("torch", "random", "numpy").
+    global_generators: list[str] = field(default_factory=list)
+
+
+def field_name(path: str) -> str:
+    """How a report names the field at ``path`` of a sample."""
+    return f"field {path!r}" if path else "the sample itself"
 
 
 def describe(signature: Signature) -> tuple[str, str, str]:
@@ -79,45 +92,28 @@ def _signature(value: Any) -> Signature:
     return type(value).__name__, "-", None
 
 
+def flatten_sample(value: Any, path: str = "") -> dict[str, Any]:
+    """Path -> leaf of a nested sample (``""`` is the sample itself when it is a leaf).
+
+    A sequence also stands for its own length (the value at its own path), which
+    decides how collation pairs its items.
+    """
+    out: dict[str, Any] = {}
+    _flatten(value, path, out)
+    return out
+
+
 def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
     if isinstance(value, Mapping):
         for key, item in value.items():
             _flatten(item, f"{path}.{key}" if path else str(key), out)
         return
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        # The length is part of the contract too: it decides how collation pairs items.
         out[path] = _Length(type(value).__name__, len(value))
         for position, item in enumerate(value):
             _flatten(item, f"{path}[{position}]", out)
         return
     out[path] = value
-
-
-def sample_id(sample: Any) -> int | str:
-    """The id carried by ``sample`` (see the module docstring).
-
-    Raises:
-        AuditUsageError: the sample is not a mapping or has no usable id.
-    """
-    if not isinstance(sample, Mapping):
-        raise AuditUsageError(
-            f"samples must be mappings (dicts) with an {ID_FIELD!r} field; got {type(sample).__name__}"
-        )
-    if ID_FIELD not in sample:
-        raise AuditUsageError(f"a sample has no {ID_FIELD!r} field (fields: {', '.join(map(str, sample))})")
-    value = sample[ID_FIELD]
-    if isinstance(value, torch.Tensor):
-        integral = not (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool)
-        if value.ndim == 0 and integral:
-            return int(value.item())
-    elif isinstance(value, (np.ndarray, np.generic)):
-        if np.ndim(value) == 0 and np.issubdtype(value.dtype, np.integer):
-            return int(value)
-    elif isinstance(value, (int, str)) and not isinstance(value, bool):
-        return value
-    raise AuditUsageError(
-        f"the {ID_FIELD!r} field must be an int, a str or a 0-d integer tensor; got {type(value).__name__}: {value!r}"
-    )
 
 
 def _difference(found: Signature, expected: Signature) -> str:
@@ -130,55 +126,56 @@ def _difference(found: Signature, expected: Signature) -> str:
     return f"has shape {describe(found)[2]}, expected {describe(expected)[2]}"
 
 
-def check_contract(dataset: Any, indices: Sequence[int]) -> ContractReport:
-    """Read ``dataset[i]`` for each index (no collation) and check every field.
+def _global_generators() -> tuple[Any, Any, Any]:
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()
 
-    Raises:
-        AuditUsageError: a sample is not a mapping with an id (the audit cannot go on).
-    """
+
+def _drawn_from(before: tuple[Any, Any, Any], after: tuple[Any, Any, Any]) -> list[str]:
+    drawn = []
+    if not torch.equal(before[0], after[0]):
+        drawn.append("torch")
+    if before[1] != after[1]:
+        drawn.append("random")
+    numpy_before, numpy_after = before[2], after[2]
+    if numpy_before[2] != numpy_after[2] or not np.array_equal(numpy_before[1], numpy_after[1]):
+        drawn.append("numpy")
+    return drawn
+
+
+def check_contract(dataset: Any, indices: Sequence[int]) -> ContractReport:
+    """Read ``dataset[i]`` for each index (no collation) and check every field."""
     report = ContractReport(checked=len(indices))
-    per_sample: list[tuple[int, int | str | None, dict[str, Signature] | None]] = []
+    per_sample: list[tuple[int, dict[str, Signature] | None]] = []
     counts: dict[str, Counter[Signature]] = {}
-    first_index_of_id: dict[int | str, int] = {}
+    before = _global_generators()
     for index in indices:
         try:
             sample = dataset[index]
         except Exception as error:  # a failing sample is a finding, not the end of the audit
-            report.violations.append(Violation(index, None, f"dataset[{index}] raised {type(error).__name__}: {error}"))
-            per_sample.append((index, None, None))
+            text = f"dataset[{index}] raised {type(error).__name__}: {error}"
+            report.violations.append(Violation(index, text))
+            per_sample.append((index, None))
             continue
-        ident = sample_id(sample)
-        if ident in first_index_of_id:
-            report.violations.append(Violation(index, ident, f"id already used by index {first_index_of_id[ident]}"))
-        else:
-            first_index_of_id[ident] = index
-            report.ids.append(ident)
-        flat: dict[str, Any] = {}
-        _flatten(sample, "", flat)
-        signatures = {path: _signature(value) for path, value in flat.items()}
+        signatures = {path: _signature(value) for path, value in flatten_sample(sample).items()}
         for path, signature in signatures.items():
             counts.setdefault(path, Counter())[signature] += 1
-        per_sample.append((index, ident, signatures))
+        per_sample.append((index, signatures))
+    report.global_generators = _drawn_from(before, _global_generators())
 
-    sampled = sum(1 for _, _, signatures in per_sample if signatures is not None)
+    sampled = sum(1 for _, signatures in per_sample if signatures is not None)
     for path, counter in counts.items():
         # most_common keeps first-seen order on ties, so the reference is deterministic.
         report.references[path] = counter.most_common(1)[0]
-    for index, ident, signatures in per_sample:
+    for index, signatures in per_sample:
         if signatures is None:
             continue
         for path, (expected, count) in report.references.items():
             found = signatures.get(path)
             if found is None:
-                report.violations.append(
-                    Violation(index, ident, f"has no field {path!r} (present in {count} of {sampled} samples)")
-                )
+                text = f"has no {field_name(path)} (present in {count} of {sampled} samples)"
+                report.violations.append(Violation(index, text))
             elif found != expected:
-                report.violations.append(
-                    Violation(
-                        index,
-                        ident,
-                        f"field {path!r} {_difference(found, expected)} (like {count} of {sampled} samples)",
-                    )
-                )
+                difference = _difference(found, expected)
+                text = f"{field_name(path)} {difference} (like {count} of {sampled} samples)"
+                report.violations.append(Violation(index, text))
     return report

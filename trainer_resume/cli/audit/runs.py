@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
 import os
 import random
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from .contract import ID_FIELD, AuditUsageError
+from .contract import AuditUsageError
+from .tagging import Delivered, keep_samples, tag_loader, value_digest
 
 __all__ = ["EpochRun", "Target", "build_target", "is_endless", "load_factory", "run_epochs", "seed_everything"]
 
@@ -27,7 +27,7 @@ class Target:
     """The loader under audit for one worker count, and where it came from."""
 
     loader: DataLoader
-    dataset: Any
+    dataset: Any  # the dataset itself (the loader reads it through the tagging wrapper)
     built_by_audit: bool  # the factory returned a dataset that the audit wrapped
 
 
@@ -35,8 +35,10 @@ class Target:
 class EpochRun:
     """What one pass over the loader delivered and how long it took."""
 
-    ids: list[int | str] = field(default_factory=list)
-    digests: list[str] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+    samples: list[dict[str, str]] = field(default_factory=list)  # per sample: field path -> digest
+    batch_digests: list[str] = field(default_factory=list)  # of each collated batch
+    batch_indices: list[list[int]] = field(default_factory=list)
     batches: int = 0
     warmup_s: float = 0.0  # iter() plus the first batch: worker start-up, excluded from the rate
     warmup_samples: int = 0
@@ -45,7 +47,7 @@ class EpochRun:
 
     @property
     def samples_per_s(self) -> float | None:
-        measured = len(self.ids) - self.warmup_samples
+        measured = len(self.indices) - self.warmup_samples
         if measured <= 0 or self.measured_s <= 0:
             return None
         return measured / self.measured_s
@@ -117,6 +119,7 @@ def build_target(factory: Callable[..., Any], *, num_workers: int, batch_size: i
         dataset = product.dataset
         if isinstance(dataset, IterableDataset):
             raise AuditUsageError("the loader's dataset is an IterableDataset; only map-style datasets can be audited")
+        tag_loader(product)
         return Target(product, dataset, built_by_audit=False)
     if isinstance(product, IterableDataset):
         raise AuditUsageError("the factory returned an IterableDataset; only map-style datasets can be audited")
@@ -125,50 +128,21 @@ def build_target(factory: Callable[..., Any], *, num_workers: int, batch_size: i
             f"the factory returned a {type(product).__name__}; expected a map-style dataset "
             "(__getitem__ and __len__) or a torch DataLoader"
         )
-    loader = DataLoader(product, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    # No collation: the samples are compared exactly as dataset[i] returned them.
+    loader = DataLoader(
+        product, batch_size=batch_size, shuffle=False, num_workers=num_workers, collate_fn=keep_samples
+    )
+    tag_loader(loader)
     return Target(loader, product, built_by_audit=True)
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> bytes:
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return f"{flat.dtype}{tuple(tensor.shape)}".encode() + flat.view(torch.uint8).numpy().tobytes()
-
-
-def _digest_item(value: Any, row: int, rows: int, hasher: Any) -> None:
-    """Feed sample ``row`` of a collated value (or the whole value when not batched) to ``hasher``."""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            hasher.update(str(key).encode())
-            _digest_item(item, row, rows, hasher)
-    elif isinstance(value, torch.Tensor):
-        batched = value.ndim > 0 and value.shape[0] == rows
-        hasher.update(_tensor_bytes(value[row] if batched else value))
-    elif isinstance(value, (list, tuple)) and len(value) == rows:
-        item = value[row]
-        hasher.update(_tensor_bytes(item) if isinstance(item, torch.Tensor) else repr(item).encode())
-    else:
-        hasher.update(repr(value).encode())
-
-
-def split_batch(batch: Any) -> tuple[list[int | str], list[str]]:
-    """The ids of a collated batch and one content digest per sample.
-
-    Raises:
-        AuditUsageError: the batch lost the id field.
-    """
-    if not isinstance(batch, Mapping) or ID_FIELD not in batch:
+def _delivered(batch: Any) -> Delivered:
+    if not isinstance(batch, Delivered):
         raise AuditUsageError(
-            f"batches must be mappings that keep the {ID_FIELD!r} field "
-            "(the default collate turns dict samples into dict batches)"
+            f"the loader delivered a {type(batch).__name__} instead of its collate_fn's output; "
+            "a loader that bypasses its dataset or collate_fn attributes cannot be audited"
         )
-    raw = batch[ID_FIELD]
-    ids = raw.tolist() if isinstance(raw, torch.Tensor) else list(raw)
-    digests = []
-    for row in range(len(ids)):
-        hasher = hashlib.sha256()
-        _digest_item(batch, row, len(ids), hasher)
-        digests.append(hasher.hexdigest()[:16])
-    return ids, digests
+    return batch
 
 
 def is_endless(loader: DataLoader) -> bool:
@@ -191,21 +165,23 @@ def run_epochs(loader: DataLoader, *, dataset_size: int, epochs: int, batches: i
         iterator = iter(loader)
         first_done = start
         while batches is None or run.batches < batches:
-            if endless and len(run.ids) >= dataset_size:
+            if endless and len(run.indices) >= dataset_size:
                 break
             try:
                 batch = next(iterator)
             except StopIteration:
                 run.ended = True
                 break
-            ids, digests = split_batch(batch)
-            run.ids.extend(ids)
-            run.digests.extend(digests)
+            delivered = _delivered(batch)
+            run.indices.extend(delivered.indices)
+            run.samples.extend(delivered.samples)
+            run.batch_indices.append(delivered.indices)
+            run.batch_digests.append(value_digest(delivered.batch))
             run.batches += 1
             if run.batches == 1:
                 first_done = time.perf_counter()
                 run.warmup_s = first_done - start
-                run.warmup_samples = len(ids)
+                run.warmup_samples = len(delivered.indices)
         run.measured_s = time.perf_counter() - first_done if run.batches > 1 else 0.0
         # Dropping the iterator stops its workers before the next pass starts new ones.
         del iterator

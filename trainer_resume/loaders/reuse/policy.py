@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..rng import derive_seed
+from ...rng import derive_seed
 from .keyed_permutation import KeyedPermutation
 
 __all__ = ["ReusePolicy", "ReuseKey"]
@@ -21,7 +21,13 @@ __all__ = ["ReusePolicy", "ReuseKey"]
 _ORDER_TAG = 0x4F52_4445_52  # "ORDER"
 
 
-def _check_int(name: str, value: object, minimum: int | None = None) -> int:
+def check_int(name: str, value: object, minimum: int | None = None) -> int:
+    """Return ``value`` if it is an int (not a bool) of at least ``minimum``, else raise.
+
+    Raises:
+        TypeError: ``value`` is not an int.
+        ValueError: ``value`` is below ``minimum``.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
     if minimum is not None and value < minimum:
@@ -79,8 +85,8 @@ class ReusePolicy:
     seed: int
 
     def __post_init__(self) -> None:
-        _check_int("lifetime", self.lifetime, 1)
-        _check_int("seed", self.seed)
+        check_int("lifetime", self.lifetime, 1)
+        check_int("seed", self.seed)
 
     def key(self, index: int, epoch: int) -> ReuseKey:
         """Return the :class:`ReuseKey` of ``index`` in ``epoch`` (O(1)).
@@ -89,8 +95,8 @@ class ReusePolicy:
             TypeError: ``index`` or ``epoch`` is not an int.
             ValueError: ``index`` or ``epoch`` is negative.
         """
-        _check_int("index", index, 0)
-        _check_int("epoch", epoch, 0)
+        check_int("index", index, 0)
+        check_int("epoch", epoch, 0)
         lifetime = self.lifetime
         phase = index % lifetime
         generation, use = divmod(epoch + phase, lifetime)
@@ -110,8 +116,8 @@ class ReusePolicy:
             TypeError: ``epoch`` or ``size`` is not an int.
             ValueError: ``epoch < 0`` or ``size < 1``.
         """
-        _check_int("epoch", epoch, 0)
-        _check_int("size", size, 1)
+        check_int("epoch", epoch, 0)
+        check_int("size", size, 1)
         return KeyedPermutation(size, derive_seed(_ORDER_TAG, self.seed, epoch, size))
 
     def order(self, position: int, epoch: int, size: int) -> int:
@@ -126,5 +132,5 @@ class ReusePolicy:
             ValueError: ``epoch < 0`` or ``size < 1``.
             IndexError: ``position`` is outside ``range(size)``.
         """
-        _check_int("position", position)
+        check_int("position", position)
         return self.permutation(epoch, size)(position)

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..rng import rng_scope
+from ...rng import rng_scope
 from .keyed_permutation import KeyedPermutation
-from .reuse_policy import ReuseKey, ReusePolicy, _check_int
-from .reuse_store import (
+from .policy import ReuseKey, ReusePolicy, check_int
+from .store import (
     UNREADABLE,
     LoadFn,
     SaveFn,
@@ -108,7 +108,7 @@ class ReuseDataset(Dataset):
     ) -> None:
         if not callable(build):
             raise TypeError(f"build must be callable, got {type(build).__name__}: {build!r}")
-        _check_int("size", size, 1)
+        check_int("size", size, 1)
         if not isinstance(policy, ReusePolicy):
             raise TypeError(f"policy must be a ReusePolicy, got {type(policy).__name__}: {policy!r}")
         if fingerprint is not None and (isinstance(fingerprint, bool) or not isinstance(fingerprint, (str, int))):
@@ -154,7 +154,7 @@ class ReuseDataset(Dataset):
             ValueError: ``epoch < 0``.
         """
         self._require_init()
-        _check_int("epoch", epoch, 0)
+        check_int("epoch", epoch, 0)
         if int(self._epochs[1]) < 0:
             self._epochs[1] = epoch
         self._epochs[0] = epoch
@@ -231,12 +231,12 @@ class ReuseSampler(Sampler[int]):
 
     def __init__(self, size: int, policy: ReusePolicy, *, epoch: int = 0) -> None:
         super().__init__()
-        _check_int("size", size, 1)
+        check_int("size", size, 1)
         if not isinstance(policy, ReusePolicy):
             raise TypeError(f"policy must be a ReusePolicy, got {type(policy).__name__}: {policy!r}")
         self.size = size
         self.policy = policy
-        self._epoch = _check_int("epoch", epoch, 0)
+        self._epoch = check_int("epoch", epoch, 0)
 
     @property
     def epoch(self) -> int:
@@ -245,7 +245,7 @@ class ReuseSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle ``epoch``'s order from the next iteration on."""
-        self._epoch = _check_int("epoch", epoch, 0)
+        self._epoch = check_int("epoch", epoch, 0)
 
     def __len__(self) -> int:
         return self.size
@@ -307,7 +307,7 @@ class ReuseDataLoader(DataLoader):
         if "dataset" in dataloader_kwargs:
             raise TypeError("ReuseDataLoader builds its own dataset; pass build, size and directory instead")
         policy = ReusePolicy(lifetime, seed)
-        _check_int("start_epoch", start_epoch, 0)
+        check_int("start_epoch", start_epoch, 0)
         dataset = ReuseDataset(build, size, directory, policy, fingerprint=fingerprint, save=save, load=load)
         kwargs = dict(dataloader_kwargs)
         sampler: ReuseSampler | None = None

@@ -18,6 +18,7 @@ from ..errors import LoaderStateError, ResumableSamplerGeneratorError
 SAMPLER_FORMAT = "trainer_resume.sampler/1"
 BATCH_SAMPLER_FORMAT = "trainer_resume.batch_sampler/1"
 LOADER_FORMAT = "trainer_resume.loader/1"
+EPOCH_SAMPLER_FORMAT = "trainer_resume.epoch_sampler/1"
 
 # Key names of the saved states (the TypedDicts in trainer_resume.state list them).
 FORMAT = "format"
@@ -33,6 +34,10 @@ BATCH_SIZE = "batch_size"
 DELIVERED_BATCHES = "delivered_batches"
 SAMPLER = "sampler"
 NUM_REPLICAS = "num_replicas"  # world size the state was written with (absent in older states: 1)
+EPOCH = "epoch"
+DELIVERED = "delivered"
+GENERATOR = "generator"
+SAMPLER_EPOCH = "sampler_epoch"
 
 SEED_LIMIT = 1 << 63  # seeds and positions stay below 2**63 (derive_seed's range)
 

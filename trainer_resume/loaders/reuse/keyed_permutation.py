@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..rng import derive_seed
+from ...rng import derive_seed
 
 __all__ = ["KeyedPermutation"]
 

@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 
 import torch
 
-from .reuse_policy import ReuseKey
+from .policy import ReuseKey
 
 __all__ = [
     "RECORD_FORMAT",

@@ -1,0 +1,350 @@
+"""Epochs of torch's own samplers: each ``iter(loader)`` is one epoch, positioned by index only.
+
+At the start of an epoch the whole epoch's order is computed from the sampler (or
+batch sampler) in the main process: indices only, no data is read, O(epoch) work.
+What the order depends on is recorded, so the same epoch can be computed again in
+another process:
+
+* a sampler with a ``generator`` of its own (``RandomSampler(ds, generator=g)``,
+  ``shuffle=True`` with ``generator=g``): the generator's state at the start of the
+  epoch; computing the epoch advances ``g`` as an uninterrupted run does, so the
+  following epochs follow from it;
+* a random sampler without one: it is given, for this computation only, a generator
+  seeded ``derive_seed(augmentation_seed, salt, epoch)``, so no global generator is
+  drawn and the state's ``augmentation_seed`` fixes every epoch's order;
+* ``DistributedSampler``: its ``epoch`` (with its ``seed``, a constructor argument).
+
+The cursor ``(epoch, offset)`` names the next undelivered batch; delivering the last
+batch of an epoch moves it to ``(epoch + 1, 0)``, so a state taken there resumes at
+the first batch of the next epoch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+
+from ..errors import LoaderStateError
+from ..rng import derive_seed
+from ..state import EpochSamplerSettings, EpochSamplerState
+from . import _state_keys as keys
+from ._sources import Pending, Task
+
+__all__ = ["EPOCH_SAMPLERS", "EpochSource"]
+
+# Exact types only: a subclass may order its epoch differently (or from global RNG),
+# which a recorded generator state would not reproduce.
+EPOCH_SAMPLERS = (
+    SequentialSampler,
+    RandomSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    DistributedSampler,
+)
+_GENERATOR_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+_ORDER_SALT = (
+    0x6F72_6465_72  # b"order": seeds of the orders of samplers without a generator
+)
+_EPOCH_SALT = 0x6570_6F63_68  # b"epoch": per-epoch base of the augmentation seeds
+
+Cursor = tuple[int, int]
+
+
+class _Epoch:
+    """One computed epoch: its batches (or indices) and what produced them."""
+
+    __slots__ = ("generator_state", "items", "number", "sampler_epoch", "starts")
+
+    def __init__(
+        self,
+        number: int,
+        items: list[Any],
+        starts: list[int],
+        generator_state: Any,
+        sampler_epoch: Any,
+    ) -> None:
+        self.number = number
+        self.items = items
+        self.starts = starts  # sample offset of each item within the epoch
+        self.generator_state = generator_state
+        self.sampler_epoch = sampler_epoch
+
+
+class EpochSource:
+    """Batches of one epoch per iteration from a torch sampler or ``BatchSampler``.
+
+    Args:
+        sampler: The loader's sampler (one of :data:`EPOCH_SAMPLERS`).
+        batch_sampler: The loader's ``BatchSampler`` over ``sampler``, or ``None``
+            with ``batch_size=None`` (each item is then one index).
+        dataset_size: ``len(dataset)``.
+    """
+
+    epochs = True  # each iter(loader) is one epoch
+    format = keys.EPOCH_SAMPLER_FORMAT
+
+    def __init__(
+        self, sampler: Any, batch_sampler: BatchSampler | None, dataset_size: int
+    ) -> None:
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator: torch.Generator | None = (
+            sampler.generator if isinstance(sampler, _GENERATOR_SAMPLERS) else None
+        )
+        distributed = isinstance(sampler, DistributedSampler)
+        self._replicas, self._rank = (
+            (sampler.num_replicas, sampler.rank) if distributed else (1, 0)
+        )
+        self._settings: EpochSamplerSettings = {
+            "sampler": type(sampler).__name__,
+            "batch_sampler": type(batch_sampler).__name__
+            if batch_sampler is not None
+            else None,
+            "batch_size": batch_sampler.batch_size
+            if batch_sampler is not None
+            else None,
+            "drop_last": bool(batch_sampler.drop_last)
+            if batch_sampler is not None
+            else False,
+            "dataset_size": dataset_size,
+            "sampler_length": len(sampler),
+            "replacement": bool(getattr(sampler, "replacement", False)),
+            "num_replicas": self._replicas,
+            "generator": self.generator is not None,
+        }
+        self._epoch = 0
+        self._offset = 0
+        self._delivered = 0
+        self._computed: _Epoch | None = None
+        self._expected_sampler_epoch: int | None = None  # a loaded mid-epoch position's
+
+    @property
+    def stride(self) -> int:
+        """Global distance between the samples of one batch (``DistributedSampler``'s world size)."""
+        return self._replicas
+
+    @property
+    def cursor(self) -> Cursor:
+        return self._epoch, self._offset
+
+    def _length(self) -> int:
+        return len(
+            self.batch_sampler if self.batch_sampler is not None else self.sampler
+        )
+
+    # --- epochs ----------------------------------------------------------------------
+
+    def begin(self, augmentation_seed: int) -> None:
+        """Compute the cursor's epoch if it is not computed yet (an iterator is about to start)."""
+        computed = self._computed
+        if computed is not None and computed.number == self._epoch:
+            return
+        self._computed = None
+        sampler_epoch = None
+        if isinstance(self.sampler, DistributedSampler):
+            sampler_epoch = self.sampler.epoch
+            expected = self._expected_sampler_epoch
+            if self._offset and expected is not None and sampler_epoch != expected:
+                raise LoaderStateError(
+                    f"the loaded position is batch {self._offset} of an epoch the DistributedSampler "
+                    f"ordered with set_epoch({expected}), but set_epoch({sampler_epoch}) was called since; "
+                    f"call set_epoch({expected}) (the epoch the state was saved in) before iterating"
+                )
+        self._expected_sampler_epoch = None
+        generator_state = (
+            self.generator.get_state() if self.generator is not None else None
+        )
+        items = self._order(augmentation_seed)
+        if self._offset > len(items):
+            raise LoaderStateError(
+                f"the loaded position is batch {self._offset} of epoch {self._epoch}, which has only "
+                f"{len(items)} batch(es) here; load a state saved by a loader with the same sampler"
+            )
+        starts, total = [], 0
+        for item in items:
+            starts.append(total)
+            total += len(item) if self.batch_sampler is not None else 1
+        self._computed = _Epoch(
+            self._epoch, items, starts, generator_state, sampler_epoch
+        )
+
+    def _order(self, augmentation_seed: int) -> list[Any]:
+        source = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        sampler = self.sampler
+        if self.generator is not None or not isinstance(sampler, _GENERATOR_SAMPLERS):
+            return list(source)
+        generator = torch.Generator()
+        generator.manual_seed(derive_seed(augmentation_seed, _ORDER_SALT, self._epoch))
+        sampler.generator = (
+            generator  # only for this computation: no global generator is drawn
+        )
+        try:
+            return list(source)
+        finally:
+            sampler.generator = None
+
+    def end_epoch(self, number: int) -> None:
+        """The iterator of epoch ``number`` ended or was replaced after delivering a batch:
+        the next iterator starts the next epoch."""
+        if self._epoch == number:
+            self._epoch, self._offset = number + 1, 0
+
+    def tasks(self, pending: deque[Pending], augmentation_seed: int) -> Iterator[Task]:
+        computed = self._computed
+        if computed is None or computed.number != self._epoch:
+            raise RuntimeError(
+                "EpochSource.begin() was not called for the epoch being iterated"
+            )
+        return self._tasks(computed, self._offset, pending, augmentation_seed)
+
+    def _tasks(
+        self,
+        computed: _Epoch,
+        offset: int,
+        pending: deque[Pending],
+        augmentation_seed: int,
+    ) -> Iterator[Task]:
+        number, items, starts = computed.number, computed.items, computed.starts
+        base = derive_seed(augmentation_seed, _EPOCH_SALT, number)
+        stride, rank, last = self._replicas, self._rank, len(items) - 1
+        for index in range(offset, len(items)):
+            after = (number + 1, 0) if index == last else (number, index + 1)
+            position = starts[index] * stride + rank
+            pending.append((position, (number, index), after, index == last))
+            yield base, position, items[index]
+
+    def commit(self, before: Cursor, after: Cursor) -> None:
+        if before != (self._epoch, self._offset):
+            raise RuntimeError(
+                f"the delivered batch is (epoch, batch) {before} but the loader records {(self._epoch, self._offset)}"
+            )
+        self._epoch, self._offset = after
+        self._delivered += 1
+
+    # --- state -----------------------------------------------------------------------
+
+    def state(self) -> EpochSamplerState:
+        computed = self._computed
+        if computed is not None and computed.number == self._epoch:
+            generator_state, sampler_epoch = (
+                computed.generator_state,
+                computed.sampler_epoch,
+            )
+        else:
+            generator_state = (
+                self.generator.get_state() if self.generator is not None else None
+            )
+            sampler_epoch = (
+                self.sampler.epoch
+                if isinstance(self.sampler, DistributedSampler)
+                else None
+            )
+        return {
+            keys.FORMAT: keys.EPOCH_SAMPLER_FORMAT,
+            keys.SETTINGS: dict(self._settings),
+            keys.EPOCH: self._epoch,
+            keys.OFFSET: self._offset,
+            keys.DELIVERED: self._delivered,
+            keys.GENERATOR: generator_state,
+            keys.SAMPLER_EPOCH: sampler_epoch,
+        }  # type: ignore[return-value]
+
+    def validate(self, state: Mapping[str, Any]) -> None:
+        what = "epoch sampler state"
+        keys.check_mapping(
+            state,
+            what,
+            (
+                keys.FORMAT,
+                keys.SETTINGS,
+                keys.EPOCH,
+                keys.OFFSET,
+                keys.DELIVERED,
+                keys.GENERATOR,
+                keys.SAMPLER_EPOCH,
+            ),
+        )
+        keys.check_format(state, what, keys.EPOCH_SAMPLER_FORMAT)
+        settings = state[keys.SETTINGS]
+        if not isinstance(settings, Mapping):
+            raise LoaderStateError(f"{what}[{keys.SETTINGS!r}] must be a dict")
+        for name, value in self._settings.items():
+            if (
+                name not in settings
+                or settings[name] != value
+                or type(settings[name]) is not type(value)
+            ):
+                raise LoaderStateError(
+                    f"{what}: setting {name!r} was {settings.get(name)!r}, this loader has {value!r}; "
+                    f"build the loader with the arguments the state was saved with"
+                )
+        keys.check_count(state, what, keys.EPOCH)
+        offset = keys.check_count(state, what, keys.OFFSET)
+        keys.check_count(state, what, keys.DELIVERED)
+        length = self._length()
+        if offset >= max(length, 1):
+            raise LoaderStateError(
+                f"{what}[{keys.OFFSET!r}] = {offset} but an epoch has {length} batch(es)"
+            )
+        self._check_generator(state[keys.GENERATOR], what)
+        sampler_epoch = state[keys.SAMPLER_EPOCH]
+        if isinstance(self.sampler, DistributedSampler):
+            if not keys.is_int(sampler_epoch):
+                raise LoaderStateError(
+                    f"{what}[{keys.SAMPLER_EPOCH!r}] must be an int, got {sampler_epoch!r}"
+                )
+        elif sampler_epoch is not None:
+            raise LoaderStateError(
+                f"{what}[{keys.SAMPLER_EPOCH!r}] must be None for a {self._settings['sampler']}"
+            )
+
+    def _check_generator(self, value: Any, what: str) -> None:
+        generator = self.generator
+        if generator is None:
+            if value is not None:
+                raise LoaderStateError(
+                    f"{what}[{keys.GENERATOR!r}] must be None: this sampler has no generator"
+                )
+            return
+        if (
+            not isinstance(value, torch.Tensor)
+            or value.dtype != torch.uint8
+            or value.dim() != 1
+        ):
+            raise LoaderStateError(
+                f"{what}[{keys.GENERATOR!r}] must be a 1-D uint8 tensor (a generator state)"
+            )
+        try:
+            torch.Generator(device=generator.device).set_state(
+                value
+            )  # trial on a scratch generator
+        except (RuntimeError, ValueError) as exc:
+            raise LoaderStateError(
+                f"{what}[{keys.GENERATOR!r}] is not a state of this generator: {exc}"
+            ) from exc
+
+    def apply(self, state: Mapping[str, Any]) -> None:
+        self._epoch, self._offset = state[keys.EPOCH], state[keys.OFFSET]
+        self._delivered = state[keys.DELIVERED]
+        self._computed = None
+        if self.generator is not None:
+            self.generator.set_state(state[keys.GENERATOR])
+        sampler_epoch = state[keys.SAMPLER_EPOCH]
+        self._expected_sampler_epoch = sampler_epoch
+        if sampler_epoch is not None:
+            self.sampler.set_epoch(sampler_epoch)
+
+    def delivered_batches(self, state: Mapping[str, Any]) -> int:
+        return state[keys.DELIVERED]
