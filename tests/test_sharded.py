@@ -19,6 +19,7 @@ from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import (
     CheckpointCorruptedError,
     CheckpointFormatError,
+    CheckpointSignatureError,
     CheckpointWriteError,
     ResumeStateMismatchError,
     UnsafeCheckpointError,
@@ -212,9 +213,8 @@ def test_a_sharded_model_of_another_shape_is_refused_before_any_state_changes(
     trainer = _trainer(one_rank, 1)
     monkeypatch.undo()  # the config signature is that of the paused run again
     trainer._initialize_training_resume(_ddp_workers.CONFIG, version="1")
-    _assert_refused_unchanged(
-        trainer, paused, ResumeStateMismatchError, r"'0.weight' is torch.float32 \(8, 4\) in the pause"
-    )
+    shape = r"'0.weight' is torch.float32 \(8, 4\) in the pause"
+    _assert_refused_unchanged(trainer, paused, ResumeStateMismatchError, shape)
 
 
 def test_a_sharded_cpu_model_under_an_nccl_process_group_is_refused_before_anything_is_written(
@@ -225,3 +225,16 @@ def test_a_sharded_cpu_model_under_an_nccl_process_group_is_refused_before_anyth
     with pytest.raises(UnsupportedResumeConfigurationError, match="NCCL moves CUDA tensors only"):
         trainer.pause(tmp_path / "pause")
     assert not (tmp_path / "pause").exists()
+
+
+def test_a_sharded_pause_is_signed_with_the_trainers_key_and_refused_under_another_key(
+    one_rank, tmp_path
+):
+    import _ddp_workers
+
+    source = _trainer(one_rank, 2)
+    source._initialize_training_resume(_ddp_workers.CONFIG, version="1", key=b"k" * 32)
+    source.pause(tmp_path / "pause")
+    trainer = _trainer(one_rank, 1)
+    trainer._initialize_training_resume(_ddp_workers.CONFIG, version="1", key=b"x" * 32)
+    _assert_refused_unchanged(trainer, tmp_path / "pause", CheckpointSignatureError, "manifest")
