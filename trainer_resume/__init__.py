@@ -10,6 +10,8 @@ from .distributed import WorldSizeChangeWarning
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header, save_checkpoint
 from .finished import FinishedRun, mark_finished, run_finished
 from .mixin import TrainingResumeMixin, serialized_training, training_step
+from .point_files import SkippedCheckpointWarning
+from .resume_points import ResumePoint, ResumePoints
 from .rng import derive_seed, random_state, restore_random_state, rng_scope
 from .signature import canonical_config, config_difference, config_signature
 from .state import cpu_state
@@ -37,5 +39,8 @@ __all__ = [
     "run_finished",
     "mark_finished",
     "FinishedRun",
+    "ResumePoints",
+    "ResumePoint",
+    "SkippedCheckpointWarning",
     *_error_names,
 ]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from ._boundary import record_boundary, record_random_state
 from .distributed import is_distributed
 from .errors import TrainerLockedError, TrainingPausedError
 
@@ -40,12 +41,16 @@ class StepGuard:
         self.failed = False
         self.paused = False
         self.locked_reason: str | None = None
+        # The loader positions and RNG of the last step boundary (see _boundary).
+        self.boundary: Any = None
         # Written by signal handlers: plain attribute stores only, no locks and no I/O,
         # because a handler runs between two bytecodes of whatever the main thread does.
         self.requested_path: Any = None
         # When the decision to pause is collective (all ranks at the same step), the
         # boundary hook must run after every step, not only after a local request.
         self.check_every_boundary = False
+        # The trainer's ResumePoints, if it takes resume points (see resume_points.py).
+        self.points: Any = None
         # pause()/resume() from another thread would otherwise starve: a thread running
         # steps in a loop re-acquires the lock before a waiting thread wakes up.
         self.exclusive_waiters = 0
@@ -130,8 +135,15 @@ def training_step(method: _Method) -> _Method:
                 guard.depth = 0
             guard.completed_steps += 1
             guard.failed = False
+            record_boundary(self, guard)
             # Under a process group every boundary is a collective agreement on pausing.
-            if guard.requested_path is not None or guard.check_every_boundary or is_distributed():
+            points = guard.points
+            if (
+                guard.requested_path is not None
+                or guard.check_every_boundary
+                or is_distributed()
+                or (points is not None and points.wants_boundary(guard.completed_steps))
+            ):
                 guard.at_boundary(self)
             return result
 
@@ -151,6 +163,9 @@ def serialized_training(method: _Method) -> _Method:
         if guard.exclusive_waiters:
             guard.yield_to_exclusive()
         with guard.lock:
-            return method(self, *args, **kwargs)
+            result = method(self, *args, **kwargs)
+            if not guard.depth:  # between steps: a new boundary for the RNG
+                record_random_state(guard)
+            return result
 
     return wrapper  # type: ignore[return-value]

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
 import torch
 import torch.distributed as dist
 
+from .difference import first_difference
 from .errors import (
     ERRORS_BY_CODE,
     CheckpointFormatError,
@@ -51,6 +52,7 @@ __all__ = [
     "WorldSizeChangeWarning",
     "agree",
     "any_rank",
+    "any_ranks",
     "combined_pause",
     "commit",
     "converted_steps",
@@ -59,6 +61,7 @@ __all__ = [
     "is_distributed",
     "pause_path_agreed",
     "rank_view",
+    "rank_zero_result",
     "world",
 ]
 
@@ -117,9 +120,14 @@ def _device() -> torch.device:
 
 def any_rank(flag: bool) -> bool:
     """All-reduce ``flag`` with MAX: true on every rank when it is true on one."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=_device())
+    return any_ranks([flag])[0]
+
+
+def any_ranks(flags: Sequence[bool]) -> list[bool]:
+    """``any_rank`` of several flags in one collective."""
+    value = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int32, device=_device())
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return [bool(item) for item in value.tolist()]
 
 
 def _described(error: BaseException | str | None) -> tuple[int | None, str] | None:
@@ -179,6 +187,21 @@ def agree(local_error: BaseException | str | None, action: str) -> None:
     _, failed = _gathered(local_error, None)
     if failed:
         raise _refusal(action, *failed[0])
+
+
+def rank_zero_result(compute: Callable[[], Any]) -> Any:
+    """Rank 0 runs ``compute``; every rank gets its result, or raises the error it raised."""
+    outcome: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            outcome[0] = ("ok", compute())
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below
+            outcome[0] = ("error", exc)
+    dist.broadcast_object_list(outcome, src=0)
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
 
 
 def pause_path_agreed(requested: str | None) -> str | None:
@@ -273,22 +296,6 @@ def converted_steps(completed_steps: int, saved_world: int, world_size: int) -> 
     return completed_steps * saved_world // world_size
 
 
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and torch.equal(a, b)
-        )
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return list(a) == list(b) and all(_equal(a[key], b[key]) for key in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
-
-
 def _ranks(
     checkpoint: Mapping[str, Any], location: str
 ) -> tuple[int, list[Mapping[str, Any]], int | None]:
@@ -375,7 +382,7 @@ def rank_view(
         return view  # type: ignore[return-value]
     for name in ("loaders", "extra"):
         for index, other in enumerate(ranks[1:], start=1):
-            if not _equal(other[name], ranks[0][name]):
+            if first_difference(other[name], ranks[0][name]) is not None:
                 what = "loader positions" if name == "loaders" else "extra states"
                 raise ResumeStateMismatchError(
                     f"{location} was paused with {saved_world} rank(s) whose {what} differ (rank 0 and rank {index}); "

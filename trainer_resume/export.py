@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from ._atomic import TempFile, replace_atomically
-from ._pause_file import check_layout, object_states
+from ._pause_checks import check_layout, object_states
 from .adapters.lightning_files import plain_checkpoint, save_plain_checkpoint
 from .checkpoint_files import (
     CHECKPOINT,

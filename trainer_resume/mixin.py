@@ -11,12 +11,12 @@ writes everything an exact continuation needs; ``resume(path)`` in a fresh train
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Protocol
 
 import torch
 
-from ._pause_file import (
+from ._pause_checks import (
     check_layout,
     check_names,
     check_random_state,
@@ -25,6 +25,7 @@ from ._pause_file import (
     to_cpu,
 )
 from . import distributed as _distributed
+from . import sharded as _sharded
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
 from ._step_guard import (
     GUARD_ATTRIBUTE,
@@ -33,6 +34,7 @@ from ._step_guard import (
     serialized_training,
     training_step,
 )
+from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
 from ._state_match import check_object_states
 from .amp import restore_grad_scaler_state
 from .durable import load_checkpoint, save_checkpoint
@@ -45,8 +47,9 @@ from .errors import (
     UnsupportedResumeConfigurationError,
     VersionMismatchError,
 )
-from .rng import random_state, restore_random_state
-from . import sharded as _sharded
+from .point_files import latest_checkpoint
+from .resume_points import ResumePoint, ResumePoints, host_snapshot
+from .rng import restore_random_state
 from .signature import canonical_config, config_difference, config_signature
 from .state import PAUSE_FORMAT, PauseCheckpoint
 
@@ -87,10 +90,6 @@ def _overrides(trainer: Any, hook: str) -> bool:
     return getattr(type(trainer), hook) is not getattr(TrainingResumeMixin, hook)
 
 
-def _rng_device() -> int | None:
-    return torch.cuda.current_device() if torch.cuda.is_available() else None
-
-
 class TrainingResumeMixin:
     """Adds exact, thread-safe and signal-safe ``pause()`` / ``resume()`` to a trainer.
 
@@ -107,7 +106,14 @@ class TrainingResumeMixin:
     _pause_check_every_step: ClassVar[bool] = False
 
     # ----------------------------------------------------------------- setup
-    def _initialize_training_resume(self, config: Any, *, version: str, key: bytes | None = None) -> None:
+    def _initialize_training_resume(
+        self,
+        config: Any,
+        *,
+        version: str,
+        key: bytes | None = None,
+        resume_points: ResumePoints | None = None,
+    ) -> None:
         """Sign ``config`` (its ``load`` entry excluded) and record the module version.
 
         Call it in ``__init__`` with the original config, before the first step.
@@ -118,14 +124,23 @@ class TrainingResumeMixin:
                 version is refused (``VersionMismatchError``).
             key: Optional HMAC key: pause files are signed with it and ``resume``
                 refuses files without a valid signature.
+            resume_points: Take periodic, asynchronous resume points
+                (:class:`~trainer_resume.ResumePoints`); ``resume_latest`` continues
+                from the newest after a crash.
         """
         if not isinstance(version, str) or not version:
             raise TypeError(f"version must be a non-empty str, got {version!r}")
+        if resume_points is not None and not isinstance(resume_points, ResumePoints):
+            raise TypeError(f"resume_points must be a ResumePoints, got {type(resume_points).__name__}")
         canonical = canonical_config(config)
         self.__dict__["_training_resume_settings"] = _Settings(version, config_signature(config), canonical, key)
         if GUARD_ATTRIBUTE not in self.__dict__:
             self.__dict__[GUARD_ATTRIBUTE] = StepGuard(_pause_at_step_boundary)
         self.__dict__[GUARD_ATTRIBUTE].check_every_boundary = bool(self._pause_check_every_step)
+        if resume_points is not None:
+            resume_points.attach(self)
+        self.__dict__[GUARD_ATTRIBUTE].points = resume_points
+        record_boundary(self, self.__dict__[GUARD_ATTRIBUTE], initial=True)
 
     # ------------------------------------------------------------ state flags
     @property
@@ -239,7 +254,7 @@ class TrainingResumeMixin:
                 if guard.failed:
                     raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
                 sharded = _sharded.sharded_objects(self._resume_objects())
-                checkpoint = _pause_checkpoint(self, guard, sharded)
+                checkpoint = _pause_checkpoint(self, guard, sharded=sharded)
             except Exception as error:
                 if collective:
                     _refuse_on_every_rank(error, "pause()")
@@ -349,6 +364,8 @@ class TrainingResumeMixin:
 
             def write() -> None:
                 mark_finished(location, completed_steps=guard.completed_steps, key=key)
+                if guard.points is not None:  # the resume points retire with the pause file
+                    guard.points.retire(completed_steps=guard.completed_steps, key=key)
 
             if _distributed.is_distributed():
                 _distributed.commit(write, location)
@@ -381,6 +398,63 @@ class TrainingResumeMixin:
             if guard.requested_path is None and not _distributed.is_distributed():
                 return False
             return _pause_at_step_boundary(self)
+
+    def checkpoint(self) -> ResumePoint:
+        """Take a resume point now, into the ``ResumePoints`` directory, and return its handle.
+
+        Between steps it snapshots at once (waiting for the write in flight first);
+        called from another thread it waits for the running step to end; inside a
+        step, or under a process group of several ranks, it is taken at the next step
+        boundary. When an automatic point is due at the same boundary, one point serves
+        both. ``handle.wait()`` blocks until the point is durable (under a process
+        group, rank 0's handle: rank 0 writes).
+
+        Raises:
+            RuntimeError: the trainer was initialised without ``resume_points``.
+            TrainerLockedError, PauseBlockedError: as for :meth:`pause`.
+        """
+        guard = guard_of(self, "checkpoint()")
+        points = _points_of(guard, "checkpoint()")
+        if guard.depth or _distributed.is_distributed():
+            return points.request()
+        with guard.exclusive():
+            if guard.locked_reason is not None:
+                raise TrainerLockedError(guard.locked_reason)
+            if guard.failed:
+                raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
+            key = _settings(self, "checkpoint()").key
+            return points.take(guard.completed_steps, lambda: _pause_checkpoint(self, guard, host_snapshot), key=key)
+
+    def resume_latest(self, directory: StrPath | None = None) -> str | None:
+        """Resume from the newest complete, valid resume point or pause file in ``directory``.
+
+        Temp files of a killed writer are removed and never taken; a damaged file is
+        skipped with a ``SkippedCheckpointWarning`` for the next older one.
+
+        Args:
+            directory: Default: the directory of the trainer's ``ResumePoints``.
+
+        Returns:
+            The path resumed from, or ``None`` when there is nothing (a fresh start).
+
+        Raises:
+            RunFinishedError: the directory holds the run's finished marker: the run
+                is done (a requeued job can exit 0).
+            Same as :meth:`resume` for the file chosen.
+        """
+        guard = guard_of(self, "resume_latest()")
+        if directory is None:
+            directory = _points_of(guard, "resume_latest() without a directory").directory
+        if guard.points is not None:
+            guard.points.wait()
+        key = _settings(self, "resume_latest()").key
+        if _distributed.is_distributed():
+            path = _distributed.rank_zero_result(lambda: latest_checkpoint(directory, key=key))
+        else:
+            path = latest_checkpoint(directory, key=key)
+        if path is not None:
+            self.resume(path)
+        return path
 
     def pause_on_signal(self, path: StrPath, signals: Iterable[int] = DEFAULT_PAUSE_SIGNALS) -> SignalPause:
         """Turn the given signals into a pause request (written at the next step boundary).
@@ -422,17 +496,34 @@ def _settings(trainer: TrainingResumeMixin, action: str) -> _Settings:
 
 
 def _pause_at_step_boundary(trainer: TrainingResumeMixin) -> bool:
-    """Write the pending pause request, if any (runs under the lock, between steps)."""
+    """Take a due resume point and write the pending pause request, if any (under the lock, between steps)."""
     guard: StepGuard = trainer.__dict__[GUARD_ATTRIBUTE]
+    failure = None
+    if guard.points is not None:
+        failure = guard.points.at_step_boundary(
+            guard.completed_steps,
+            lambda: _pause_checkpoint(trainer, guard, host_snapshot),
+            key=_settings(trainer, "checkpoint()").key,
+        )
     path = guard.requested_path
     guard.requested_path = None
     if _distributed.is_distributed():
         # A request on any rank pauses every rank at this same boundary.
         path = _distributed.pause_path_agreed(path)
-    if path is None:
-        return False
-    trainer.pause(path)
-    return True
+    if path is not None:
+        trainer.pause(path)
+    if failure is not None:  # a background write of an earlier point failed
+        raise failure
+    return path is not None
+
+
+def _points_of(guard: StepGuard, action: str) -> ResumePoints:
+    if guard.points is None:
+        raise RuntimeError(
+            f"{action} needs resume points: pass resume_points=ResumePoints(directory, ...) "
+            "to _initialize_training_resume"
+        )
+    return guard.points
 
 
 def _rank_checkpoint(trainer: TrainingResumeMixin, checkpoint: Any, location: str) -> PauseCheckpoint:
@@ -444,7 +535,7 @@ def _rank_checkpoint(trainer: TrainingResumeMixin, checkpoint: Any, location: st
         world_size=world_size,
         rank=rank,
         location=location,
-        device=_rng_device(),
+        device=rng_device(),
         objects=trainer._resume_objects(),
     )
 
@@ -468,8 +559,15 @@ def _check_sharded(
 
 
 def _pause_checkpoint(
-    trainer: TrainingResumeMixin, guard: StepGuard, sharded: _sharded.ShardedObjects
+    trainer: TrainingResumeMixin,
+    guard: StepGuard,
+    copy: Callable[[Any, dict], Any] = to_cpu,
+    sharded: _sharded.ShardedObjects | None = None,
 ) -> PauseCheckpoint:
+    # copy: to_cpu for a pause (written under the lock), host_snapshot for a resume
+    # point (written while training changes the live tensors). sharded: the objects
+    # every rank writes through DCP (a pause only; a resume point refuses DTensors).
+    sharded = sharded if sharded is not None else _sharded.ShardedObjects()
     settings = _settings(trainer, "pause()")
     objects = dict(trainer._resume_objects())
     shared = list(trainer._resume_shared_keys())
@@ -485,7 +583,7 @@ def _pause_checkpoint(
             where = "the resume objects" if name not in objects else "the regular checkpoint"
             raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
     memo: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
-    regular = None if regular_source is None else to_cpu(dict(regular_source), memo)
+    regular = None if regular_source is None else copy(dict(regular_source), memo)
     object_states: dict[str, Any] = {}
     for name, obj in objects.items():
         if name in sharded.names:  # written by every rank for its shards, see write_pause
@@ -494,7 +592,7 @@ def _pause_checkpoint(
         # A shared key references the regular snapshot: no second state_dict() call,
         # and torch.save writes the object once because it is the same object.
         object_states[name] = (
-            regular[name] if regular is not None and name in shared else to_cpu(obj.state_dict(), memo)
+            regular[name] if regular is not None and name in shared else copy(obj.state_dict(), memo)
         )
     checkpoint: PauseCheckpoint = {
         "format": PAUSE_FORMAT,
@@ -505,9 +603,11 @@ def _pause_checkpoint(
         "regular": regular,
         "shared_keys": shared,
         "objects": object_states,
-        "loaders": {name: to_cpu(loader.state_dict(), memo) for name, loader in trainer._resume_loaders().items()},
-        "extra": to_cpu(dict(trainer._resume_extra_state()), memo),
-        "rng": random_state(_rng_device()),
+        # Loader positions and RNG as of the last step boundary: a batch fetched since
+        # (outside the step) is delivered again, and no fetch is caught half-way.
+        "loaders": boundary_loader_states(trainer, guard),
+        "extra": copy(dict(trainer._resume_extra_state()), memo),
+        "rng": boundary_random_state(guard),
     }
     _sharded.refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)
@@ -547,7 +647,7 @@ def _check_pause_checkpoint(
     for name, loader in loaders.items():
         loader.validate_state_dict(checkpoint["loaders"][name])
     trainer._validate_resume(checkpoint)
-    check_random_state(checkpoint["rng"], location, _rng_device())
+    check_random_state(checkpoint["rng"], location, rng_device())
     return states
 
 
@@ -586,7 +686,7 @@ def _restore(
         trainer._rebuild_resume_iterators()
         # Last: rebuilding loaders and iterators may draw from the global generators.
         stage = "random state"
-        restore_random_state(checkpoint["rng"], _rng_device())
+        restore_random_state(checkpoint["rng"], rng_device())
     except BaseException as error:
         guard.locked_reason = f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
         if not isinstance(error, Exception):
@@ -596,3 +696,4 @@ def _restore(
     guard.failed = False
     guard.paused = False
     guard.completed_steps = checkpoint["completed_steps"]
+    record_boundary(trainer, guard)

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from .. import distributed as _distributed
-from .._pause_file import check_layout, check_names
+from .._pause_checks import check_layout, check_names
 from ..durable import load_checkpoint
 from ..errors import (
     CheckpointFormatError,

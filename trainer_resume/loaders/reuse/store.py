@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
 import torch
 
+from ..._weights_only import refused_entry
 from .policy import ReuseKey
 
 __all__ = [
@@ -113,43 +113,21 @@ def default_load(path: str) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-_SCALARS = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device, torch.Size)
-_TENSORS = (torch.Tensor, torch.nn.Parameter)
-
-
 def check_storable(sample: Any, *, index: int) -> None:
     """Check that :func:`default_load` (``weights_only=True``) can read ``sample`` back.
 
     Raises:
-        TypeError: ``sample`` holds a value outside tensors, numbers, str, bytes,
-            None, dtypes, devices and (exact) list/tuple/set/dict/OrderedDict of
-            them; the message names where and the type.
+        TypeError: ``sample`` holds a value a weights-only load refuses (see
+            :func:`trainer_resume._weights_only.refused_entry`); the message names
+            where and the type.
     """
-    _check(sample, "sample", index, set())
-
-
-def _check(value: Any, where: str, index: int, seen: set[int]) -> None:
-    kind = type(value)
-    if kind in _SCALARS or kind in _TENSORS:
-        return
-    if kind in (list, tuple, set, dict, OrderedDict):
-        if id(value) in seen:
-            return
-        seen.add(id(value))
-        if kind in (dict, OrderedDict):
-            for key, item in value.items():
-                _check(key, f"a key of {where}", index, seen)
-                _check(item, f"{where}[{key!r}]", index, seen)
-        else:
-            for position, item in enumerate(value):
-                _check(item, f"{where}[{position}]", index, seen)
-        return
-    hint = " (convert with torch.from_numpy)" if kind.__module__.startswith("numpy") else ""
-    raise TypeError(
-        f"the sample built for index {index} cannot be stored by the default save: {where} is a "
-        f"{kind.__module__}.{kind.__qualname__}{hint}; return tensors, numbers, str, bytes, None and "
-        f"lists/tuples/sets/dicts of them, or pass save= and load= callables that handle it"
-    )
+    problem = refused_entry(sample, "sample")
+    if problem is not None:
+        raise TypeError(
+            f"the sample built for index {index} cannot be stored by the default save: {problem}; return "
+            "tensors, numbers, str, bytes, None and lists/tuples/sets/dicts of them, or pass save= and load= "
+            "callables that handle it"
+        )
 
 
 def read_record(path: Path, load: LoadFn) -> Any:

@@ -1,22 +1,19 @@
-"""Checks of a loaded pause checkpoint, done before any trainer state is touched."""
+"""Checks of pause checkpoints: before one is written (``to_cpu``, ``check_saveable``) and
+after one is loaded, before any trainer state is touched (the other checks)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
+from ._weights_only import refused_entry
 from .errors import CheckpointFormatError, ResumeStateMismatchError
 from .rng import validate_random_state
 from .state import PAUSE_FORMAT, map_tensors
 
 __all__ = ["check_layout", "check_names", "check_random_state", "check_saveable", "object_states", "to_cpu"]
-
-# What torch.load(weights_only=True) reads back besides tensors, dicts, lists and tuples.
-# Exact types: a NumPy float64 is a float subclass but is pickled as a NumPy object.
-_SAFE_SCALARS = frozenset({bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device})
 
 # Entries every pause file has; "config", "regular" and "shared_keys" are optional so
 # files written without them (older layouts) still load.
@@ -52,22 +49,12 @@ def check_saveable(value: Any, where: str = "checkpoint") -> None:
     save_checkpoint writes any picklable object, but resume() loads weights-only:
     catching such an entry at pause time beats a pause file that cannot be resumed.
     """
-    if type(value) in _SAFE_SCALARS or isinstance(value, torch.Tensor):
-        return
-    if isinstance(value, dict) and type(value) in (dict, OrderedDict):
-        for key, item in value.items():
-            if type(key) not in _SAFE_SCALARS:
-                raise TypeError(f"{where} has a key of type {type(key).__name__}: {key!r}")
-            check_saveable(item, f"{where}[{key!r}]")
-        return
-    if type(value) in (list, tuple, torch.Size):
-        for index, item in enumerate(value):
-            check_saveable(item, f"{where}[{index}]")
-        return
-    raise TypeError(
-        f"{where} is a {type(value).__module__}.{type(value).__qualname__}; pause state must be tensors, "
-        "numbers, str, None and dicts/lists/tuples of them (torch.load(weights_only=True) refuses anything else)"
-    )
+    problem = refused_entry(value, where)
+    if problem is not None:
+        raise TypeError(
+            f"{problem}; pause state must be tensors, numbers, str, None and dicts/lists/tuples of them "
+            "(torch.load(weights_only=True) refuses anything else)"
+        )
 
 
 def check_layout(checkpoint: Any, path: str) -> None:

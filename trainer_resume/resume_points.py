@@ -1,0 +1,412 @@
+"""Resume points: periodic, asynchronous, crash-proof checkpoints of the exact state.
+
+A pause needs a signal and the time to write. A resume point needs neither: every
+``every_steps`` steps and/or ``every_seconds`` seconds, at a completed step
+boundary, the trainer copies its pause state (the same content as a pause file) to
+host memory and a background thread writes it durably into the directory while
+training goes on. After a hard kill, ``resume_latest(directory)`` continues from the
+newest point bit-identically.
+
+The step blocks only while the state is copied (tensors on an accelerator go to
+pinned host memory where CUDA is available). At most one write is in flight, so
+host memory holds at most one snapshot besides the live state.
+
+When a point is due while the previous write still runs, the policy ``when_busy``
+decides: ``"skip"`` (the default) does not block the step; the point is taken at
+the first step boundary after the write finished and ``skipped`` counts the
+scheduled points that were passed over. ``"wait"`` blocks the step until the write is
+done, then takes the point, so points are never later than scheduled.
+
+A write that fails is reported by the next training step (it raises the
+``CheckpointWriteError``; the step itself has completed) and logged when it
+happens; older points are never touched by a failed write. A normal interpreter
+exit waits for the write in flight (the writer is not a daemon thread); so do
+:meth:`ResumePoints.wait` and the trainer's ``finish()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from . import distributed as _distributed
+from .durable import save_checkpoint
+from .errors import CheckpointWriteError, UnsupportedResumeConfigurationError
+from .finished import mark_finished
+from .point_files import (
+    point_name,
+    remove_points,
+    remove_stale_temp_files,
+    retain_points,
+)
+from .sharded import first_dtensor
+from .state import map_tensors
+
+__all__ = ["ResumePoint", "ResumePoints", "host_snapshot"]
+
+_log = logging.getLogger("trainer_resume")
+
+StrPath = str | os.PathLike[str]
+WhenBusy = Literal["skip", "wait"]
+
+_ACTIVE: weakref.WeakSet[ResumePoints] = weakref.WeakSet()
+
+
+def _wait_for_writes_at_exit() -> None:
+    for points in list(_ACTIVE):
+        points.wait()
+
+
+# The writer is not a daemon thread, so the interpreter joins it at exit, but only
+# after the threading exit hooks ran, and one of them shuts down concurrent.futures
+# (the digest's helper thread). Hooks run last-registered first: this one, registered
+# after concurrent.futures was imported, lets the write in flight finish before that.
+getattr(threading, "_register_atexit", lambda hook: None)(_wait_for_writes_at_exit)
+
+
+def host_snapshot(value: Any, memo: dict[Any, tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """Copy nested tensor state to host memory that training cannot change.
+
+    CPU tensors are cloned (the live tensors change in the next step while the copy
+    is being written); accelerator tensors are copied into pinned host memory where
+    CUDA is available, and the copies are complete when this returns. Aliases stay
+    aliases (``memo``, shared with the other calls of one snapshot).
+
+    Raises:
+        UnsupportedResumeConfigurationError: the state holds sharded tensors (``DTensor``).
+    """
+    copied = map_tensors(value, _host_copy, memo)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the non-blocking copies must land before the writer reads them
+    return copied
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    if first_dtensor(tensor, "") is not None:
+        raise UnsupportedResumeConfigurationError(
+            "resume points of a sharded model (DTensor / fully_shard) are not supported yet: "
+            "train it unsharded (e.g. DistributedDataParallel) or run without resume_points"
+        )
+    tensor = tensor.detach()
+    if tensor.device.type == "cpu":
+        return tensor.clone()
+    if tensor.device.type == "cuda":
+        try:
+            pinned = torch.empty_like(tensor, device="cpu", pin_memory=True)
+        except RuntimeError:  # no pinnable memory (limits, drivers): pageable memory is still exact
+            return tensor.to("cpu", copy=True)
+        return pinned.copy_(tensor, non_blocking=True)
+    return tensor.to("cpu", copy=True)
+
+
+class ResumePoint:
+    """A resume point being written; :meth:`wait` blocks until it is durable.
+
+    ``trainer.checkpoint()`` may return it before the point is taken (from another
+    thread, or under a process group, the point is taken at the next step boundary);
+    ``path`` and ``completed_steps`` are ``None`` until then.
+
+    Attributes:
+        path: The point's file.
+        completed_steps: The step boundary it was taken at.
+    """
+
+    def __init__(self, path: str | None = None, completed_steps: int | None = None) -> None:
+        self.path = path
+        self.completed_steps = completed_steps
+        self.reported = False
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._followers: list[ResumePoint] = []
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        """True once the write finished (successfully or not)."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the point is durable and return its path.
+
+        Raises:
+            CheckpointWriteError: the write failed (older points are intact).
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"resume point {self.path or '(not taken yet)'} not durable after {timeout} s")
+        if self._error is not None:
+            self.reported = True
+            raise self._error
+        assert self.path is not None
+        return self.path
+
+    @property
+    def failed(self) -> bool:
+        return self._done.is_set() and self._error is not None
+
+    def _serve(self, follower: ResumePoint) -> None:
+        # A checkpoint() request answered by this point: it finishes when this one does.
+        follower.path, follower.completed_steps = self.path, self.completed_steps
+        with self._lock:
+            if not self._done.is_set():
+                self._followers.append(follower)
+                return
+        follower._finish(self._error)
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._lock:
+            self._error = error
+            self._done.set()
+            followers, self._followers = self._followers, []
+        for follower in followers:
+            follower._finish(error)
+
+
+class ResumePoints:
+    """Where and how often a trainer takes resume points.
+
+    Give it to ``_initialize_training_resume(config, version=..., resume_points=...)``
+    (one trainer per instance). Points are taken at completed step boundaries:
+    after every ``every_steps``-th step (counted from the start of the run, so the
+    same steps in every process) and/or once ``every_seconds`` seconds have passed
+    since the last point; ``trainer.checkpoint()`` takes one on demand.
+
+    Args:
+        directory: Where the points go; created if missing. It should hold only this
+            run's points and pause files.
+        every_steps: Take a point when ``completed_steps`` is a multiple of it.
+        every_seconds: Take a point at the first boundary this long after the last one.
+        keep: How many points to keep; older ones are removed only after a newer one
+            is durable.
+        when_busy: What happens when a point is due while the previous write still
+            runs: ``"skip"`` (take it at the first boundary after the write is done;
+            ``skipped`` counts the scheduled points passed over) or ``"wait"`` (block the
+            step until the write is done).
+
+    Raises:
+        ValueError: an interval is not positive, ``keep`` < 1 or ``when_busy`` unknown.
+    """
+
+    def __init__(
+        self,
+        directory: StrPath,
+        *,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        keep: int = 3,
+        when_busy: WhenBusy = "skip",
+    ) -> None:
+        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)):
+            raise TypeError(f"every_steps must be an int, got {every_steps!r}")
+        if every_steps is not None and every_steps < 1:
+            raise ValueError(f"every_steps must be >= 1, got {every_steps}")
+        if every_seconds is not None and not every_seconds > 0:
+            raise ValueError(f"every_seconds must be > 0, got {every_seconds}")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+        if when_busy not in ("skip", "wait"):
+            raise ValueError(f"when_busy must be 'skip' or 'wait', got {when_busy!r}")
+        self.directory = os.path.abspath(os.fspath(directory))
+        os.makedirs(self.directory, exist_ok=True)
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.keep = keep
+        self.when_busy: WhenBusy = when_busy
+        self.skipped = 0  # points that were due while the previous write still ran
+        self._overdue = False  # a point was skipped: take one at the next free boundary
+        self.written = 0  # points made durable
+        self._owner: int | None = None
+        self._lock = threading.Lock()
+        self._writing: ResumePoint | None = None
+        self._writer: threading.Thread | None = None
+        self._last: ResumePoint | None = None
+        self._unreported: ResumePoint | None = None
+        self._requested: list[ResumePoint] = []
+        self._last_time = time.monotonic()
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def latest(self) -> ResumePoint | None:
+        """The last point taken by this process (in flight or written), if any."""
+        return self._last
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) has finished; its failure stays to be reported."""
+        writer = self._writer
+        if writer is not None:
+            writer.join()
+
+    def request(self) -> ResumePoint:
+        """Ask for a point at the next step boundary (from any thread); returns its handle."""
+        handle = ResumePoint()
+        with self._lock:
+            self._requested.append(handle)
+        return handle
+
+    def retire(self, *, completed_steps: int, key: bytes | None = None) -> str:
+        """End of the run: wait for the write in flight, mark the directory finished, remove the points.
+
+        The finished marker is durable before the first point is removed, so a crash
+        in between leaves a finished run, never a run that resumes from an old point.
+
+        Returns:
+            The marker's path.
+        """
+        self.wait()
+        marker = mark_finished(self.directory, completed_steps=completed_steps, key=key)
+        remove_points(self.directory)
+        return marker
+
+    # ------------------------------------------------------- used by the mixin
+
+    def attach(self, owner: object) -> None:
+        """Bind these points to one trainer (a second trainer would mix two runs in one directory)."""
+        if self._owner is not None and self._owner != id(owner):
+            raise ValueError(f"ResumePoints({self.directory!r}) already belongs to another trainer")
+        self._owner = id(owner)
+
+    def wants_boundary(self, completed_steps: int) -> bool:
+        """Whether the step that just completed must run the boundary hook (cheap: no I/O)."""
+        return bool(self._requested) or self._unreported is not None or self._due(completed_steps)
+
+    def at_step_boundary(
+        self, completed_steps: int, snapshot: Callable[[], dict[str, Any]], *, key: bytes | None
+    ) -> CheckpointWriteError | None:
+        """Take a point if one is due or requested; return an unreported write failure.
+
+        Under a process group every rank calls it at every boundary: the ranks agree
+        on whether a point is due, all snapshot the same step, rank 0 writes.
+        """
+        if _distributed.is_distributed():
+            return self._collective_boundary(completed_steps, snapshot, key)
+        failure = self._take_failure()
+        if self._requested or self._due(completed_steps):
+            if self._busy() and self.when_busy == "skip" and not self._requested:
+                self._skip(completed_steps)
+            else:
+                self.take(completed_steps, snapshot, key=key)
+        return failure
+
+    def take(self, completed_steps: int, snapshot: Callable[[], dict[str, Any]], *, key: bytes | None) -> ResumePoint:
+        """Snapshot now (waiting for the write in flight first) and write in the background.
+
+        A point already taken at this step serves again (one point per boundary).
+        """
+        last = self._last
+        if last is None or last.completed_steps != completed_steps or last.failed:
+            self.wait()
+            last = self._submit(snapshot(), completed_steps, key, write=True)
+        self._serve_requests(last)
+        return last
+
+    # ----------------------------------------------------------------- inside
+
+    def _skip(self, completed_steps: int) -> None:
+        # Count each point the schedule asked for, not each boundary it waited at.
+        if not self._overdue or self._step_scheduled(completed_steps):
+            self.skipped += 1
+        self._overdue = True
+
+    def _step_scheduled(self, completed_steps: int) -> bool:
+        return self.every_steps is not None and completed_steps % self.every_steps == 0
+
+    def _due(self, completed_steps: int) -> bool:
+        if self._overdue:
+            return True
+        if self._step_scheduled(completed_steps):
+            last = self._last
+            if last is None or last.completed_steps != completed_steps:
+                return True
+        return self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds
+
+    def _serve_requests(self, point: ResumePoint) -> None:
+        with self._lock:
+            requested, self._requested = self._requested, []
+        for handle in requested:
+            point._serve(handle)
+
+    def _busy(self) -> bool:
+        writing = self._writing
+        return writing is not None and not writing.done()
+
+    def _take_failure(self) -> CheckpointWriteError | None:
+        with self._lock:
+            point, self._unreported = self._unreported, None
+        if point is None or point.reported:
+            return None
+        point.reported = True
+        error = point._error
+        return error if isinstance(error, CheckpointWriteError) else CheckpointWriteError(f"{point.path}: {error!r}")
+
+    def _submit(self, checkpoint: Any, completed_steps: int, key: bytes | None, *, write: bool) -> ResumePoint:
+        point = ResumePoint(os.path.join(self.directory, point_name(completed_steps)), completed_steps)
+        self._last = point
+        self._last_time = time.monotonic()
+        self._overdue = False
+        _ACTIVE.add(self)
+        if not write:  # another rank writes this point
+            point._finish(None)
+            return point
+        self._writing = point
+        # Not a daemon: a normal interpreter exit waits for the point to be durable.
+        self._writer = threading.Thread(
+            target=self._write, args=(point, checkpoint, key), name="trainer-resume-point", daemon=False
+        )
+        self._writer.start()
+        return point
+
+    def _write(self, point: ResumePoint, checkpoint: Any, key: bytes | None) -> None:
+        error: BaseException | None = None
+        try:
+            save_checkpoint(checkpoint, point.path, key=key)
+            del checkpoint  # the snapshot's host memory goes before the clean-up
+            retain_points(self.directory, point.completed_steps, self.keep)
+            remove_stale_temp_files(self.directory)
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+            error = exc
+            if os.path.exists(point.path) and not isinstance(exc, CheckpointWriteError):
+                # The point itself is durable; only removing old points failed.
+                _log.warning("resume point %s written, but removing older points failed: %r", point.path, exc)
+                error = None
+            else:
+                _log.error("resume point %s could not be written: %s", point.path, exc)
+        if error is None:
+            self.written += 1
+        else:
+            with self._lock:
+                self._unreported = point
+        point._finish(error)
+
+    def _collective_boundary(
+        self, completed_steps: int, snapshot: Callable[[], dict[str, Any]], key: bytes | None
+    ) -> CheckpointWriteError | None:
+        rank = _distributed.world()[1]
+        due, requested, failed = _distributed.any_ranks(
+            [self._due(completed_steps), bool(self._requested), rank == 0 and self._unreported is not None]
+        )
+        failure: CheckpointWriteError | None = None
+        if failed:
+            local = self._take_failure()
+            failure = local or CheckpointWriteError(
+                f"{self.directory}: rank 0 could not write its last resume point; the older points are intact"
+            )
+        if not (due or requested):
+            return failure
+        # Rank 0 writes, so its writer decides for every rank whether the point waits.
+        busy = _distributed.any_ranks([rank == 0 and self._busy()])[0]
+        if busy and self.when_busy == "skip" and not requested:
+            self._skip(completed_steps)
+            return failure
+        if rank == 0:
+            self.wait()
+        combined = _distributed.gather_pause(snapshot())  # type: ignore[arg-type]
+        point = self._submit(combined, completed_steps, key, write=rank == 0)
+        self._serve_requests(point)
+        return failure
