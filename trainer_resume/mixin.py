@@ -567,7 +567,15 @@ def _pause_checkpoint(
     # copy: to_cpu for a pause (written under the lock), host_snapshot for a resume
     # point (written while training changes the live tensors). sharded: the objects
     # every rank writes through DCP (a pause only; a resume point refuses DTensors).
-    sharded = sharded if sharded is not None else _sharded.ShardedObjects()
+    if sharded is None:  # a resume point: one file from rank 0, no sharded layout
+        found = _sharded.sharded_objects(trainer._resume_objects())
+        if found:
+            raise UnsupportedResumeConfigurationError(
+                f"{sorted(found.models)} have DTensor parameters (fully_shard): a resume point "
+                "is one file and would hold one rank's shards; pause() writes the sharded "
+                "pause directory such models need"
+            )
+        sharded = _sharded.ShardedObjects()
     settings = _settings(trainer, "pause()")
     objects = dict(trainer._resume_objects())
     shared = list(trainer._resume_shared_keys())

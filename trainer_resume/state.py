@@ -26,9 +26,13 @@ __all__ = [
     "LoaderState",
     "PauseCheckpoint",
     "PAUSE_FORMAT",
+    "SHARDED_FORMAT",
+    "ShardedFileEntry",
+    "ShardedManifest",
 ]
 
 PAUSE_FORMAT = "trainer_resume.pause/1"
+SHARDED_FORMAT = "trainer_resume.sharded/1"
 
 
 def cpu_state(value: Any) -> Any:
@@ -245,3 +249,25 @@ class PauseCheckpoint(TypedDict):
     loaders: dict[str, LoaderState]
     extra: dict[str, Any]
     rng: RandomState
+
+
+class ShardedFileEntry(TypedDict):
+    """Size and BLAKE3 digest (hex) of one file of a sharded pause's generation."""
+
+    size: int
+    blake3: str
+
+
+class ShardedManifest(TypedDict):
+    """The commit record of a sharded pause directory (``manifest.ckpt``).
+
+    Each ``rank-<r>.ckpt`` it names is a :class:`PauseCheckpoint` whose sharded
+    objects' entries only mark them as written through DCP.
+    """
+
+    format: str  # SHARDED_FORMAT
+    generation: str  # directory name of the committed generation
+    world_size: int  # ranks that paused
+    completed_steps: int
+    models: dict[str, list[str]]  # sharded model name -> its optimizers written through DCP
+    files: dict[str, ShardedFileEntry]  # path relative to the generation -> size, digest

@@ -8,6 +8,7 @@ So a model with DTensor parameters, and each optimizer over them, goes through
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,12 +45,10 @@ class ShardedObjects:
 
 
 def _is_dtensor(value: Any) -> bool:
-    if not isinstance(value, torch.Tensor) or not torch.distributed.is_available():
-        return False
-    # Imported late: builds without torch.distributed have no DTensor.
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(value, DTensor)
+    # No DTensor exists before its module is imported: a process that never shards
+    # a model does not pay for importing it (nor do builds without torch.distributed).
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
 
 
 def _fix() -> str:

@@ -21,27 +21,25 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any
 
 import blake3
 
 from ..errors import CheckpointCorruptedError, CheckpointFormatError
+from ..state import SHARDED_FORMAT, ShardedFileEntry, ShardedManifest
 
 __all__ = [
     "DCP_DIRECTORY",
     "MANIFEST_NAME",
-    "SHARDED_FORMAT",
-    "FileEntry",
-    "Manifest",
     "check_manifest",
     "file_entry",
     "generation_name",
+    "is_pause_directory",
     "rank_file",
     "verify_bytes",
     "verify_file",
 ]
 
-SHARDED_FORMAT = "trainer_resume.sharded/1"
 MANIFEST_NAME = "manifest.ckpt"
 DCP_DIRECTORY = "dcp"
 GENERATION = re.compile(r"gen-\d+-[0-9a-f]{16}")
@@ -50,22 +48,9 @@ _FILE_NAME = re.compile(r"(rank-\d+\.ckpt|dcp/[A-Za-z0-9_.\-]+)")
 _CHUNK = 1 << 20
 
 
-class FileEntry(TypedDict):
-    """Size and BLAKE3 digest (hex) of one file of a generation."""
-
-    size: int
-    blake3: str
-
-
-class Manifest(TypedDict):
-    """The commit record of a sharded pause (the payload of ``manifest.ckpt``)."""
-
-    format: str  # SHARDED_FORMAT
-    generation: str  # directory name of the committed generation
-    world_size: int  # ranks that paused
-    completed_steps: int
-    models: dict[str, list[str]]  # sharded model name -> its optimizers written through DCP
-    files: dict[str, FileEntry]  # path relative to the generation -> entry
+def is_pause_directory(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is a directory (a sharded pause, committed or not)."""
+    return os.path.isdir(path)
 
 
 def generation_name(completed_steps: int, token: str) -> str:
@@ -78,7 +63,7 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank}.ckpt"
 
 
-def file_entry(path: str) -> FileEntry:
+def file_entry(path: str) -> ShardedFileEntry:
     """Digest a written file and fsync it (a no-op cost when its writer synced it already)."""
     hasher = blake3.blake3()
     size = 0
@@ -93,7 +78,7 @@ def file_entry(path: str) -> FileEntry:
     return {"size": size, "blake3": hasher.hexdigest()}
 
 
-def verify_bytes(data: bytes, entry: FileEntry, where: str) -> None:
+def verify_bytes(data: bytes, entry: ShardedFileEntry, where: str) -> None:
     """Raise ``CheckpointCorruptedError`` unless ``data`` has the manifest's size and digest."""
     if len(data) != entry["size"]:
         raise CheckpointCorruptedError(
@@ -103,7 +88,7 @@ def verify_bytes(data: bytes, entry: FileEntry, where: str) -> None:
         raise CheckpointCorruptedError(f"{where}: BLAKE3 digest differs from the manifest")
 
 
-def verify_file(path: str, entry: FileEntry) -> None:
+def verify_file(path: str, entry: ShardedFileEntry) -> None:
     """Check a file against its manifest entry without keeping its bytes.
 
     Raises:
@@ -125,7 +110,7 @@ def verify_file(path: str, entry: FileEntry) -> None:
         raise CheckpointCorruptedError(f"{path}: BLAKE3 digest differs from the manifest")
 
 
-def check_manifest(manifest: Any, where: str) -> Manifest:
+def check_manifest(manifest: Any, where: str) -> ShardedManifest:
     """Validate a loaded manifest's layout (names, types, one file per rank, DCP metadata).
 
     Raises:

@@ -33,13 +33,11 @@ from ..errors import (
     ResumeStateMismatchError,
     UnsafeCheckpointError,
 )
-from ..state import PauseCheckpoint
+from ..state import PauseCheckpoint, ShardedFileEntry, ShardedManifest
 from .detect import SHARDED_STATE, sharded_objects
 from .manifest import (
     DCP_DIRECTORY,
     MANIFEST_NAME,
-    FileEntry,
-    Manifest,
     check_manifest,
     rank_file,
     verify_bytes,
@@ -47,18 +45,13 @@ from .manifest import (
 )
 from .write import dcp_state
 
-__all__ = ["ShardedPause", "WeightsOnlyLoadPlanner", "is_pause_directory", "open_pause"]
-
-
-def is_pause_directory(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a directory (a sharded pause, committed or not)."""
-    return os.path.isdir(path)
+__all__ = ["ShardedPause", "WeightsOnlyLoadPlanner", "open_pause"]
 
 
 class _VerifiedFileSystem(FileSystem):
     """DCP's file access, reading each file whole and checking it against the manifest first."""
 
-    def __init__(self, root: str, files: Mapping[str, FileEntry]) -> None:
+    def __init__(self, root: str, files: Mapping[str, ShardedFileEntry]) -> None:
         super().__init__()
         self._root = root
         self._files = files
@@ -110,7 +103,7 @@ class ShardedPause:
 
     location: str
     directory: str
-    manifest: Manifest
+    manifest: ShardedManifest
     checkpoint: PauseCheckpoint
 
     @property

@@ -31,15 +31,12 @@ from .. import distributed as _distributed
 from .._atomic import fsync_directory
 from ..durable import save_checkpoint
 from ..errors import CheckpointWriteError
-from ..state import PauseCheckpoint
+from ..state import SHARDED_FORMAT, PauseCheckpoint, ShardedFileEntry, ShardedManifest
 from .detect import ShardedObjects
 from .manifest import (
     DCP_DIRECTORY,
     GENERATION,
     MANIFEST_NAME,
-    SHARDED_FORMAT,
-    FileEntry,
-    Manifest,
     file_entry,
     generation_name,
     rank_file,
@@ -145,7 +142,7 @@ def write_pause(
         {f"{DCP_DIRECTORY}/{info.relative_path}" for info in metadata.storage_data.values()}
     )
     names.append(f"{DCP_DIRECTORY}/.metadata")
-    entries: dict[str, FileEntry] = {}
+    entries: dict[str, ShardedFileEntry] = {}
     error = None
     try:
         own = rank_file(rank)
@@ -155,10 +152,10 @@ def write_pause(
             entries[name] = file_entry(os.path.join(directory, name))
     except Exception as exc:  # noqa: BLE001 - announced to every rank by exchange()
         error = _write_error(target, f"writing rank {rank}'s files", exc)
-    files: dict[str, FileEntry] = {}
+    files: dict[str, ShardedFileEntry] = {}
     for part in _distributed.exchange(entries, action, error):
         files.update(part)
-    manifest: Manifest = {
+    manifest: ShardedManifest = {
         "format": SHARDED_FORMAT,
         "generation": generation,
         "world_size": world,
