@@ -26,8 +26,13 @@ FIRST, SECOND, KILLED = 2, 3, 5
 WORLD = 2
 
 
-def _launch(world: int, job: dict[str, Any], out, **options: Any) -> list[int | None]:
-    return launch(world, job, out, main=rank_main, **options)
+# Only a hung run waits this long; spawning ranks that import torch can take a minute
+# on a loaded machine, and a deadline hit there would fail a run that is fine.
+DEADLINE_S = 300.0
+
+
+def _launch(world: int, job: dict[str, Any], out) -> list[int | None]:
+    return launch(world, job, out, main=rank_main, timeout=DEADLINE_S)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +48,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "continue_after_pause": True,
         "kill": [1, KILLED],
     }
-    codes = _launch(WORLD, job, out, timeout=60)
+    codes = _launch(WORLD, job, out)
     return {
         "out": out,
         "pause": pause,
