@@ -140,12 +140,13 @@ def main(argv: list[str] | None = None) -> None:
         [[kind, f"{medians[kind]:.1f}", " ".join(f"{value:.1f}" for value in timed[kind]),
           f"{medians['DataLoader'] / medians[kind]:.3f}"] for kind in LOADERS],
     )
+    per_sample = {kind: profiles[kind]["categories_us_per_sample"] for kind in LOADERS}
     print_table(
         f"cProfile own time per sample by category, {args.profile_cost_us:.0f} µs spin (µs; the profiler inflates "
         "Python-level code)",
         ["category", *LOADERS, "difference"],
-        [[category, *(f"{profiles[kind]['categories_us_per_sample'][category]:.1f}" for kind in LOADERS),
-          f"{profiles['ResumableDataLoader']['categories_us_per_sample'][category] - profiles['DataLoader']['categories_us_per_sample'][category]:+.1f}"]
+        [[category, *(f"{per_sample[kind][category]:.1f}" for kind in LOADERS),
+          f"{per_sample['ResumableDataLoader'][category] - per_sample['DataLoader'][category]:+.1f}"]
          for category in CATEGORIES],
     )
     path = write_json(

@@ -77,6 +77,41 @@ def throughput_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
     return checks or [_missing(target, source, f"no run at {THROUGHPUT_COST_US:.0f} µs/sample")]
 
 
+CPU_RATIO_TARGETS = ((200.0, None, 0.97), (0.0, 0, 0.85))  # (µs/sample, num_workers or any, minimum)
+STATEFUL_SLACK = 0.02  # the noise of these machines, for "at least StatefulDataLoader's"
+
+
+def cpu_ratio_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
+    """DataLoader's CPU / ResumableDataLoader's: >= 0.97 at 200 µs/sample, >= 0.85 at 0 µs/sample
+    without workers, and at every point at least StatefulDataLoader's (within 0.02)."""
+    source = "loader_throughput.json"
+    target = "loader CPU ratio to DataLoader"
+    if data is None:
+        return [_missing(target, source, "no result from this run")]
+    checks = []
+    try:
+        for entry in data["results"]:
+            cost, workers = float(entry["cost_us"]), entry.get("num_workers")
+            ours = float(entry["cpu_ratio"])
+            setting = f"num_workers={workers}, {cost:.0f} µs/sample: "
+            for at_cost, at_workers, minimum in CPU_RATIO_TARGETS:
+                if abs(cost - at_cost) < 1e-9 and at_workers in (None, workers):
+                    checks.append(TargetCheck(
+                        f"{target} >= {minimum} at {at_cost:.0f} µs/sample"
+                        + (f", num_workers={at_workers}" if at_workers is not None else ""),
+                        _status(ours >= minimum), f"{setting}{ours:.3f}", source,
+                    ))
+            if "stateful_cpu_ratio" in entry:
+                theirs = float(entry["stateful_cpu_ratio"])
+                checks.append(TargetCheck(
+                    f"{target} >= StatefulDataLoader's - {STATEFUL_SLACK}",
+                    _status(ours >= theirs - STATEFUL_SLACK), f"{setting}{ours:.3f} vs {theirs:.3f}", source,
+                ))
+    except (KeyError, TypeError, ValueError) as error:
+        return [_missing(target, source, f"unexpected JSON layout ({type(error).__name__}: {error})")]
+    return checks or [_missing(target, source, "no run at a target setting")]
+
+
 def _medians(runs: Mapping[str, Sequence[float]]) -> dict[int, float]:
     return {int(position): statistics.median(times) for position, times in runs.items() if times}
 
@@ -198,6 +233,7 @@ def check_targets(results: Results) -> list[TargetCheck]:
     """Every target of the suite, checked from the scripts' JSON (None: no JSON from this run)."""
     return [
         *throughput_checks(results.get("loader_throughput")),
+        *cpu_ratio_checks(results.get("loader_throughput")),
         *resume_checks(results.get("loader_resume")),
         *pause_time_checks(results.get("checkpointing"), results.get("pause")),
         *pause_memory_checks(results.get("checkpointing")),

@@ -1,4 +1,4 @@
-"""Sharded pause of an FSDP2 model: pause time and per-rank peak memory, against gathering to rank 0.
+"""Sharded pause of an FSDP2 model: pause time and per-rank peak memory vs gathering to rank 0.
 
 Two gloo ranks on CPU shard a stack of Linear layers with ``fully_shard`` and take
 one AdamW step (so the optimizer state exists), then pause in turn, in rotating order:

@@ -33,7 +33,7 @@ def _net() -> nn.Module:
 
 
 class MixinTrainer(TrainingResumeMixin):
-    def __init__(self, *, num_replicas: int = 1) -> None:
+    def __init__(self, *, num_replicas: int = 1, resume_points: Any = None) -> None:
         torch.manual_seed(0)
         self.model = _net()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
@@ -46,8 +46,9 @@ class MixinTrainer(TrainingResumeMixin):
         )
         self.batches = iter(self.loader)
         self.seen = 0
+        config = {"lr": 0.01, "batch_size": BATCH_SIZE}
         self._initialize_training_resume(
-            {"lr": 0.01, "batch_size": BATCH_SIZE}, version="inspect-test/1"
+            config, version="inspect-test/1", resume_points=resume_points
         )
 
     def _resume_objects(self) -> dict[str, Any]:
@@ -73,17 +74,40 @@ def clone_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
 
 
-def mixin_pause(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
-    """A single-process pause file after ``STEPS`` steps, and the model's state then."""
-    if "mixin" not in _made:
-        path = tmp_path_factory.mktemp("mixin") / "pause.ckpt"
-        trainer = MixinTrainer()
+def mixin_pause(
+    tmp_path_factory: pytest.TempPathFactory, *, num_replicas: int = 1
+) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A single-process pause file after ``STEPS`` steps, and the model's state then.
+
+    With ``num_replicas=2`` the process reads rank 0's half of a 2-rank sharded stream.
+    """
+    name = f"mixin{num_replicas}"
+    if name not in _made:
+        path = tmp_path_factory.mktemp(name) / "pause.ckpt"
+        trainer = MixinTrainer(num_replicas=num_replicas)
         for _ in range(STEPS):
             trainer.step()
         trainer.pause(path)
         trainer.loader.close()
-        _made["mixin"] = (path, clone_state(trainer.model))
-    return _made["mixin"]
+        _made[name] = (path, clone_state(trainer.model))
+    return _made[name]
+
+
+def resume_point_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Resume points after steps 2 and 4, then a pause file at ``STEPS`` in the same directory."""
+    if "points" not in _made:
+        from trainer_resume.resume_points import ResumePoints
+
+        directory = tmp_path_factory.mktemp("points")
+        points = ResumePoints(directory, every_steps=2, when_busy="wait")
+        trainer = MixinTrainer(resume_points=points)
+        for _ in range(STEPS):
+            trainer.step()
+        points.wait()
+        trainer.pause(directory / "pause.ckpt")
+        trainer.loader.close()
+        _made["points"] = directory
+    return _made["points"]
 
 
 class _Features(Dataset):
@@ -128,7 +152,7 @@ def lightning_pause(
     if "lightning" not in _made:
         import pytorch_lightning as pl
 
-        from trainer_resume.adapters.lightning import ResumeCallback
+        from trainer_resume.adapters.lightning import DurableCheckpointIO, ResumeCallback
 
         class PauseAt(pl.Callback):
             def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
@@ -158,8 +182,18 @@ def lightning_pause(
         )
         trainer.fit(module, loader)
         assert resume.paused_at_step == LIGHTNING_PAUSE_STEP
+        # The same trainer's checkpoints written by Lightning's own IO and by DurableCheckpointIO.
+        trainer.save_checkpoint(path.with_name("lightning.ckpt"))
+        trainer.strategy.checkpoint_io = DurableCheckpointIO()
+        trainer.save_checkpoint(path.with_name("durable.ckpt"))
         _made["lightning"] = (path, clone_state(module))
     return _made["lightning"]
+
+
+def lightning_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Lightning checkpoints of the paused trainer: ``(plain, durable)`` (DurableCheckpointIO)."""
+    path, _ = lightning_pause(tmp_path_factory)
+    return path.with_name("lightning.ckpt"), path.with_name("durable.ckpt")
 
 
 def distributed_pause(

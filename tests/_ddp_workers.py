@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
+from trainer_resume import ResumePoints
 from trainer_resume.distributed import WorldSizeChangeWarning
 from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
 from trainer_resume.mixin import TrainingResumeMixin, training_step
@@ -110,6 +111,7 @@ class DDPTrainer(TrainingResumeMixin):
             None  # completed step at which this rank dies inside pause()
         )
         self.extra = {"marker": 1}
+        self.checkpoint_in_step = False  # the next step asks for a resume point (this rank only)
         self._initialize_training_resume(CONFIG, version="1")
 
     def _resume_objects(self) -> dict[str, Any]:
@@ -145,6 +147,9 @@ class DDPTrainer(TrainingResumeMixin):
         self.optimizer.step()
         self.scheduler.step()
         self.batches.append((x, y, ids))
+        if self.checkpoint_in_step:
+            self.checkpoint_in_step = False
+            self.checkpoint()  # taken by every rank when this step completes
 
 
 def _kill_at_replace(trainer: DDPTrainer, step: int) -> None:
@@ -177,7 +182,9 @@ def rank_main(
     ``more`` (run this many steps after resuming); ``resume`` (pause file);
     ``requests`` ({step: [pause file, requesting rank]}: that rank asks for a pause
     before the step, so all ranks pause when it completes); ``kill`` ([rank, step,
-    "state" | "replace"]).
+    "state" | "replace"]); ``points`` ([directory, every_steps]: take resume points);
+    ``resume_latest`` (resume from the newest point of ``points``); ``checkpoint``
+    ([step, rank]: that rank calls ``checkpoint()`` inside that step).
     """
     tag = job["tag"]
     _capture_stderr(Path(out, f"stderr_{tag}_rank{rank}.txt"))
@@ -192,6 +199,10 @@ def rank_main(
             timeout=timedelta(seconds=60),
         )
         trainer = DDPTrainer()
+        points = None
+        if job.get("points"):
+            points = ResumePoints(job["points"][0], every_steps=job["points"][1], when_busy="wait")
+            trainer._initialize_training_resume(CONFIG, version="1", resume_points=points)
         kill = job.get("kill")
         if kill is not None and kill[0] == rank:
             if kill[2] == "state":
@@ -210,6 +221,9 @@ def rank_main(
                 if issubclass(w.category, WorldSizeChangeWarning)
             ]
             resumed_steps = trainer.completed_steps
+        if job.get("resume_latest"):
+            trainer.resume_latest()
+            resumed_steps = trainer.completed_steps
         target = (
             job["steps"] if "steps" in job else trainer.completed_steps + job["more"]
         )
@@ -219,6 +233,8 @@ def rank_main(
             request = requests.get(trainer.completed_steps + 1)
             if request is not None and request[1] == rank:
                 trainer.request_pause(request[0])
+            if job.get("checkpoint") == [trainer.completed_steps + 1, rank]:
+                trainer.checkpoint_in_step = True
             trainer.step()
             if trainer.paused:
                 paused_at.append(trainer.completed_steps)
@@ -228,6 +244,8 @@ def rank_main(
                     )  # in-process: the same state
                     continue
                 break
+        if points is not None:
+            points.wait()  # a spawned rank ends with os._exit: nothing joins the writer
         torch.save(
             {
                 "model": trainer.module.state_dict(),

@@ -15,7 +15,9 @@ from trainer_resume import ResumePoints, SkippedCheckpointWarning, save_checkpoi
 from trainer_resume import resume_points as resume_points_module
 
 
-def points_trainer(directory: Any, config: dict[str, Any] | None = None, **options: Any) -> TinyTrainer:
+def points_trainer(
+    directory: Any, config: dict[str, Any] | None = None, **options: Any
+) -> TinyTrainer:
     """A TinyTrainer that takes resume points into ``directory``."""
     trainer = TinyTrainer(config)
     points = ResumePoints(directory, **options)

@@ -10,6 +10,7 @@ from benchmarks._report import (
     PASS,
     ScriptRun,
     check_targets,
+    cpu_ratio_checks,
     pause_memory_checks,
     pause_time_checks,
     render_results,
@@ -153,7 +154,7 @@ def test_rendered_results_show_each_check_status_and_figure() -> None:
     assert "**MISS** | num_workers=2: 0.900" in text
     assert "not available: missing" in text
     assert "fsync 1.000 s" in text
-    assert "2 passed, 1 missed, 2 not measured." in text
+    assert "2 passed, 1 missed, 3 not measured." in text  # no CPU figures in this JSON
 
 
 def test_throughput_checks_each_num_workers_row_at_200us_separately() -> None:
@@ -168,3 +169,28 @@ def test_throughput_checks_each_num_workers_row_at_200us_separately() -> None:
     at_0, at_2 = throughput_checks(data)
     assert at_0.status == PASS and at_0.measured.startswith("num_workers=0: 0.990")
     assert at_2.status == MISS and at_2.measured.startswith("num_workers=2: 0.900")
+
+
+def test_cpu_ratio_checks_each_target_point_and_stateful_dataloader_within_its_slack() -> None:
+    data = {
+        "results": [
+            {"num_workers": 0, "cost_us": 0.0, "cpu_ratio": 0.86, "stateful_cpu_ratio": 0.90},
+            {"num_workers": 0, "cost_us": 200.0, "cpu_ratio": 0.96, "stateful_cpu_ratio": 0.97},
+            {"num_workers": 2, "cost_us": 0.0, "cpu_ratio": 0.5, "stateful_cpu_ratio": 0.4},
+        ],
+    }
+    checks = cpu_ratio_checks(data)
+    statuses = [(check.target.split(" >= ")[1], check.status) for check in checks]
+    assert statuses == [
+        ("0.85 at 0 µs/sample, num_workers=0", PASS),
+        ("StatefulDataLoader's - 0.02", MISS),
+        ("0.97 at 200 µs/sample", MISS),
+        ("StatefulDataLoader's - 0.02", PASS),
+        ("StatefulDataLoader's - 0.02", PASS),
+    ]
+    assert checks[2].measured == "num_workers=0, 200 µs/sample: 0.960"
+
+
+def test_cpu_ratio_without_cpu_figures_is_not_measured() -> None:
+    [check] = cpu_ratio_checks({"results": [{"cost_us": 200.0, "num_workers": 0}]})
+    assert check.status == NOT_MEASURED

@@ -31,7 +31,10 @@ def test_demo_resumes_bit_identically_after_sigterm_and_weights_only_differs(tmp
     assert float(final.split()[-1]) > 0
     assert "  weights-only resume bit-identical: no" in lines
 
-    paused = re.search(r"SIGTERM sent after step (\d+), paused at step (\d+): pause file [\d,]+ B, exit status 0", result.stdout)
+    paused = re.search(
+        r"SIGTERM sent after step (\d+), paused at step (\d+): pause file [\d,]+ B, exit status 0",
+        result.stdout,
+    )
     assert paused and 4 <= int(paused.group(1)) <= int(paused.group(2)) < 16
     # The kept pause file is a real one: inspect reads the step it was written at.
     assert main(["inspect", str(workdir / "pause.ckpt"), "--json"]) == 0

@@ -8,12 +8,15 @@ import pytest
 import torch
 from _checkpoint_makers import (
     distributed_pause,
+    lightning_checkpoints,
     lightning_module_class,
     lightning_pause,
     mixin_pause,
 )
+from _cli import run_cli
 from safetensors.torch import load_file
 
+from trainer_resume.cli import main
 from trainer_resume.durable import save_checkpoint
 from trainer_resume.errors import CheckpointFormatError, CheckpointWriteError
 from trainer_resume.export import export_checkpoint
@@ -162,3 +165,43 @@ def test_a_failed_write_leaves_the_previous_export_intact(tmp_path_factory, tmp_
     monkeypatch.undo()
     assert (tmp_path / "model.pt").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+
+
+# ---------------------------------------------------------------------- the export command
+
+
+def test_export_command_writes_safetensors_when_the_output_ends_in_safetensors(
+    tmp_path_factory, tmp_path
+):
+    path, weights = mixin_pause(tmp_path_factory)
+    result = run_cli("export", str(path), "model.safetensors", cwd=tmp_path)  # the console script
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("wrote model.safetensors: model weights from 'model'")
+    assert_same_state(weights, load_file(tmp_path / "model.safetensors"))
+
+
+def test_export_command_writes_a_durable_lightning_checkpoint_as_a_plain_one(
+    tmp_path_factory, tmp_path, capsys
+):
+    _, durable = lightning_checkpoints(tmp_path_factory)
+    _, weights = lightning_pause(tmp_path_factory)
+    out = tmp_path / "plain.ckpt"
+    assert main(["export", str(durable), str(out), "--what", "all"]) == 0
+    assert "a plain Lightning checkpoint" in capsys.readouterr().out
+    module = lightning_module_class().load_from_checkpoint(out, map_location="cpu")
+    assert_same_state(weights, module.state_dict())
+
+
+def test_export_command_names_the_objects_when_the_model_is_ambiguous(tmp_path, capsys):
+    states = {"generator": {"w": torch.ones(2)}, "discriminator": {"w": torch.zeros(2)}}
+    save_checkpoint(states, tmp_path / "gan.ckpt")
+    assert main(["export", str(tmp_path / "gan.ckpt"), str(tmp_path / "out.pt")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1
+    assert "--object NAME" in error and "'generator', 'discriminator'" in error
+
+
+def test_export_command_refuses_a_plain_file_with_code_321(tmp_path, capsys):
+    torch.save({"w": torch.ones(2)}, tmp_path / "plain.pt")
+    assert main(["export", str(tmp_path / "plain.pt"), str(tmp_path / "out.pt")]) == 3
+    assert capsys.readouterr().err.startswith("error [321]: ")

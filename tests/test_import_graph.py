@@ -113,7 +113,7 @@ def test_the_graph_sees_function_level_and_relative_imports():
     # cli/__init__.py imports its subcommands inside the dispatcher only.
     assert {"trainer_resume.cli.demo", "trainer_resume.cli.inspect"} <= graph["trainer_resume.cli"]
     assert "trainer_resume.cli._common" in graph["trainer_resume.cli.inspect"]
-    assert "trainer_resume.durable" in graph["trainer_resume.cli.inspect"]
+    assert "trainer_resume.checkpoint_files" in graph["trainer_resume.cli.inspect"]
 
 
 def test_the_cycle_finder_reports_a_loop_through_three_modules():
@@ -122,8 +122,13 @@ def test_the_cycle_finder_reports_a_loop_through_three_modules():
 
 
 def test_type_checking_imports_are_not_edges():
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import x\nelse:\n    import y\n")
-    assert [ast.unparse(node) for node in _import_nodes(tree)] == ["import y", "from typing import TYPE_CHECKING"]
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import x\nelse:\n    import y\n"
+    )
+    assert [ast.unparse(node) for node in _import_nodes(tree)] == [
+        "import y",
+        "from typing import TYPE_CHECKING",
+    ]
 
 
 def test_package_has_no_import_cycle():

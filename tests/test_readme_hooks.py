@@ -34,7 +34,9 @@ def _inherited_underscored_names() -> set[str]:
 
 def test_every_underscored_name_of_the_mixin_is_a_documented_hook():
     undocumented = _inherited_underscored_names() - _hook_table_names()
-    assert not undocumented, f"add these to the README's hook table or move them out of the class: {undocumented}"
+    assert not undocumented, (
+        f"add these to the README's hook table or move them out of the class: {undocumented}"
+    )
 
 
 def test_the_hook_table_names_only_what_the_mixin_has():

@@ -69,7 +69,10 @@ def test_point_holds_what_a_pause_at_the_same_step_holds(tmp_path):
 def test_point_keeps_the_state_of_its_step_while_training_goes_on(tmp_path, monkeypatch):
     reference = TinyTrainer()
     run_steps(reference, 3)
-    expected = {"model": reference.model.state_dict(), "optimizer": reference.optimizer.state_dict()}
+    expected = {
+        "model": reference.model.state_dict(),
+        "optimizer": reference.optimizer.state_dict(),
+    }
 
     writes = GatedWrites(monkeypatch)
     trainer = points_trainer(tmp_path, every_steps=3)
@@ -157,7 +160,9 @@ def test_failed_background_write_is_raised_by_the_next_step_and_older_points_sta
     points.wait()
     with pytest.raises(CheckpointWriteError) as caught:
         trainer.train_step()  # step 7 reports it
-    assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC
+    assert (
+        isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC
+    )
     assert trainer.completed_steps == 7  # the step itself completed
     assert sorted(os.listdir(tmp_path)) == [point_name(2), point_name(4)]  # no temp file left
     for steps, path in list_points(tmp_path):
@@ -315,3 +320,24 @@ def test_finish_retires_the_points_and_resume_latest_reports_the_finished_run(tm
 def test_resume_points_refuse_settings_that_cannot_work(tmp_path, options, error):
     with pytest.raises(error):
         ResumePoints(tmp_path, **options)
+
+
+def test_resume_points_of_a_sharded_model_are_refused_before_anything_is_written(tmp_path):
+    import torch.distributed as dist
+    from _fsdp_workers import CONFIG, FSDPTrainer
+
+    from trainer_resume import UnsupportedResumeConfigurationError
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        trainer = FSDPTrainer()
+        points = ResumePoints(tmp_path / "points", every_steps=1)
+        trainer._initialize_training_resume(CONFIG, version="1", resume_points=points)
+        with pytest.raises(
+            UnsupportedResumeConfigurationError, match="resume points of a sharded model"
+        ):
+            trainer.step()
+        assert os.listdir(tmp_path / "points") == []
+        trainer.loader.close()
+    finally:
+        dist.destroy_process_group()

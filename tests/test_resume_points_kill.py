@@ -58,7 +58,9 @@ def test_run_killed_20_times_at_random_moments_ends_bit_identical_to_an_uninterr
     resumed_at = []
     for kill in range(KILLS + 1):
         ready = tmp_path / f"ready-{kill}"
-        child = context.Process(target=train_with_points, args=(str(points), str(losses), str(ready)))
+        child = context.Process(
+            target=train_with_points, args=(str(points), str(losses), str(ready))
+        )
         child.start()
         if kill == KILLS:  # the last child runs to the end
             child.join(120)
@@ -93,7 +95,9 @@ def test_run_killed_20_times_at_random_moments_ends_bit_identical_to_an_uninterr
     for index, state in reference.optimizer.state_dict()["state"].items():
         for name, value in state.items():
             assert torch.equal(final["optimizer"]["state"][index][name], value), (index, name)
-    assert not [entry for entry in os.listdir(points) if entry.startswith(".")], "temp files left behind"
+    assert not [entry for entry in os.listdir(points) if entry.startswith(".")], (
+        "temp files left behind"
+    )
 
 
 def test_interpreter_exit_waits_for_the_point_being_written(tmp_path):

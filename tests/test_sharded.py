@@ -239,15 +239,3 @@ def test_a_sharded_pause_is_signed_with_the_trainers_key_and_refused_under_anoth
     trainer._initialize_training_resume(_ddp_workers.CONFIG, version="1", key=b"x" * 32)
     _assert_refused_unchanged(trainer, tmp_path / "pause", CheckpointSignatureError, "manifest")
 
-
-def test_a_resume_point_of_a_sharded_model_is_refused_naming_the_sharded_pause(one_rank, tmp_path):
-    import _ddp_workers
-
-    from trainer_resume.resume_points import ResumePoints
-
-    trainer = _trainer(one_rank, 1)
-    points = ResumePoints(tmp_path / "points", every_steps=1)
-    trainer._initialize_training_resume(_ddp_workers.CONFIG, version="1", resume_points=points)
-    with pytest.raises(UnsupportedResumeConfigurationError, match="pause\\(\\) writes the sharded"):
-        trainer.checkpoint()
-    assert not any(path.is_file() for path in (tmp_path / "points").rglob("*"))

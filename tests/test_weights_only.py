@@ -23,7 +23,14 @@ ACCEPTED_EVERYWHERE = {
     "scalars": [True, 1, 2.5, 1j, "s", None, torch.float16, torch.device("cpu")],
     "containers": (OrderedDict(a=1), torch.Size([2, 3]), {(1, 2): [3]}),
 }
-REFUSED = [np.zeros(2), np.float64(1.0), torch.zeros(2).as_subclass(_Sub), object(), range(3), frozenset({1})]
+REFUSED = [
+    np.zeros(2),
+    np.float64(1.0),
+    torch.zeros(2).as_subclass(_Sub),
+    object(),
+    range(3),
+    frozenset({1}),
+]
 
 
 def _loads_weights_only(value) -> bool:
@@ -37,24 +44,53 @@ def _loads_weights_only(value) -> bool:
     return True
 
 
-@pytest.mark.parametrize("value", [ACCEPTED_EVERYWHERE, b"x", b"", bytearray(b"x"), {1, 2}, *REFUSED], ids=repr)
+@pytest.mark.parametrize(
+    "value",
+    [ACCEPTED_EVERYWHERE, b"x", b"", bytearray(b"x"), {1, 2}, *REFUSED],
+    ids=repr,
+)
 def test_the_check_agrees_with_the_installed_torchs_weights_only_load(value):
     assert (refused_entry({"v": value}, "state") is None) == _loads_weights_only({"v": value})
 
 
 def test_pause_and_reuse_checks_name_the_same_refused_entry():
     state = {"pool": [torch.zeros(1), np.zeros(2)]}
-    with pytest.raises(TypeError, match=r"^checkpoint\['pool'\]\[1\] is a numpy.ndarray \(convert with torch"):
+    with pytest.raises(
+        TypeError,
+        match=r"^checkpoint\['pool'\]\[1\] is a numpy.ndarray \(convert with torch",
+    ):
         check_saveable(state)
-    with pytest.raises(TypeError, match=r"index 3 .*: sample\['pool'\]\[1\] is a numpy.ndarray \(convert with torch"):
+    with pytest.raises(
+        TypeError,
+        match=r"index 3 .*: sample\['pool'\]\[1\] is a numpy.ndarray \(convert with torch",
+    ):
         check_storable(state, index=3)
 
 
 def test_a_refused_dict_key_is_named_as_a_key():
-    assert refused_entry({np.int64(1): 0}, "state") == "a key of state is a numpy.int64 (convert with torch.from_numpy)"
+    assert (
+        refused_entry({np.int64(1): 0}, "state")
+        == "a key of state is a numpy.int64 (convert with torch.from_numpy)"
+    )
 
 
 def test_a_self_referencing_list_is_checked_once():
     looped: list = [1]
     looped.append(looped)
     assert refused_entry(looped, "state") is None
+
+
+class _Allowed:
+    pass
+
+
+def test_a_class_allowed_with_add_safe_globals_is_accepted_like_the_loader_does():
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([_Allowed])
+    try:
+        assert refused_entry({"v": _Allowed()}, "state") is None
+        assert _loads_weights_only({"v": _Allowed()})
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
+    assert refused_entry({"v": _Allowed()}, "state") == f"state['v'] is a {__name__}._Allowed"

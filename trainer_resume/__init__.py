@@ -10,6 +10,7 @@ from .distributed import WorldSizeChangeWarning
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header, save_checkpoint
 from .finished import FinishedRun, mark_finished, run_finished
 from .mixin import TrainingResumeMixin, serialized_training, training_step
+from .pause_signals import PauseSignalWarning, pause_signals_blocked
 from .point_files import SkippedCheckpointWarning
 from .resume_points import ResumePoint, ResumePoints
 from .rng import derive_seed, random_state, restore_random_state, rng_scope
@@ -36,6 +37,8 @@ __all__ = [
     "config_difference",
     "canonical_config",
     "WorldSizeChangeWarning",
+    "PauseSignalWarning",
+    "pause_signals_blocked",
     "run_finished",
     "mark_finished",
     "FinishedRun",

@@ -5,17 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import FrameType, TracebackType
-from typing import Any
 
+from ._signals import DEFAULT_PAUSE_SIGNALS, Handler, install_handlers, restore_handlers
 from ._step_guard import StepGuard
 
 __all__ = ["DEFAULT_PAUSE_SIGNALS", "SignalPause"]
-
-DEFAULT_PAUSE_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
-
-_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 class SignalPause:
@@ -35,15 +31,10 @@ class SignalPause:
         self.signals = tuple(signal.Signals(number) for number in signals)
         if not self.signals:
             raise ValueError("pause_on_signal() needs at least one signal")
-        self.previous: dict[signal.Signals, _Handler] = {}
+        self.previous: dict[signal.Signals, Handler] = {}
         self.received: signal.Signals | None = None
         self._guard = guard
-        try:
-            for number in self.signals:
-                self.previous[number] = signal.signal(number, self._handle)
-        except BaseException:
-            self.restore()
-            raise
+        install_handlers(self.signals, self._handle, self.previous)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Attribute stores only: the handler may interrupt the main thread anywhere,
@@ -53,9 +44,8 @@ class SignalPause:
 
     def restore(self) -> None:
         """Put back the handlers that were installed before (idempotent)."""
-        while self.previous:
-            number, handler = self.previous.popitem()
-            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+        restore_handlers(self.previous)
+        self.previous.clear()
 
     @property
     def active(self) -> bool:

@@ -8,13 +8,14 @@ while the state is still at hand, not when a later run fails to load the file.
 from __future__ import annotations
 
 import io
+import pickle
 from collections import OrderedDict
 from functools import cache
 from typing import Any
 
 import torch
 
-__all__ = ["refused_entry"]
+__all__ = ["refusal_reason", "refused_entry"]
 
 # Exact types: a NumPy float64 is a float subclass but is pickled as a NumPy object.
 _ALWAYS: frozenset[type] = frozenset(
@@ -26,7 +27,12 @@ _MAPPINGS = frozenset({dict, OrderedDict})
 # Accepted by newer torch releases only (bytes and bytearray since 2.5, set since 2.6),
 # and empty bytes (pickled as a call of ``bytes()``) not even by those: probed once in
 # the installed torch, so the check says what this torch will load.
-_PROBES: dict[str, Any] = {"bytes": b"x", "empty bytes": b"", "bytearray": bytearray(b"x"), "set": {0}}
+_PROBES: dict[str, Any] = {
+    "bytes": b"x",
+    "empty bytes": b"",
+    "bytearray": bytearray(b"x"),
+    "set": {0},
+}
 
 
 @cache
@@ -44,6 +50,16 @@ def _accepted_by_this_torch() -> frozenset[str]:
     return frozenset(accepted)
 
 
+def _allowed_by_user(kind: type) -> bool:
+    # Classes allowed with torch.serialization.add_safe_globals (torch 2.4 and later).
+    get_safe_globals = getattr(torch.serialization, "get_safe_globals", None)
+    if get_safe_globals is None:
+        return False
+    return any(
+        (entry[0] if isinstance(entry, tuple) else entry) is kind for entry in get_safe_globals()
+    )
+
+
 def _loadable_scalar(value: Any, accepted: frozenset[str]) -> bool:
     kind = type(value)
     if kind in _ALWAYS or kind in _TENSORS:
@@ -58,7 +74,8 @@ def refused_entry(value: Any, where: str) -> str | None:
 
     Accepted: tensors and parameters (exact types), numbers, str, None, dtypes,
     devices, and lists, tuples, ``torch.Size``, dicts and OrderedDicts of them (keys
-    too); bytes (not empty), bytearray and sets where the installed torch loads them.
+    too); bytes (not empty), bytearray and sets where the installed torch loads them;
+    classes allowed with ``torch.serialization.add_safe_globals``.
 
     Args:
         value: The nested state about to be saved.
@@ -75,12 +92,18 @@ def refused_entry(value: Any, where: str) -> str | None:
 
 
 def _refused(
-    value: Any, where: str, accepted: frozenset[str], sequences: frozenset[type], seen: set[int]
+    value: Any,
+    where: str,
+    accepted: frozenset[str],
+    sequences: frozenset[type],
+    seen: set[int],
 ) -> str | None:
     if _loadable_scalar(value, accepted):
         return None
     kind = type(value)
     if kind not in sequences and kind not in _MAPPINGS:
+        if _allowed_by_user(kind):
+            return None
         hint = " (convert with torch.from_numpy)" if kind.__module__.startswith("numpy") else ""
         empty = " (empty bytes)" if kind is bytes else ""
         return f"{where} is a {kind.__module__}.{kind.__qualname__}{hint}{empty}"
@@ -99,3 +122,20 @@ def _refused(
         if found:
             return found
     return None
+
+
+def refusal_reason(error: pickle.UnpicklingError) -> str:
+    """What a weights-only load refused, in one line (the global it would not unpickle)."""
+    # torch's message is a page of advice (retry with weights_only=False); the line
+    # naming the refused global is the news.
+    text = str(error)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        return text.split(marker, 1)[1].strip().split(". ", 1)[0]
+    # Other torch releases and paths put the news in a paragraph of its own
+    # ("Trying to load unsupported GLOBAL ...") between the advice and a docs link.
+    paragraphs = [part.strip() for part in text.split("\n\n") if part.strip()]
+    for paragraph in paragraphs[1:]:
+        if "GLOBAL" in paragraph:
+            return paragraph.splitlines()[0]
+    return paragraphs[0].splitlines()[0] if paragraphs else type(error).__name__

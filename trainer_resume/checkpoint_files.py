@@ -13,6 +13,7 @@ kind                   content
 ``pause``              a pause file of ``TrainingResumeMixin`` (one process or several)
 ``lightning pause``    a Lightning checkpoint with ``ResumeCallback``'s pause entry
 ``lightning``          any other Lightning checkpoint
+``finished``           the marker of a finished run (``mark_finished``)
 ``checkpoint``         anything else in trainer-resume's format (``save_checkpoint``)
 ``torch``              anything else ``torch.save`` wrote
 =====================  ==========================================================
@@ -28,13 +29,16 @@ from typing import Any
 
 import torch
 
+from ._weights_only import refusal_reason
 from .adapters.lightning_files import PAUSE_KEY, is_lightning_checkpoint
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header
 from .errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
+from .finished import FINISHED_FORMAT
 from .state import PAUSE_FORMAT
 
 __all__ = [
     "CHECKPOINT",
+    "FINISHED",
     "LIGHTNING",
     "LIGHTNING_PAUSE",
     "PAUSE",
@@ -48,6 +52,7 @@ __all__ = [
 PAUSE = "pause"
 LIGHTNING_PAUSE = "lightning pause"
 LIGHTNING = "lightning"
+FINISHED = "finished"
 CHECKPOINT = "checkpoint"
 TORCH = "torch"
 
@@ -83,6 +88,8 @@ def kind_of(content: Any) -> str:
     """The kind of a loaded checkpoint (module docstring); ``checkpoint`` for other content."""
     if isinstance(content, Mapping) and content.get("format") == PAUSE_FORMAT:
         return PAUSE
+    if isinstance(content, Mapping) and content.get("format") == FINISHED_FORMAT:
+        return FINISHED
     if is_lightning_checkpoint(content):
         return LIGHTNING_PAUSE if PAUSE_KEY in content else LIGHTNING
     return CHECKPOINT
@@ -136,17 +143,19 @@ def _load_plain(path: str) -> Any:
         # mmap: a large file is described without reading every tensor into memory.
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UnsafeCheckpointError(f"{path}: {reason}") from error
+        raise UnsafeCheckpointError(f"{path}: {refusal_reason(error)}") from error
     except (RuntimeError, ValueError, EOFError, OSError) as error:
         if isinstance(error, FileNotFoundError):
             raise
         raise CheckpointFormatError(f"{path}: torch.load cannot read it ({error})") from error
 
 
-def tensor_totals(value: Any) -> tuple[int, int]:
-    """Number and bytes of the distinct tensors in nested state (a shared tensor counts once)."""
-    seen: set[int] = set()
+def tensor_totals(value: Any, seen: set[int] | None = None) -> tuple[int, int]:
+    """Number and bytes of the distinct tensors in nested state (a shared tensor counts once).
+
+    Pass the same ``seen`` to several calls to count a tensor shared between them once.
+    """
+    seen = set() if seen is None else seen
     count = size = 0
     stack = [value]
     while stack:

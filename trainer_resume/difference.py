@@ -61,9 +61,15 @@ def _join(path: str, key: Any) -> str:
     return f"{path}/{key}" if path else str(key)
 
 
-def _tensor_difference(expected: torch.Tensor, actual: torch.Tensor, path: str) -> Difference | None:
+def _tensor_difference(
+    expected: torch.Tensor, actual: torch.Tensor, path: str
+) -> Difference | None:
     if expected.dtype != actual.dtype or expected.shape != actual.shape:
-        return Difference(path, f"{expected.dtype}{list(expected.shape)} != {actual.dtype}{list(actual.shape)}", None)
+        return Difference(
+            path,
+            f"{expected.dtype}{list(expected.shape)} != {actual.dtype}{list(actual.shape)}",
+            None,
+        )
     if torch.equal(expected, actual):
         return None
     same = expected == actual
@@ -73,7 +79,9 @@ def _tensor_difference(expected: torch.Tensor, actual: torch.Tensor, path: str) 
         return None
     gap = _tensor_gap(expected, actual)
     count = int((~same).sum())
-    return Difference(path, f"{count} of {expected.numel()} values, max abs difference {gap:.6g}", gap)
+    return Difference(
+        path, f"{count} of {expected.numel()} values, max abs difference {gap:.6g}", gap
+    )
 
 
 def _tensor_gap(expected: torch.Tensor, actual: torch.Tensor) -> float:
@@ -117,7 +125,11 @@ def _difference(expected: Any, actual: Any, path: str) -> Difference | None:
         if expected == actual or (_is_nan(expected) and _is_nan(actual)):
             return None
         gap = abs(expected - actual)
-        return Difference(path, f"{expected!r} != {actual!r}, max abs difference {gap:.6g}", float(gap))
+        return Difference(
+            path,
+            f"{expected!r} != {actual!r}, max abs difference {gap:.6g}",
+            float(gap),
+        )
     if type(expected) is not type(actual) or expected != actual:
         return Difference(path, f"{expected!r} != {actual!r}", None)
     return None
@@ -128,7 +140,11 @@ def _is_number(value: Any) -> bool:
 
 
 def _is_nan(value: Any) -> bool:
-    return cmath.isnan(value) if isinstance(value, complex) else isinstance(value, float) and math.isnan(value)
+    return (
+        cmath.isnan(value)
+        if isinstance(value, complex)
+        else isinstance(value, float) and math.isnan(value)
+    )
 
 
 def _max_difference(expected: Any, actual: Any) -> float:
@@ -139,11 +155,17 @@ def _max_difference(expected: Any, actual: Any) -> float:
     if isinstance(expected, Mapping) and isinstance(actual, Mapping):
         if list(expected) != list(actual) and set(expected) != set(actual):
             return math.inf
-        return max((_max_difference(expected[key], actual[key]) for key in expected), default=0.0)
+        return max(
+            (_max_difference(expected[key], actual[key]) for key in expected),
+            default=0.0,
+        )
     if isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
         if len(expected) != len(actual):
             return math.inf
-        return max((_max_difference(left, right) for left, right in zip(expected, actual)), default=0.0)
+        return max(
+            (_max_difference(left, right) for left, right in zip(expected, actual)),
+            default=0.0,
+        )
     if _is_number(expected) and _is_number(actual):
         if _is_nan(expected) and _is_nan(actual):
             return 0.0

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,7 +42,7 @@ from .errors import (
     ResumeStateMismatchError,
 )
 from .rng import derive_seed, random_state, restore_random_state, seed_cpu_generators
-from .state import PauseCheckpoint, RandomState
+from .state import DistributedPauseState, PauseCheckpoint, RandomState, RankPauseState
 
 __all__ = [
     "DISTRIBUTED_FORMAT",
@@ -71,29 +71,6 @@ DISTRIBUTED_KEY = "distributed"
 
 class WorldSizeChangeWarning(UserWarning):
     """A pause is resumed with another number of ranks: sample-exact, not bit-comparable."""
-
-
-class RankPauseState(TypedDict):
-    """What differs between ranks at a pause."""
-
-    loaders: dict[
-        str, Any
-    ]  # name -> LoaderState (the same global cursor on every rank)
-    extra: dict[str, Any]
-    rng: RandomState
-
-
-class DistributedPauseState(TypedDict):
-    """The ``"distributed"`` entry of a pause file written by several ranks.
-
-    The top-level ``loaders`` / ``extra`` / ``rng`` of the file are rank 0's, so the
-    file also reads as a single-process pause file.
-    """
-
-    format: str  # DISTRIBUTED_FORMAT
-    world_size: int
-    rng_base_seed: int  # base of the per-rank RNG re-derived for another world size
-    ranks: list[RankPauseState]  # by rank
 
 
 # ----------------------------------------------------------------------- the group
@@ -254,14 +231,14 @@ def gather_pause(checkpoint: PauseCheckpoint) -> PauseCheckpoint | None:
 
 def combined_pause(checkpoint: PauseCheckpoint, ranks: list[RankPauseState]) -> PauseCheckpoint:
     """Rank 0's checkpoint with every rank's loader, extra and RNG state under ``"distributed"``."""
-    combined = dict(checkpoint)
-    combined[DISTRIBUTED_KEY] = {
+    combined = checkpoint.copy()
+    combined["distributed"] = {
         "format": DISTRIBUTED_FORMAT,
         "world_size": len(ranks),
         "rng_base_seed": _rng_base_seed(checkpoint["rng"]),
         "ranks": ranks,
     }
-    return combined  # type: ignore[return-value]
+    return combined
 
 
 def commit(write: Callable[[], None], path: str) -> None:
@@ -370,8 +347,8 @@ def rank_view(
             differ, so they cannot be redistributed over another world size.
     """
     saved_world, ranks, base = _ranks(checkpoint, location)
-    view: dict[str, Any] = dict(checkpoint)
-    view.pop(DISTRIBUTED_KEY, None)
+    view = checkpoint.copy()
+    view.pop("distributed", None)
     if saved_world == world_size:
         mine = ranks[rank]
         view["loaders"], view["extra"], view["rng"] = (
@@ -379,7 +356,7 @@ def rank_view(
             mine["extra"],
             mine["rng"],
         )
-        return view  # type: ignore[return-value]
+        return view
     for name in ("loaders", "extra"):
         for index, other in enumerate(ranks[1:], start=1):
             if first_difference(other[name], ranks[0][name]) is not None:
@@ -406,7 +383,7 @@ def rank_view(
         ),
         stacklevel=3,
     )
-    return view  # type: ignore[return-value]
+    return view
 
 
 def _single_base(state: Any) -> int:

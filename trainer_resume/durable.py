@@ -36,6 +36,7 @@ from typing import Any, BinaryIO
 import torch
 
 from ._atomic import DigestingWriter, TempFile, replace_atomically
+from ._weights_only import refusal_reason
 from .errors import (
     CheckpointCorruptedError,
     CheckpointFormatError,
@@ -146,7 +147,7 @@ def load_checkpoint(
         try:
             return torch.load(payload, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as exc:
-            raise UnsafeCheckpointError(f"{where}: {_unsafe_reason(exc)}") from exc
+            raise UnsafeCheckpointError(f"{where}: {refusal_reason(exc)}") from exc
 
 
 def read_checkpoint_header(
@@ -169,15 +170,6 @@ def read_checkpoint_header(
     where = os.fsdecode(path)
     with open(where, "rb", buffering=0) as raw:
         return _verify(raw, where, key)
-
-
-def _unsafe_reason(exc: pickle.UnpicklingError) -> str:
-    # torch's message is a page of advice; the line naming the refused global is the news.
-    text = str(exc)
-    marker = "WeightsUnpickler error:"
-    if marker in text:
-        return text.split(marker, 1)[1].strip().split(". ", 1)[0]
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
 def _check_key(key: Any) -> bytes | None:

@@ -21,12 +21,14 @@ from ._pause_checks import check_layout, object_states
 from .adapters.lightning_files import plain_checkpoint, save_plain_checkpoint
 from .checkpoint_files import (
     CHECKPOINT,
+    FINISHED,
     LIGHTNING,
     LIGHTNING_PAUSE,
     PAUSE,
     read_checkpoint_file,
     tensor_totals,
 )
+from .errors import CheckpointFormatError
 
 __all__ = ["DEFAULT_OBJECT", "ExportResult", "export_checkpoint"]
 
@@ -132,6 +134,10 @@ def export_checkpoint(
     source_path = os.fspath(path)
     target = os.fspath(out)
     file = read_checkpoint_file(source_path, key=key, plain=False)
+    if file.kind == FINISHED:
+        raise CheckpointFormatError(
+            f"{source_path} is the finished marker of a run: it holds no state"
+        )
     if file.kind == PAUSE:
         check_layout(file.content, source_path)
     if what == "all":

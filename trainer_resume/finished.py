@@ -29,6 +29,7 @@ from typing import NamedTuple
 from ._atomic import fsync_directory
 from .durable import load_checkpoint, save_checkpoint
 from .errors import CheckpointFormatError, RunFinishedError
+from .state import FinishedMarker
 
 __all__ = [
     "FINISHED_FORMAT",
@@ -83,7 +84,7 @@ def mark_finished(path: StrPath, *, completed_steps: int, key: bytes | None = No
         raise TypeError(f"completed_steps must be an int, got {completed_steps!r}")
     location = os.fspath(path)
     marker = finished_marker_path(location)
-    record = {
+    record: FinishedMarker = {
         "format": FINISHED_FORMAT,
         "completed_steps": completed_steps,
         "finished_at": time.time(),

@@ -279,8 +279,9 @@ class TrainingResumeMixin:
         The file is verified and checked completely (format, module version, config
         signature, entries, every object's state against the live object: keys,
         shapes, dtypes, optimizer parameter groups; loader states,
-        ``_validate_resume``, RNG state) before anything changes; a refusal leaves the trainer as it was. Objects, loaders,
-        extra state and iterators are then restored, the main-process RNG last.
+        ``_validate_resume``, RNG state) before anything changes; a refusal leaves
+        the trainer as it was. Objects, loaders, extra state and iterators are then
+        restored, the main-process RNG last.
 
         Args:
             path: A file written by ``pause()``, or the directory of a sharded pause
@@ -566,16 +567,8 @@ def _pause_checkpoint(
 ) -> PauseCheckpoint:
     # copy: to_cpu for a pause (written under the lock), host_snapshot for a resume
     # point (written while training changes the live tensors). sharded: the objects
-    # every rank writes through DCP (a pause only; a resume point refuses DTensors).
-    if sharded is None:  # a resume point: one file from rank 0, no sharded layout
-        found = _sharded.sharded_objects(trainer._resume_objects())
-        if found:
-            raise UnsupportedResumeConfigurationError(
-                f"{sorted(found.models)} have DTensor parameters (fully_shard): a resume point "
-                "is one file and would hold one rank's shards; pause() writes the sharded "
-                "pause directory such models need"
-            )
-        sharded = _sharded.ShardedObjects()
+    # every rank writes through DCP (a pause only; host_snapshot refuses DTensors).
+    sharded = sharded if sharded is not None else _sharded.ShardedObjects()
     settings = _settings(trainer, "pause()")
     objects = dict(trainer._resume_objects())
     shared = list(trainer._resume_shared_keys())

@@ -96,7 +96,12 @@ def candidates(
     found = [Candidate(path, steps, True) for steps, path in list_points(location)]
     for entry in _entries(location):
         path = os.path.join(location, entry)
-        if entry.startswith(".") or entry == marker or _POINT.fullmatch(entry) or not os.path.isfile(path):
+        if (
+            entry.startswith(".")
+            or entry == marker
+            or _POINT.fullmatch(entry)
+            or not os.path.isfile(path)
+        ):
             continue
         try:
             found.append(Candidate(path, steps_of(load_checkpoint(path, key=key)), False))
@@ -166,7 +171,9 @@ def remove_points(directory: StrPath) -> list[str]:
 def remove_stale_temp_files(directory: StrPath) -> None:
     """Remove the temp files of writers (any target name) that are no longer running."""
     location = os.fspath(directory)
-    targets = {match.group("target") for entry in _entries(location) if (match := _TEMP.fullmatch(entry))}
+    targets = {
+        match.group("target") for entry in _entries(location) if (match := _TEMP.fullmatch(entry))
+    }
     for target in sorted(targets):
         remove_stale_temps(location, target)
 

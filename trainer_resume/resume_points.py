@@ -139,7 +139,9 @@ class ResumePoint:
             TimeoutError: ``timeout`` seconds passed first.
         """
         if not self._done.wait(timeout):
-            raise TimeoutError(f"resume point {self.path or '(not taken yet)'} not durable after {timeout} s")
+            raise TimeoutError(
+                f"resume point {self.path or '(not taken yet)'} not durable after {timeout} s"
+            )
         if self._error is not None:
             self.reported = True
             raise self._error
@@ -202,7 +204,9 @@ class ResumePoints:
         keep: int = 3,
         when_busy: WhenBusy = "skip",
     ) -> None:
-        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)):
+        if every_steps is not None and (
+            isinstance(every_steps, bool) or not isinstance(every_steps, int)
+        ):
             raise TypeError(f"every_steps must be an int, got {every_steps!r}")
         if every_steps is not None and every_steps < 1:
             raise ValueError(f"every_steps must be >= 1, got {every_steps}")
@@ -294,7 +298,9 @@ class ResumePoints:
                 self.take(completed_steps, snapshot, key=key)
         return failure
 
-    def take(self, completed_steps: int, snapshot: Callable[[], dict[str, Any]], *, key: bytes | None) -> ResumePoint:
+    def take(
+        self, completed_steps: int, snapshot: Callable[[], dict[str, Any]], *, key: bytes | None
+    ) -> ResumePoint:
         """Snapshot now (waiting for the write in flight first) and write in the background.
 
         A point already taken at this step serves again (one point per boundary).
@@ -324,7 +330,10 @@ class ResumePoints:
             last = self._last
             if last is None or last.completed_steps != completed_steps:
                 return True
-        return self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds
+        return (
+            self.every_seconds is not None
+            and time.monotonic() - self._last_time >= self.every_seconds
+        )
 
     def _serve_requests(self, point: ResumePoint) -> None:
         with self._lock:
@@ -343,10 +352,18 @@ class ResumePoints:
             return None
         point.reported = True
         error = point._error
-        return error if isinstance(error, CheckpointWriteError) else CheckpointWriteError(f"{point.path}: {error!r}")
+        return (
+            error
+            if isinstance(error, CheckpointWriteError)
+            else CheckpointWriteError(f"{point.path}: {error!r}")
+        )
 
-    def _submit(self, checkpoint: Any, completed_steps: int, key: bytes | None, *, write: bool) -> ResumePoint:
-        point = ResumePoint(os.path.join(self.directory, point_name(completed_steps)), completed_steps)
+    def _submit(
+        self, checkpoint: Any, completed_steps: int, key: bytes | None, *, write: bool
+    ) -> ResumePoint:
+        point = ResumePoint(
+            os.path.join(self.directory, point_name(completed_steps)), completed_steps
+        )
         self._last = point
         self._last_time = time.monotonic()
         self._overdue = False
@@ -357,7 +374,10 @@ class ResumePoints:
         self._writing = point
         # Not a daemon: a normal interpreter exit waits for the point to be durable.
         self._writer = threading.Thread(
-            target=self._write, args=(point, checkpoint, key), name="trainer-resume-point", daemon=False
+            target=self._write,
+            args=(point, checkpoint, key),
+            name="trainer-resume-point",
+            daemon=False,
         )
         self._writer.start()
         return point
@@ -373,7 +393,9 @@ class ResumePoints:
             error = exc
             if os.path.exists(point.path) and not isinstance(exc, CheckpointWriteError):
                 # The point itself is durable; only removing old points failed.
-                _log.warning("resume point %s written, but removing older points failed: %r", point.path, exc)
+                _log.warning(
+                    "resume point %s written, but removing older points failed: %r", point.path, exc
+                )
                 error = None
             else:
                 _log.error("resume point %s could not be written: %s", point.path, exc)
@@ -389,7 +411,11 @@ class ResumePoints:
     ) -> CheckpointWriteError | None:
         rank = _distributed.world()[1]
         due, requested, failed = _distributed.any_ranks(
-            [self._due(completed_steps), bool(self._requested), rank == 0 and self._unreported is not None]
+            [
+                self._due(completed_steps),
+                bool(self._requested),
+                rank == 0 and self._unreported is not None,
+            ]
         )
         failure: CheckpointWriteError | None = None
         if failed:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
+
+if TYPE_CHECKING:  # typing.NotRequired needs Python 3.11; annotations are not evaluated
+    from typing_extensions import NotRequired
 
 __all__ = [
     "cpu_state",
@@ -24,7 +27,12 @@ __all__ = [
     "EpochSamplerSettings",
     "EpochSamplerState",
     "LoaderState",
+    "RankPauseState",
+    "DistributedPauseState",
     "PauseCheckpoint",
+    "SampleRecord",
+    "LightningPauseState",
+    "FinishedMarker",
     "PAUSE_FORMAT",
     "SHARDED_FORMAT",
     "ShardedFileEntry",
@@ -216,7 +224,11 @@ class EpochSamplerState(TypedDict):
     sampler_epoch: int | None  # DistributedSampler.epoch the epoch was ordered with
 
 
-class LoaderState(TypedDict):
+class _LoaderStateOptional(TypedDict, total=False):
+    augmentation_seeding: str  # "batch" or "sample"; absent in older states, which seeded per sample
+
+
+class LoaderState(_LoaderStateOptional):
     """State of a resumable :class:`~trainer_resume.loaders.ResumableDataLoader`.
 
     Counts only batches delivered to the caller, never prefetched ones.
@@ -229,26 +241,80 @@ class LoaderState(TypedDict):
     sampler: SamplerState | BatchSamplerState | EpochSamplerState
 
 
+class RankPauseState(TypedDict):
+    """What differs between ranks at a pause."""
+
+    loaders: dict[str, LoaderState]  # the same global cursor on every rank
+    extra: dict[str, Any]
+    rng: RandomState
+
+
+class DistributedPauseState(TypedDict):
+    """The ``"distributed"`` entry of a pause file written by several ranks.
+
+    The top-level ``loaders`` / ``extra`` / ``rng`` of the file are rank 0's, so the
+    file also reads as a single-process pause file.
+    """
+
+    format: str  # trainer_resume.distributed.DISTRIBUTED_FORMAT
+    world_size: int
+    rng_base_seed: int  # base of the per-rank RNG re-derived for another world size
+    ranks: list[RankPauseState]  # by rank
+
+
 class PauseCheckpoint(TypedDict):
     """Layout of a pause file written by ``TrainingResumeMixin.pause``.
 
     ``config``, ``regular`` and ``shared_keys`` are optional when reading: files
     without them still load (no named config difference on a mismatch; no sharing).
+    ``distributed`` is present only in files written by several ranks.
     """
 
     format: str  # PAUSE_FORMAT
     module_version: str
     config_signature: str  # config_signature(config), "load" excluded
-    config: Any  # canonical_config(config): names the first differing path on a mismatch
+    config: NotRequired[Any]  # canonical_config(config): names the first differing path on a mismatch
     completed_steps: int
-    regular: dict[str, Any] | None  # CPU snapshot of _regular_checkpoint(), or None
-    shared_keys: list[str]  # resume objects whose state is regular[name]
+    regular: NotRequired[dict[str, Any] | None]  # CPU snapshot of _regular_checkpoint(), or None
+    shared_keys: NotRequired[list[str]]  # resume objects whose state is regular[name]
     # name -> state_dict; for a shared key the very object regular[name] (stored once),
     # and a reader takes regular[name] when the entry is absent.
     objects: dict[str, Any]
     loaders: dict[str, LoaderState]
     extra: dict[str, Any]
     rng: RandomState
+    distributed: NotRequired[DistributedPauseState]
+
+
+class SampleRecord(TypedDict):
+    """What one sample file of a ``ReuseDataset`` holds."""
+
+    format: str  # trainer_resume.loaders.reuse.store.RECORD_FORMAT
+    index: int
+    generation: int
+    seed: int
+    lifetime: int
+    fingerprint: str | int | None
+    sample: Any
+
+
+class LightningPauseState(TypedDict):
+    """What a pause file adds to Lightning's checkpoint, under the key ``"trainer_resume"``."""
+
+    format: str  # trainer_resume.adapters.lightning_files.LIGHTNING_PAUSE_FORMAT
+    global_step: int
+    world_size: int
+    config_signature: str | None
+    config: Any  # canonical form of the config (plain data), or None
+    rng: list[RandomState]  # main-process RNG of each global rank, by rank
+
+
+class FinishedMarker(TypedDict):
+    """The finished marker that ``finish()`` / ``mark_finished`` write (see ``trainer_resume.finished``)."""
+
+    format: str  # trainer_resume.finished.FINISHED_FORMAT
+    completed_steps: int
+    finished_at: float  # time.time() when the marker was written
 
 
 class ShardedFileEntry(TypedDict):

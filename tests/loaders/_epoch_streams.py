@@ -55,22 +55,14 @@ def _sampler_arguments(kind: str, dataset: Any) -> dict[str, Any]:
     if kind == "subset":
         return {"sampler": SubsetRandomSampler(list(range(3, 20)))}
     if kind == "weighted":
-        return {
-            "sampler": WeightedRandomSampler(
-                [float(1 + i % 4) for i in range(SIZE)], 19
-            )
-        }
+        return {"sampler": WeightedRandomSampler([float(1 + i % 4) for i in range(SIZE)], 19)}
     if kind == "distributed":
         return {
-            "sampler": DistributedSampler(
-                dataset, num_replicas=3, rank=1, shuffle=True, seed=5
-            )
+            "sampler": DistributedSampler(dataset, num_replicas=3, rank=1, shuffle=True, seed=5)
         }
     if kind == "batch-sampler":
         return {
-            "batch_sampler": BatchSampler(
-                RandomSampler(dataset, generator=_generator(14)), 6, True
-            )
+            "batch_sampler": BatchSampler(RandomSampler(dataset, generator=_generator(14)), 6, True)
         }
     raise ValueError(kind)
 
@@ -107,18 +99,12 @@ def make_loader(
     )
 
 
-def run_epochs(
-    loader: ResumableDataLoader, epochs: int = EPOCHS, *, after: list | None = None
-):
+def run_epochs(loader: ResumableDataLoader, epochs: int = EPOCHS, *, after: list | None = None):
     """The usual epoch loop from the loader's own epoch counter to ``epochs``: batches, and
     the state after each batch (``after`` gets the state after each epoch's loop too)."""
     batches, states = [], []
     for epoch in range(loader.epoch, epochs):
-        sampler = (
-            loader.sampler
-            if loader.batch_sampler is None
-            else loader.batch_sampler.sampler
-        )
+        sampler = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
         if isinstance(sampler, DistributedSampler):
             sampler.set_epoch(epoch)
         for batch in loader:
@@ -133,9 +119,7 @@ def resume_epoch_jobs(jobs: list[tuple[str, int | None, dict]], out: str) -> Non
     """Spawned-process entry: for each ``(kind, batch_size, state)`` build a fresh loader,
     load ``state``, finish the epoch loop and save the batches to ``out``."""
     try:
-        torch.manual_seed(
-            987654321
-        )  # seeded unlike the parent: the state must fix every order
+        torch.manual_seed(987654321)  # seeded unlike the parent: the state must fix every order
         results = []
         for kind, batch_size, state in jobs:
             loader = make_loader(kind, batch_size)

@@ -8,7 +8,7 @@ import _epoch_streams as epochs
 import _loader_streams as streams
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from trainer_resume.errors import (
     IteratorInvalidatedError,
@@ -24,9 +24,7 @@ from trainer_resume.testing import first_difference
 
 
 def _assert_same(expected: list, got: list, what: str) -> None:
-    assert len(got) == len(expected), (
-        f"{what}: {len(got)} batches instead of {len(expected)}"
-    )
+    assert len(got) == len(expected), f"{what}: {len(got)} batches instead of {len(expected)}"
     for number, (a, b) in enumerate(zip(expected, got)):
         assert torch.equal(a, b), f"{what}: batch {number} differs"
 
@@ -46,12 +44,8 @@ def _pause_points(batches_per_epoch: int, total: int) -> list[int]:
     return sorted({k for k in (0, 1, 10, batches_per_epoch) if k < total})
 
 
-def _resume(
-    kind: str, batch_size: int | None, state: dict, seed: int = 1234, **options
-) -> list:
-    torch.manual_seed(
-        seed
-    )  # unlike the uninterrupted run: the state must fix every order
+def _resume(kind: str, batch_size: int | None, state: dict, seed: int = 1234, **options) -> list:
+    torch.manual_seed(seed)  # unlike the uninterrupted run: the state must fix every order
     loader = epochs.make_loader(kind, batch_size, **options)
     loader.load_state_dict(state)
     batches, _ = epochs.run_epochs(loader)
@@ -61,9 +55,7 @@ def _resume(
 
 @pytest.mark.parametrize("batch_size", [7, None])
 @pytest.mark.parametrize("kind", epochs.KINDS)
-def test_resume_in_a_fresh_loader_continues_the_uninterrupted_epoch_loop(
-    kind, batch_size
-):
+def test_resume_in_a_fresh_loader_continues_the_uninterrupted_epoch_loop(kind, batch_size):
     if kind == "batch-sampler" and batch_size is None:
         pytest.skip("a batch sampler fixes its own batch size")
     batches, states, _ = _uninterrupted(kind, batch_size)
@@ -77,9 +69,7 @@ def test_resume_in_a_fresh_loader_continues_the_uninterrupted_epoch_loop(
         )
 
 
-@pytest.mark.parametrize(
-    "kind", ["shuffle", "random-generator", "weighted", "distributed"]
-)
+@pytest.mark.parametrize("kind", ["shuffle", "random-generator", "weighted", "distributed"])
 def test_a_state_taken_after_an_epoch_loop_resumes_at_the_first_batch_of_the_next_epoch(
     kind,
 ):
@@ -88,10 +78,7 @@ def test_a_state_taken_after_an_epoch_loop_resumes_at_the_first_batch_of_the_nex
     assert (
         first_difference(states[per_epoch], after_loops[0]) is None
     )  # after the loop == after its last batch
-    assert (
-        after_loops[0]["sampler"]["epoch"] == 1
-        and after_loops[0]["sampler"]["offset"] == 0
-    )
+    assert after_loops[0]["sampler"]["epoch"] == 1 and after_loops[0]["sampler"]["offset"] == 0
     _assert_same(batches[per_epoch:], _resume(kind, 7, after_loops[0]), kind)
 
 
@@ -112,9 +99,7 @@ def test_every_epoch_of_an_uninterrupted_run_is_a_new_order(kind):
         torch.cat([b[:-1, 0] for b in batches[e * per_epoch : (e + 1) * per_epoch]])
         for e in range(3)
     ]
-    assert not torch.equal(orders[0], orders[1]) and not torch.equal(
-        orders[1], orders[2]
-    )
+    assert not torch.equal(orders[0], orders[1]) and not torch.equal(orders[1], orders[2])
 
 
 @pytest.mark.parametrize("kind", ["shuffle", "sequential", "distributed"])
@@ -184,13 +169,9 @@ def test_distributed_sampler_state_records_its_epoch_and_a_set_epoch_after_loadi
     assert state["sampler"]["sampler_epoch"] == 1
     loader = epochs.make_loader("distributed")
     loader.load_state_dict(state)
-    assert (
-        loader.sampler.epoch == 1
-    )  # restored, so a loop without set_epoch is right too
+    assert loader.sampler.epoch == 1  # restored, so a loop without set_epoch is right too
     loader.sampler.set_epoch(1)  # the usual call at the top of the resumed epoch
-    _assert_same(
-        batches[per_epoch + 1 : 2 * per_epoch], list(loader), "rest of epoch 1"
-    )
+    _assert_same(batches[per_epoch + 1 : 2 * per_epoch], list(loader), "rest of epoch 1")
 
 
 def test_a_set_epoch_to_another_epoch_before_a_mid_epoch_resume_is_refused_naming_the_fix():
@@ -231,12 +212,8 @@ def test_epoch_state_round_trips_through_weights_only_torch_load(kind):
     ("source", "target", "match"),
     [
         pytest.param("shuffle", "sequential", "setting 'sampler'", id="other-sampler"),
-        pytest.param(
-            "shuffle", "shuffle-generator", "setting 'generator'", id="generator-added"
-        ),
-        pytest.param(
-            "random-generator", "random-replacement", "setting", id="replacement"
-        ),
+        pytest.param("shuffle", "shuffle-generator", "setting 'generator'", id="generator-added"),
+        pytest.param("random-generator", "random-replacement", "setting", id="replacement"),
     ],
 )
 def test_a_state_of_another_sampler_configuration_is_refused_and_changes_nothing(
@@ -308,9 +285,9 @@ def test_resume_in_a_new_process_continues_the_uninterrupted_epoch_loop(tmp_path
         for k in (1, per_epoch):
             jobs.append((kind, batch_size, states[k]))
             expected.append((f"{kind}/{k}", batches[k:]))
-    results = streams.run_spawned(
-        epochs.resume_epoch_jobs, jobs, out=tmp_path / "resumed.pt"
-    )["results"]
+    results = streams.run_spawned(epochs.resume_epoch_jobs, jobs, out=tmp_path / "resumed.pt")[
+        "results"
+    ]
     for (what, batches), got in zip(expected, results):
         _assert_same(batches, got, what)
 
@@ -319,9 +296,7 @@ def test_resume_in_a_new_process_continues_the_uninterrupted_epoch_loop(tmp_path
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("kind", ["shuffle", "distributed"])
-def test_three_workers_give_the_single_process_epochs_and_resume_exactly(
-    kind, persistent
-):
+def test_three_workers_give_the_single_process_epochs_and_resume_exactly(kind, persistent):
     single, _, _ = _uninterrupted(kind, 7)
     options = {"persistent_workers": persistent, "prefetch_factor": 3}
     batches, states, _ = _uninterrupted(kind, 7, num_workers=3, **options)
@@ -333,3 +308,27 @@ def test_three_workers_give_the_single_process_epochs_and_resume_exactly(
             _resume(kind, 7, states[k], num_workers=3, **options),
             f"{kind} at {k}",
         )
+
+
+@pytest.mark.parametrize("num_samples", [None, 30])
+def test_a_random_sampler_with_a_generator_gives_dataloaders_order(num_samples):
+    dataset = streams.AugmentedDataset(epochs.SIZE)
+
+    def order(cls, **options):
+        generator = torch.Generator()
+        generator.manual_seed(21)
+        sampler = torch.utils.data.RandomSampler(
+            dataset, num_samples=num_samples, generator=generator
+        )
+        loader = cls(dataset, batch_size=5, sampler=sampler, **options)
+        return [
+            torch.cat([batch[:, 0] for batch in loader]) for _ in range(2)
+        ], generator.get_state()
+
+    (theirs, their_state), (ours, our_state) = (
+        order(DataLoader),
+        order(ResumableDataLoader, resumable=True),
+    )
+    assert all(torch.equal(a, b) for a, b in zip(theirs, ours)) and torch.equal(
+        their_state, our_state
+    )

@@ -31,10 +31,12 @@ from trainer_resume.loaders import (
 import _loader_streams as streams
 
 
-def test_signature_is_dataloaders_plus_keyword_only_resumable():
+def test_signature_is_dataloaders_plus_keyword_only_resumable_options():
     ours = inspect.signature(ResumableDataLoader.__init__).parameters
     torchs = inspect.signature(DataLoader.__init__).parameters
-    assert list(ours) == [*torchs, "resumable"]
+    assert list(ours) == [*torchs, "resumable", "augmentation_seeding"]
+    assert ours["augmentation_seeding"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert ours["augmentation_seeding"].default is None
     for name, parameter in torchs.items():
         assert (ours[name].kind, ours[name].default) == (parameter.kind, parameter.default), name
     assert ours["resumable"].kind is inspect.Parameter.KEYWORD_ONLY

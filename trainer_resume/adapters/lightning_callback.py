@@ -16,13 +16,20 @@ import signal
 import threading
 from collections.abc import Iterable, Mapping
 from types import FrameType
-from typing import Any, Callable, TypedDict, Union
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from .._signals import (
+    DEFAULT_PAUSE_SIGNALS,
+    Handler,
+    forward_signal,
+    install_handlers,
+    restore_handlers,
+)
 from ..errors import (
     CheckpointFormatError,
     CheckpointWriteError,
@@ -33,29 +40,14 @@ from ..errors import (
 )
 from ..rng import random_state, restore_random_state, validate_random_state
 from ..signature import canonical_config, config_difference, config_signature
-from ..state import RandomState
+from ..state import LightningPauseState, RandomState
 from .lightning_files import LIGHTNING_PAUSE_FORMAT, PAUSE_KEY
 from .lightning_io import DurableCheckpointIO, PauseFileReader
 from .lightning_positions import DeliveredLoaderStates, LoaderPositionUnknown
 
 __all__ = ["ResumeCallback", "LightningPauseState", "PAUSE_KEY", "LIGHTNING_PAUSE_FORMAT", "DEFAULT_SIGNALS"]
 
-DEFAULT_SIGNALS: tuple[signal.Signals, ...] = tuple(
-    getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name)
-)
-
-_Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
-
-
-class LightningPauseState(TypedDict):
-    """What a pause file adds to Lightning's checkpoint, under the key ``"trainer_resume"``."""
-
-    format: str  # LIGHTNING_PAUSE_FORMAT
-    global_step: int
-    world_size: int
-    config_signature: str | None
-    config: Any  # canonical form of the config (plain data), or None
-    rng: list[RandomState]  # main-process RNG of each global rank, by rank
+DEFAULT_SIGNALS = DEFAULT_PAUSE_SIGNALS
 
 
 class ResumeCallback(Callback):
@@ -112,7 +104,7 @@ class ResumeCallback(Callback):
         self._pending_rng: RandomState | None = None
         self._positions = DeliveredLoaderStates()
         self._handler = self._on_signal  # one bound method, so it can be recognised later
-        self._previous: dict[signal.Signals, _Handler] = {}
+        self._previous: dict[signal.Signals, Handler] = {}
         self._owning_signals = False
         self._reader: PauseFileReader | None = None
 
@@ -150,7 +142,7 @@ class ResumeCallback(Callback):
             return
         # A stale handler (Lightning re-installs what it found at the start of fit when
         # fit fails): behave as the handler it replaced.
-        _forward(signum, frame, self._previous.get(signal.Signals(signum), signal.SIG_DFL))
+        forward_signal(signum, frame, self._previous.get(signal.Signals(signum), signal.SIG_DFL))
 
     def _install_signals(self) -> None:
         if not self.signals:
@@ -161,13 +153,8 @@ class ResumeCallback(Callback):
                 "only request_pause() can pause this run"
             )
             return
-        for number in self.signals:
-            previous = signal.signal(number, self._handler)
-            # Our own (stale) handler from an earlier fit is not a handler to go back to.
-            if previous != self._handler:
-                self._previous[number] = previous
-            else:
-                self._previous.setdefault(number, signal.SIG_DFL)
+        # Our own (stale) handler from an earlier fit is not a handler to go back to.
+        install_handlers(self.signals, self._handler, self._previous)
         self._owning_signals = True
 
     def _take_over_signals(self) -> None:
@@ -184,8 +171,7 @@ class ResumeCallback(Callback):
         if not self._owning_signals:
             return
         self._owning_signals = False
-        for number, handler in self._previous.items():
-            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+        restore_handlers(self._previous)
 
     # ------------------------------------------------------------------ checkpoint IO
 
@@ -397,13 +383,3 @@ def _gather_by_rank(trainer: pl.Trainer, value: Any) -> list[Any]:
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered
-
-
-def _forward(signum: int, frame: FrameType | None, handler: _Handler) -> None:
-    if callable(handler):
-        handler(signum, frame)
-    elif handler == signal.SIG_IGN:
-        return
-    else:  # SIG_DFL (or unknown): take the default action
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)

@@ -1,7 +1,7 @@
-"""The ``trainer-resume`` command: ``demo``, ``inspect`` and ``audit-loader``.
+"""The ``trainer-resume`` command: ``demo``, ``inspect``, ``export`` and ``audit-loader``.
 
 This module only builds the parser and dispatches; each subcommand lives in its
-own module of this package (``inspect``, ``audit``, ``demo``), imported when it runs
+own module of this package (``inspect``, ``export``, ``audit``, ``demo``), imported when it runs
 so ``--help`` stays fast. What they share is in ``_common``.
 """
 
@@ -33,9 +33,11 @@ __all__ = [
 
 _EXIT_TEXT = """\
 exit status:
-  0  success (demo: the exact resume is bit-identical; audit-loader: every check passed)
+  0  success (demo: the exact resume is bit-identical; audit-loader: every check passed;
+     inspect: the file was described, plain torch.save and Lightning files included)
   1  a check failed (demo: the exact resume differs; audit-loader: a problem was found)
-  2  usage error (bad option, unknown config key, factory not found)
+  2  usage error (bad option, unknown config key, factory not found; export: no single
+     model or an unknown object name, safetensors not installed)
   3  error (unreadable, corrupted, truncated, foreign or wrongly signed file;
      a training subprocess failed); printed as "error [code]: message"
 """
@@ -77,14 +79,46 @@ does not have is an error naming the key.
 )
 
 _INSPECT_DESCRIPTION = """\
-Verify a checkpoint file (format marker, length and SHA-256, and the HMAC
-signature when --key-file is given) before anything is unpickled, then load it
-weights-only and show what it holds: file format and module version, config
-signature, completed steps, each saved object with its tensor count and bytes,
-each loader's position (consumed samples, cycle, offset), an RNG summary and the
-extra-state keys. Files written by save_checkpoint that are not pause files are
-shown entry by entry.
+Describe a checkpoint file. trainer-resume's files (pause files of the mixin, one
+process or several; Lightning pause files and checkpoints written by
+DurableCheckpointIO; finished markers; save_checkpoint files) are verified first
+(format marker, length and digest, and the signature when --key-file is given),
+before anything is unpickled. Plain torch.save files (Lightning's own
+checkpoints, state dicts) are described too, marked "not verified: no
+trainer-resume header". Everything is loaded weights-only: no code in the file runs.
+
+Shown: the kind of file, integrity, the step counters it holds (completed_steps,
+Lightning's global_step, a plain file's global_step/step/epoch), the epoch, the
+number of processes, the config signature, each saved object with its tensor
+count and bytes, each loader's position (consumed samples; cycle and offset, in
+samples for a sampler and in batches for a batch sampler; delivered batches;
+ranks), the saved RNG and the extra-state keys; other files entry by entry.
+--json prints the same content as JSON.
 """
+
+_EXPORT_DESCRIPTION = """\
+Verify a trainer-resume file and write its model weights (--what model, the
+default: a flat mapping with exactly the keys of model.state_dict(), buffers
+included) or its whole state (--what all) as a plain torch.save file or a
+.safetensors file, durably (temp file, fsync, atomic rename). The result opens
+with torch.load(weights_only=True), safetensors.torch.load_file, and, for a
+Lightning file exported whole, LightningModule.load_from_checkpoint.
+
+"The model" is the resume object named "model", or the one --object names, or
+the only one that is a module state_dict; an error lists the names when that is
+ambiguous. For a Lightning file it is the LightningModule's state_dict.
+"""
+
+_EXPORT_EPILOG = (
+    """\
+examples:
+  trainer-resume export runs/exp1/pause.ckpt model.safetensors
+  trainer-resume export runs/exp1/pause.ckpt generator.pt --object generator
+  trainer-resume export runs/exp1/pause.ckpt plain.ckpt --what all
+
+"""
+    + _EXIT_TEXT
+)
 
 _AUDIT_DESCRIPTION = """\
 Automate the usual loader checks. MODULE:FACTORY names a callable (MODULE is
@@ -193,17 +227,47 @@ def build_parser() -> argparse.ArgumentParser:
 
     inspect = commands.add_parser(
         "inspect",
-        help="verify a pause file and show what it holds",
+        help="describe a checkpoint file (ours verified; plain torch and Lightning files too)",
         description=_INSPECT_DESCRIPTION,
         epilog=_EXIT_TEXT,
         formatter_class=formatter,
     )
-    inspect.add_argument("path", metavar="PATH", help="the checkpoint file")
+    inspect.add_argument("path", metavar="PATH", help="the file")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
     inspect.add_argument(
         "--key-file",
         metavar="F",
         help="file whose bytes (all of them, exactly) are the HMAC signing key; "
+        "the signature is then required and verified",
+    )
+
+    export = commands.add_parser(
+        "export",
+        help="write a verified file's weights as a plain torch or safetensors file",
+        description=_EXPORT_DESCRIPTION,
+        epilog=_EXPORT_EPILOG,
+        formatter_class=formatter,
+    )
+    export.add_argument("path", metavar="PATH", help="the trainer-resume file")
+    export.add_argument("out", metavar="OUT", help="the file to write (replaced atomically)")
+    export.add_argument(
+        "--format",
+        choices=("torch", "safetensors"),
+        help="torch (a torch.save file) or safetensors (needs the safetensors package; "
+        "--what model only); default: safetensors when OUT ends in .safetensors, else torch",
+    )
+    export.add_argument(
+        "--what",
+        choices=("model", "all"),
+        default="model",
+        help="model: the model's state_dict (default); all: the whole state (for a Lightning "
+        "file, a plain Lightning checkpoint)",
+    )
+    export.add_argument("--object", metavar="NAME", help="the resume object that is the model")
+    export.add_argument(
+        "--key-file",
+        metavar="F",
+        help="file whose bytes (all of them, exactly) are the signing key; "
         "the signature is then required and verified",
     )
 
@@ -271,6 +335,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .inspect import run_inspect
 
         return run_inspect(args.path, as_json=args.json, key_file=args.key_file, out=sys.stdout)
+    if args.command == "export":
+        from .export import run_export
+
+        return run_export(
+            args.path,
+            args.out,
+            format=args.format,
+            what=args.what,
+            object=args.object,
+            key_file=args.key_file,
+            out=sys.stdout,
+        )
     from .audit import run_audit
 
     return run_audit(

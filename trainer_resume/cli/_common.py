@@ -17,6 +17,7 @@ __all__ = [
     "UsageError",
     "format_bytes",
     "format_table",
+    "read_key_file",
 ]
 
 # Exit statuses, the same for every subcommand (documented in --help and README).
@@ -29,6 +30,20 @@ EXIT_INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C (12
 
 class UsageError(Exception):
     """A subcommand cannot run as asked (bad config key, unusable factory...): exit status 2."""
+
+
+def read_key_file(path: str) -> bytes:
+    """The signing key held by the file ``path``: all of its bytes, exactly.
+
+    Raises:
+        UsageError: the file is empty.
+        OSError: it cannot be read.
+    """
+    with open(path, "rb") as handle:
+        key = handle.read()
+    if not key:
+        raise UsageError(f"the key file {path} is empty")
+    return key
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, indent: str = "  ") -> str:
@@ -48,9 +63,9 @@ def format_bytes(count: int) -> str:
     """``1234567`` -> ``"1,234,567 B (1.2 MiB)"``; small sizes stay in bytes only."""
     if count < 1024:
         return f"{count:,} B"
-    value = float(count)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
+    value, unit = float(count), "B"
+    for larger in ("KiB", "MiB", "GiB", "TiB"):
+        value, unit = value / 1024, larger
         if value < 1024:
             break
     return f"{count:,} B ({value:.1f} {unit})"

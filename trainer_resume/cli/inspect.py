@@ -1,199 +1,144 @@
-"""``trainer-resume inspect``: verify a checkpoint file and summarise what it holds."""
+"""``trainer-resume inspect``: read any checkpoint file safely and say what it holds.
+
+trainer-resume's files are verified (marker, length, digest, and the signature
+with ``--key-file``) before anything is unpickled; plain ``torch.save`` files
+(Lightning's own checkpoints, state dicts) are described too, marked as not
+verified, and read weights-only. ``--json`` prints the summary of
+:mod:`~trainer_resume.cli.describe`; the text report shows the same content.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from collections.abc import Mapping
 from typing import Any, TextIO
 
-import torch
+from ..checkpoint_files import read_checkpoint_file
+from ._common import EXIT_OK, format_bytes, format_table, read_key_file
+from .describe import describe_directory, describe_file
 
-from ..durable import load_checkpoint, read_checkpoint_header
-from ..state import PAUSE_FORMAT
-from ._common import EXIT_OK, UsageError, format_bytes, format_table
-
-__all__ = ["InspectUsageError", "run_inspect", "summarize"]
-
-
-class InspectUsageError(UsageError):
-    """An option of ``inspect`` cannot be used (e.g. an empty key file)."""
-
-
-def _tensors(value: Any, seen: set[int]) -> tuple[int, int]:
-    """Count and bytes of the distinct tensors in nested state."""
-    if isinstance(value, torch.Tensor):
-        if id(value) in seen:
-            return 0, 0
-        seen.add(id(value))
-        return 1, value.numel() * value.element_size()
-    items: Any = ()
-    if isinstance(value, Mapping):
-        items = value.values()
-    elif isinstance(value, (list, tuple)):
-        items = value
-    count = size = 0
-    for item in items:
-        c, s = _tensors(item, seen)
-        count, size = count + c, size + s
-    return count, size
-
-
-def _position(state: Any) -> dict[str, Any]:
-    """consumed / cycle / offset of a loader state (kept by its sampler or batch sampler)."""
-    found: dict[str, Any] = {}
-    if isinstance(state, Mapping):
-        for key in ("consumed", "cycle", "offset", "num_replicas"):
-            if key in state:
-                found[key] = state[key]
-        if len(found) < 3:
-            for key in ("sampler", "batch_sampler"):
-                inner = _position(state.get(key))
-                if inner:
-                    found = {**inner, **found}
-                    break
-    return found
-
-
-def _fingerprint(value: Any) -> str:
-    hasher = hashlib.sha256()
-
-    def feed(item: Any) -> None:
-        if isinstance(item, torch.Tensor):
-            hasher.update(item.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(item, Mapping):
-            for key in sorted(item, key=str):
-                hasher.update(str(key).encode())
-                feed(item[key])
-        elif isinstance(item, (list, tuple)):
-            for element in item:
-                feed(element)
-        else:
-            hasher.update(repr(item).encode())
-
-    feed(value)
-    return hasher.hexdigest()[:16]
-
-
-def _rng_summary(rng: Any) -> dict[str, Any]:
-    if not isinstance(rng, Mapping):
-        return {}
-    summary: dict[str, Any] = {"fingerprint": _fingerprint(rng)}
-    python = rng.get("python")
-    if isinstance(python, Mapping) and isinstance(python.get("internal"), torch.Tensor):
-        summary["python"] = f"Mersenne Twister, position {int(python['internal'][-1])}"
-    numpy_state = rng.get("numpy")
-    if isinstance(numpy_state, Mapping):
-        summary["numpy"] = f"{numpy_state.get('kind')}, position {numpy_state.get('pos')}"
-    torch_state = rng.get("torch")
-    if isinstance(torch_state, torch.Tensor):
-        summary["torch"] = f"CPU generator, {torch_state.numel()} bytes, fingerprint {_fingerprint(torch_state)}"
-    cuda = rng.get("cuda")
-    summary["cuda"] = (
-        f"device {rng.get('cuda_device')}, {cuda.numel()} bytes" if isinstance(cuda, torch.Tensor) else "not saved"
-    )
-    return summary
+__all__ = ["run_inspect", "summarize"]
 
 
 def summarize(path: str, *, key: bytes | None = None) -> dict[str, Any]:
-    """Verify ``path`` (and its signature with ``key``), load it weights-only and describe it.
+    """Verify (when it is ours) and load ``path`` weights-only, and describe it; a
+    resume-point directory is described with its newest valid file.
 
     Raises:
-        FileNotFoundError, ResumeError: as ``load_checkpoint`` (321, 322, 328, 339).
+        FileNotFoundError, ResumeError: as ``read_checkpoint_file`` (321, 322, 328, 339).
     """
-    header = read_checkpoint_header(path, key=key)
-    content = load_checkpoint(path, key=key)
-    summary: dict[str, Any] = {
-        "path": path,
-        "file_bytes": os.path.getsize(path),
-        "file_format_version": header.format_version,
-        "payload_bytes": header.payload_length,
-        "sha256": header.sha256,
-        "signed": header.signed,
-        "signature_verified": key is not None,
-    }
-    if not (isinstance(content, Mapping) and content.get("format") == PAUSE_FORMAT):
-        summary["kind"] = "checkpoint"
-        entries = content.items() if isinstance(content, Mapping) else [("(value)", content)]
-        summary["entries"] = {
-            str(name): dict(zip(("tensors", "bytes"), _tensors(value, set()))) for name, value in entries
-        }
-        return summary
-    regular = content.get("regular") or {}
-    shared = list(content.get("shared_keys") or [])
-    objects = dict(content.get("objects") or {})
-    summary.update(
-        kind="pause",
-        format=content.get("format"),
-        module_version=content.get("module_version"),
-        config_signature=content.get("config_signature"),
-        completed_steps=content.get("completed_steps"),
-        world_size=(content.get("distributed") or {}).get("world_size", 1),
-    )
-    seen: set[int] = set()
-    summary["objects"] = {}
-    for name in [*objects, *(n for n in shared if n not in objects)]:
-        count, size = _tensors(regular.get(name) if name in shared else objects[name], seen)
-        summary["objects"][str(name)] = {"tensors": count, "bytes": size, "shared": name in shared}
-    if regular:
-        rest = {k: v for k, v in regular.items() if k not in shared}
-        count, size = _tensors(rest, seen)
-        summary["regular_checkpoint"] = {
-            "keys": [str(k) for k in regular],
-            "unshared_keys": [str(k) for k in rest],
-            "tensors": count,
-            "bytes": size,
-        }
-    summary["loaders"] = {}
-    for name, state in (content.get("loaders") or {}).items():
-        position = _position(state)
-        if isinstance(state, Mapping) and "delivered_batches" in state:
-            position["delivered_batches"] = state["delivered_batches"]
-        summary["loaders"][str(name)] = position
-    summary["rng"] = _rng_summary(content.get("rng"))
-    summary["extra"] = [str(k) for k in (content.get("extra") or {})]
-    if "config" in content:
-        summary["config"] = content["config"]
-    return summary
+    if os.path.isdir(path):
+        return describe_directory(path, key=key, read=lambda p: read_checkpoint_file(p, key=key))
+    return describe_file(read_checkpoint_file(path, key=key), signature_verified=key is not None)
 
 
-def _print_text(summary: dict[str, Any], out: TextIO) -> None:
-    signature = (
-        "verified with the key file"
-        if summary["signature_verified"]
-        else ("signed, not checked (no --key-file)" if summary["signed"] else "not signed")
-    )
-    lines = [
-        ("file", f"{summary['path']}, {format_bytes(summary['file_bytes'])}"),
-        ("integrity", f"ok: marker, length and SHA-256 {summary['sha256'][:16]}... verified"),
-        ("signature", signature),
-        ("file format", f"version {summary['file_format_version']}"),
-    ]
-    if summary["kind"] != "pause":
-        lines.append(("content", "not a pause checkpoint; entries below"))
+def _integrity_lines(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    integrity = summary.get("integrity")
+    if integrity is None:
+        return [("integrity", summary["not_verified"])]
+    if integrity["signature_verified"]:
+        signature = "verified with the key file"
     else:
-        lines += [
-            ("pause format", summary["format"]),
-            ("module version", summary["module_version"]),
-            ("config signature", summary["config_signature"]),
-            ("completed steps", summary["completed_steps"]),
-            ("processes", summary["world_size"]),
-        ]
-    width = max(len(label) for label, _ in lines)
-    for label, value in lines:
-        print(f"{label.ljust(width)}  {value}", file=out)
-    if summary["kind"] != "pause":
-        rows = [(name, e["tensors"], format_bytes(e["bytes"])) for name, e in summary["entries"].items()]
-        print("\n" + format_table(("entry", "tensors", "bytes"), rows, indent=""), file=out)
+        signature = "signed, not checked (no --key-file)" if integrity["signed"] else "not signed"
+    return [
+        ("integrity", f"ok: marker, length and digest {integrity['digest'][:16]}... verified"),
+        ("signature", signature),
+        ("file format", f"version {integrity['file_format_version']}"),
+    ]
+
+
+def _steps_text(steps: dict[str, Any]) -> str:
+    known = {name: value for name, value in steps.items() if value is not None}
+    return ", ".join(f"{name} {value}" for name, value in known.items()) or "none saved"
+
+
+def _header_lines(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    lines: list[tuple[str, Any]] = [
+        ("file", f"{summary['path']}, {format_bytes(summary['file_bytes'])}"),
+        ("kind", summary["description"]),
+        *_integrity_lines(summary),
+    ]
+    if "format" in summary:
+        lines.append(("pause format", summary["format"]))
+    if "module_version" in summary:
+        lines.append(("module version", summary["module_version"]))
+    if "lightning_version" in summary:
+        lines.append(("lightning version", summary["lightning_version"]))
+    lines.append(("steps", _steps_text(summary["steps"])))
+    if summary.get("epoch") is not None:
+        lines.append(("epoch", summary["epoch"]))
+    if "finished_at" in summary:
+        lines.append(("finished at", summary["finished_at"]))
+    if summary.get("world_size") is not None:
+        lines.append(("processes", summary["world_size"]))
+    if "objects" in summary or summary.get("config_signature"):
+        lines.append(("config signature", summary.get("config_signature") or "none saved"))
+    return lines
+
+
+def _cycle(position: dict[str, Any]) -> str:
+    if "epoch" in position:
+        return f"epoch {position['epoch']}"
+    return str(position.get("cycle", "?"))
+
+
+def _offset(position: dict[str, Any]) -> str:
+    if "offset" not in position:
+        return "?"
+    unit = position.get("offset_unit")
+    return f"{position['offset']} {unit}" if unit else str(position["offset"])
+
+
+def _print_loaders(loaders: dict[str, Any], out: TextIO) -> None:
+    if not loaders:
+        print("\nloaders: none saved", file=out)
         return
+    rows = [
+        (
+            name,
+            p.get("consumed", "?"),
+            _cycle(p),
+            _offset(p),
+            p.get("delivered_batches", "?"),
+            p.get("num_replicas", 1),
+        )
+        for name, p in loaders.items()
+    ]
+    header = (
+        "loader",
+        "consumed samples",
+        "cycle/epoch",
+        "offset",
+        "delivered batches",
+        "ranks",
+    )
+    print("\n" + format_table(header, rows, indent=""), file=out)
+
+
+def _print_rng(rng: dict[str, Any], out: TextIO) -> None:
+    if not rng.get("saved"):
+        print("\nrng: not saved", file=out)
+        return
+    processes = rng.get("processes", 1)
+    print(
+        f"\nrng (main process{'' if processes == 1 else f' of each of {processes} ranks; rank 0'})",
+        file=out,
+    )
+    for name in ("python", "numpy", "torch", "cuda", "fingerprint"):
+        if name in rng:
+            print(f"  {name.ljust(11)}  {rng[name]}", file=out)
+
+
+def _print_objects(summary: dict[str, Any], out: TextIO) -> None:
     rows = [
         (name, e["tensors"], format_bytes(e["bytes"]), "yes" if e["shared"] else "")
         for name, e in summary["objects"].items()
     ]
-    print(
-        "\n" + format_table(("object", "tensors", "bytes", "shared with regular checkpoint"), rows, indent=""), file=out
-    )
+    header = ("object", "tensors", "bytes", "shared with regular checkpoint")
+    if not any(e["shared"] for e in summary["objects"].values()):
+        rows = [row[:3] for row in rows]
+        header = header[:3]
+    print("\n" + format_table(header, rows, indent=""), file=out)
     regular = summary.get("regular_checkpoint")
     if regular and regular["unshared_keys"]:
         print(
@@ -201,46 +146,71 @@ def _print_text(summary: dict[str, Any], out: TextIO) -> None:
             f"({regular['tensors']} tensors, {format_bytes(regular['bytes'])})",
             file=out,
         )
-    if summary["loaders"]:
+
+
+def _print_text(summary: dict[str, Any], out: TextIO) -> None:
+    lines = _header_lines(summary)
+    width = max(len(label) for label, _ in lines)
+    for label, value in lines:
+        print(f"{label.ljust(width)}  {value}", file=out)
+    if "entries" in summary:
         rows = [
-            (
-                name,
-                p.get("consumed", "?"),
-                p.get("cycle", "?"),
-                p.get("offset", "?"),
-                p.get("delivered_batches", "?"),
-                p.get("num_replicas", 1),
-            )
-            for name, p in summary["loaders"].items()
+            (name, e["type"], e["tensors"], format_bytes(e["bytes"]), e.get("value", ""))
+            for name, e in summary["entries"].items()
         ]
-        header = ("loader", "consumed", "cycle", "offset", "delivered batches", "ranks")
-        print(
-            "\n" + format_table(header, rows, indent=""),
-            file=out,
-        )
-    else:
-        print("\nloaders: none", file=out)
-    rng = summary["rng"]
-    print("\nrng", file=out)
-    for name in ("python", "numpy", "torch", "cuda", "fingerprint"):
-        if name in rng:
-            print(f"  {name.ljust(11)}  {rng[name]}", file=out)
-    print(f"\nextra state keys: {', '.join(summary['extra']) or 'none'}", file=out)
+        header = ("entry", "type", "tensors", "bytes", "value")
+        print("\n" + format_table(header, rows, indent=""), file=out)
+        return
+    if "objects" not in summary:  # a finished marker
+        return
+    _print_objects(summary, out)
+    _print_loaders(summary["loaders"], out)
+    _print_rng(summary["rng"], out)
+    if "extra" in summary:
+        print(f"\nextra state keys: {', '.join(summary['extra']) or 'none'}", file=out)
+    if "callbacks" in summary:
+        # Lightning's callback state keys carry their arguments: "ModelCheckpoint{'monitor': ...}".
+        names = [name.split("{", 1)[0] for name in summary["callbacks"]]
+        print(f"\ncallbacks: {', '.join(names) or 'none'}", file=out)
+        print(f"hyper-parameters: {', '.join(summary['hyper_parameters']) or 'none'}", file=out)
     if "config" in summary:
         print("saved config: yes (printed by --json)", file=out)
 
 
+def _print_directory(summary: dict[str, Any], out: TextIO) -> None:
+    def listing(files: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{f['file']} (step {f['completed_steps']})" for f in files) or "none"
+
+    newest = summary["newest"]
+    lines = [
+        ("directory", summary["path"]),
+        ("kind", summary["description"]),
+        ("resume points", listing(summary["points"])),
+        ("pause files", listing(summary["pause_files"])),
+        (
+            "finished",
+            f"yes ({summary['finished']}): nothing to resume" if summary["finished"] else "no",
+        ),
+        ("newest valid", os.path.basename(newest["path"]) + ", below" if newest else "none"),
+    ]
+    width = max(len(label) for label, _ in lines)
+    for label, value in lines:
+        print(f"{label.ljust(width)}  {value}", file=out)
+    for line in summary["skipped"]:
+        print(f"  {line}", file=out)
+    if newest is not None:
+        print(file=out)
+        _print_text(newest, out)
+
+
 def run_inspect(path: str, *, as_json: bool, key_file: str | None, out: TextIO) -> int:
     """Print the summary of ``path``; errors propagate to the command line's handler."""
-    key = None
-    if key_file is not None:
-        with open(key_file, "rb") as handle:
-            key = handle.read()
-        if not key:
-            raise InspectUsageError(f"the key file {key_file} is empty")
+    key = read_key_file(key_file) if key_file is not None else None
     summary = summarize(path, key=key)
     if as_json:
         print(json.dumps(summary, indent=2, default=str), file=out)
+    elif summary["kind"] == "directory":
+        _print_directory(summary, out)
     else:
         _print_text(summary, out)
     return EXIT_OK

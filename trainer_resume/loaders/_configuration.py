@@ -58,9 +58,7 @@ def check_resumable_configuration(
                     "the batch sampler was built with resumable=False; build it with resumable=True"
                 )
             return
-        if type(batch_sampler) is BatchSampler and _is_epoch_sampler(
-            batch_sampler.sampler
-        ):
+        if type(batch_sampler) is BatchSampler and _is_epoch_sampler(batch_sampler.sampler):
             return
         raise UnsupportedResumeConfigurationError(
             f"batch_sampler {type(batch_sampler).__name__} (over "

@@ -54,32 +54,70 @@ EPOCH_SAMPLERS = (
 )
 _GENERATOR_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
-_ORDER_SALT = (
-    0x6F72_6465_72  # b"order": seeds of the orders of samplers without a generator
-)
+_ORDER_SALT = 0x6F72_6465_72  # b"order": seeds of the orders of samplers without a generator
 _EPOCH_SALT = 0x6570_6F63_68  # b"epoch": per-epoch base of the augmentation seeds
 
 Cursor = tuple[int, int]
 
 
-class _Epoch:
-    """One computed epoch: its batches (or indices) and what produced them."""
+def _random_permutations(
+    size: int, count: int, generator: torch.Generator, *, draw_empty_rest: bool
+) -> list[int]:
+    """``list(RandomSampler(..., num_samples=count, generator=generator))`` without replacement.
 
-    __slots__ = ("generator_state", "items", "number", "sampler_epoch", "starts")
+    The same draws as its ``__iter__`` (a permutation per whole pass and one more for the
+    rest, which a whole pass draws also when the rest is empty: ``draw_empty_rest`` keeps
+    a caller's generator in step with that), read as whole lists: iterating the sampler
+    costs a generator step per index, twice the permutation itself.
+    """
+    order: list[int] = []
+    for _ in range(count // size):
+        order.extend(torch.randperm(size, generator=generator).tolist())
+    if count % size or draw_empty_rest:
+        order.extend(torch.randperm(size, generator=generator).tolist()[: count % size])
+    return order
+
+
+class _Epoch:
+    """One computed epoch: the sampler's indices in order and what produced them.
+
+    A ``BatchSampler`` cuts its sampler's indices into consecutive batches of
+    ``batch_size`` (the last one partial unless ``drop_last``), so batch ``i`` is the
+    slice ``[i * batch_size, (i + 1) * batch_size)``: only the indices are kept.
+    """
+
+    __slots__ = ("batch_size", "count", "generator_state", "indices", "number", "sampler_epoch")
 
     def __init__(
         self,
         number: int,
-        items: list[Any],
-        starts: list[int],
+        indices: list[Any],
+        batch_size: int | None,
+        drop_last: bool,
         generator_state: Any,
         sampler_epoch: Any,
     ) -> None:
         self.number = number
-        self.items = items
-        self.starts = starts  # sample offset of each item within the epoch
+        self.indices = indices
+        self.batch_size = batch_size  # None: each item is one index
+        if batch_size is None:
+            self.count = len(indices)
+        elif drop_last:
+            self.count = len(indices) // batch_size
+        else:
+            self.count = -(-len(indices) // batch_size)
         self.generator_state = generator_state
         self.sampler_epoch = sampler_epoch
+
+    def item(self, number: int) -> Any:
+        size = self.batch_size
+        if size is None:
+            return self.indices[number]
+        return self.indices[number * size : (number + 1) * size]
+
+    def start(self, number: int) -> int:
+        """Sample offset of item ``number`` within the epoch."""
+        return number * (self.batch_size or 1)
 
 
 class EpochSource:
@@ -94,30 +132,21 @@ class EpochSource:
 
     epochs = True  # each iter(loader) is one epoch
     format = keys.EPOCH_SAMPLER_FORMAT
+    shards_stream = False  # DistributedSampler's order depends on the world size anyway
 
-    def __init__(
-        self, sampler: Any, batch_sampler: BatchSampler | None, dataset_size: int
-    ) -> None:
+    def __init__(self, sampler: Any, batch_sampler: BatchSampler | None, dataset_size: int) -> None:
         self.sampler = sampler
         self.batch_sampler = batch_sampler
         self.generator: torch.Generator | None = (
             sampler.generator if isinstance(sampler, _GENERATOR_SAMPLERS) else None
         )
         distributed = isinstance(sampler, DistributedSampler)
-        self._replicas, self._rank = (
-            (sampler.num_replicas, sampler.rank) if distributed else (1, 0)
-        )
+        self._replicas, self._rank = (sampler.num_replicas, sampler.rank) if distributed else (1, 0)
         self._settings: EpochSamplerSettings = {
             "sampler": type(sampler).__name__,
-            "batch_sampler": type(batch_sampler).__name__
-            if batch_sampler is not None
-            else None,
-            "batch_size": batch_sampler.batch_size
-            if batch_sampler is not None
-            else None,
-            "drop_last": bool(batch_sampler.drop_last)
-            if batch_sampler is not None
-            else False,
+            "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
+            "batch_size": batch_sampler.batch_size if batch_sampler is not None else None,
+            "drop_last": bool(batch_sampler.drop_last) if batch_sampler is not None else False,
             "dataset_size": dataset_size,
             "sampler_length": len(sampler),
             "replacement": bool(getattr(sampler, "replacement", False)),
@@ -140,9 +169,7 @@ class EpochSource:
         return self._epoch, self._offset
 
     def _length(self) -> int:
-        return len(
-            self.batch_sampler if self.batch_sampler is not None else self.sampler
-        )
+        return len(self.batch_sampler if self.batch_sampler is not None else self.sampler)
 
     # --- epochs ----------------------------------------------------------------------
 
@@ -163,35 +190,42 @@ class EpochSource:
                     f"call set_epoch({expected}) (the epoch the state was saved in) before iterating"
                 )
         self._expected_sampler_epoch = None
-        generator_state = (
-            self.generator.get_state() if self.generator is not None else None
+        generator_state = self.generator.get_state() if self.generator is not None else None
+        batch_sampler = self.batch_sampler
+        computed = _Epoch(
+            self._epoch,
+            self._order(augmentation_seed),
+            batch_sampler.batch_size if batch_sampler is not None else None,
+            bool(batch_sampler.drop_last) if batch_sampler is not None else False,
+            generator_state,
+            sampler_epoch,
         )
-        items = self._order(augmentation_seed)
-        if self._offset > len(items):
+        if self._offset > computed.count:
             raise LoaderStateError(
                 f"the loaded position is batch {self._offset} of epoch {self._epoch}, which has only "
-                f"{len(items)} batch(es) here; load a state saved by a loader with the same sampler"
+                f"{computed.count} batch(es) here; load a state saved by a loader with the same sampler"
             )
-        starts, total = [], 0
-        for item in items:
-            starts.append(total)
-            total += len(item) if self.batch_sampler is not None else 1
-        self._computed = _Epoch(
-            self._epoch, items, starts, generator_state, sampler_epoch
-        )
+        self._computed = computed
 
     def _order(self, augmentation_seed: int) -> list[Any]:
-        source = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        """The sampler's indices for the cursor's epoch (its whole pass, in order)."""
         sampler = self.sampler
-        if self.generator is not None or not isinstance(sampler, _GENERATOR_SAMPLERS):
-            return list(source)
-        generator = torch.Generator()
-        generator.manual_seed(derive_seed(augmentation_seed, _ORDER_SALT, self._epoch))
-        sampler.generator = (
-            generator  # only for this computation: no global generator is drawn
-        )
+        generator = self.generator
+        if generator is None and isinstance(sampler, _GENERATOR_SAMPLERS):
+            generator = torch.Generator()
+            generator.manual_seed(derive_seed(augmentation_seed, _ORDER_SALT, self._epoch))
+        if type(sampler) is RandomSampler and not sampler.replacement:
+            return _random_permutations(
+                len(sampler.data_source),
+                sampler.num_samples,
+                generator,
+                draw_empty_rest=generator is self.generator,  # a private one is not seen again
+            )
+        if generator is self.generator:
+            return list(sampler)
+        sampler.generator = generator  # only for this computation: no global generator is drawn
         try:
-            return list(source)
+            return list(sampler)
         finally:
             sampler.generator = None
 
@@ -204,9 +238,7 @@ class EpochSource:
     def tasks(self, pending: deque[Pending], augmentation_seed: int) -> Iterator[Task]:
         computed = self._computed
         if computed is None or computed.number != self._epoch:
-            raise RuntimeError(
-                "EpochSource.begin() was not called for the epoch being iterated"
-            )
+            raise RuntimeError("EpochSource.begin() was not called for the epoch being iterated")
         return self._tasks(computed, self._offset, pending, augmentation_seed)
 
     def _tasks(
@@ -216,14 +248,14 @@ class EpochSource:
         pending: deque[Pending],
         augmentation_seed: int,
     ) -> Iterator[Task]:
-        number, items, starts = computed.number, computed.items, computed.starts
+        number = computed.number
         base = derive_seed(augmentation_seed, _EPOCH_SALT, number)
-        stride, rank, last = self._replicas, self._rank, len(items) - 1
-        for index in range(offset, len(items)):
+        stride, rank, last = self._replicas, self._rank, computed.count - 1
+        for index in range(offset, computed.count):
             after = (number + 1, 0) if index == last else (number, index + 1)
-            position = starts[index] * stride + rank
+            position = computed.start(index) * stride + rank
             pending.append((position, (number, index), after, index == last))
-            yield base, position, items[index]
+            yield base, position, computed.item(index)
 
     def commit(self, before: Cursor, after: Cursor) -> None:
         if before != (self._epoch, self._offset):
@@ -243,13 +275,9 @@ class EpochSource:
                 computed.sampler_epoch,
             )
         else:
-            generator_state = (
-                self.generator.get_state() if self.generator is not None else None
-            )
+            generator_state = self.generator.get_state() if self.generator is not None else None
             sampler_epoch = (
-                self.sampler.epoch
-                if isinstance(self.sampler, DistributedSampler)
-                else None
+                self.sampler.epoch if isinstance(self.sampler, DistributedSampler) else None
             )
         return {
             keys.FORMAT: keys.EPOCH_SAMPLER_FORMAT,
@@ -318,11 +346,7 @@ class EpochSource:
                     f"{what}[{keys.GENERATOR!r}] must be None: this sampler has no generator"
                 )
             return
-        if (
-            not isinstance(value, torch.Tensor)
-            or value.dtype != torch.uint8
-            or value.dim() != 1
-        ):
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
             raise LoaderStateError(
                 f"{what}[{keys.GENERATOR!r}] must be a 1-D uint8 tensor (a generator state)"
             )

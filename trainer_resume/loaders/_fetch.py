@@ -1,16 +1,26 @@
 """Fetching one batch with replayable augmentation, in the main process or a worker.
 
 The loader hands its workers ``(seed base, first stream position, indices)`` tasks
-instead of bare indices. Sample ``i`` of a task runs with Python ``random``, NumPy's
-global generator and torch CPU seeded by ``derive_seed(base, position)``, and
-``collate_fn`` runs seeded by a per-batch seed: the same stream position gives the
-same augmentation in any process, with any number of workers. A failing sample or
-collate is returned as a :class:`FetchFailure` (not raised) so the main process can
+instead of bare indices, and the global generators (Python ``random``, NumPy's global
+generator, torch CPU) are seeded from the task, so the same stream position gives the
+same augmentation in any process, with any number of workers:
+
+* per batch: ``seed_batch(batch_seed(base, first position))`` before the batch's
+  first sample; its samples and then ``collate_fn`` draw in order from it. A batch is
+  always fetched whole by one process, so this is exact, at one reseed per batch; a
+  sample's augmentation then depends on its place in the batch.
+* per sample: sample ``i`` runs seeded by ``derive_seed(base, position)`` and
+  ``collate_fn`` by the batch seed, as under ``rng_scope``, so a sample's augmentation
+  depends only on its stream position (not on the batch size or the world size), at
+  one reseed per sample.
+
+A failing sample or collate is returned as a :class:`FetchFailure` (not raised) so the main process can
 report the dataset index and chain the original exception, whatever the worker did.
 """
 
 from __future__ import annotations
 
+import functools
 import pickle
 import traceback
 from collections.abc import Callable
@@ -18,16 +28,28 @@ from typing import Any
 
 from torch.utils.data import Dataset, get_worker_info
 
-from ..rng import derive_seed, derive_seeds, rng_scope, seed_cpu_generators
+from ..rng import derive_seed, derive_seeds, seed_cpu_generators
+from ._seeding import CallerGenerators, seed_batch
 
-__all__ = ["BatchFetcher", "FetchFailure", "as_is", "collate_seed"]
+__all__ = ["BatchFetcher", "FetchFailure", "as_is", "batch_seed"]
 
 _COLLATE_SALT = 0x636F_6C6C_6174_65  # b"collate": keeps batch seeds apart from sample seeds
+_CALLER: list[CallerGenerators] = []  # this process's, made on first use (never pickled)
 
 
-def collate_seed(augmentation_seed: int, first_position: int) -> int:
-    """Seed of the ``collate_fn`` call of the batch starting at ``first_position``."""
+def batch_seed(augmentation_seed: int, first_position: int) -> int:
+    """Seed of the batch starting at ``first_position`` (per-sample seeding: of its ``collate_fn``)."""
     return derive_seed(augmentation_seed, first_position, _COLLATE_SALT)
+
+
+def _seeded_per_sample() -> None:
+    pass
+
+
+def _caller_generators() -> CallerGenerators:
+    if not _CALLER:
+        _CALLER.append(CallerGenerators())
+    return _CALLER[0]
 
 
 def as_is(batch: Any) -> Any:
@@ -38,7 +60,7 @@ def as_is(batch: Any) -> Any:
 class FetchFailure:
     """Returned instead of a batch when ``dataset[index]`` or ``collate_fn`` raised."""
 
-    __slots__ = ("first_position", "index", "position", "stage", "exception", "remote_traceback", "summary")
+    __slots__ = ("exception", "first_position", "index", "position", "remote_traceback", "stage", "summary")
 
     def __init__(
         self,
@@ -92,15 +114,25 @@ class BatchFetcher(Dataset):
         batched: Tasks carry a list of indices (``batch_size`` set) or one index
             (``batch_size=None``, where ``collate_fn`` gets the single sample).
         stride: Global-stream distance between the samples of one task (the world
-            size for a sharded sampler, 1 otherwise): seeds follow global positions,
-            so a sample's augmentation does not depend on the world size.
+            size for a sharded sampler, 1 otherwise): per-sample seeds follow global
+            positions, so a sample's augmentation does not depend on the world size.
+        per_sample: Seed every sample (else once per batch).
     """
 
-    def __init__(self, dataset: Any, collate_fn: Callable[[Any], Any], batched: bool, stride: int = 1) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        collate_fn: Callable[[Any], Any],
+        batched: bool,
+        stride: int = 1,
+        *,
+        per_sample: bool = False,
+    ) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.batched = batched
         self.stride = stride
+        self.per_sample = per_sample
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names this object lacks; private names are refused so that
@@ -115,27 +147,41 @@ class BatchFetcher(Dataset):
 
     def __getitem__(self, task: tuple[int, int, Any]) -> Any:
         base, first_position, indices = task
+        if self.per_sample:
+            seed = _seeded_per_sample  # _fetch seeds each sample and the collate itself
+        else:
+            seed = functools.partial(seed_batch, batch_seed(base, first_position))
         if get_worker_info() is not None:
             # In a worker nothing but these fetches draws from the global generators,
             # and each fetch reseeds them, so there is no caller state to restore.
+            seed()
             return self._fetch(base, first_position, indices, in_worker=True)
-        with rng_scope(collate_seed(base, first_position)):
-            return self._fetch(base, first_position, indices, in_worker=False)
+        return _caller_generators().run(
+            seed, lambda: self._fetch(base, first_position, indices, in_worker=False)
+        )
 
     def _fetch(self, base: int, first_position: int, indices: Any, *, in_worker: bool) -> Any:
         dataset = self.dataset
         batch = indices if self.batched else (indices,)
-        samples = []
         stride = self.stride
-        seeds = derive_seeds(base, first_position, len(batch), stride=stride)
-        for offset, (index, seed) in enumerate(zip(batch, seeds)):
-            seed_cpu_generators(seed)
+        if not self.per_sample and self.batched and hasattr(dataset, "__getitems__"):
             try:
-                samples.append(dataset[index])
+                samples = dataset.__getitems__(list(batch))
             except Exception as exc:
-                position = first_position + offset * stride
-                return FetchFailure(first_position, index, position, "dataset", exc, in_worker=in_worker)
-        seed_cpu_generators(collate_seed(base, first_position))
+                return FetchFailure(first_position, batch, first_position, "dataset", exc, in_worker=in_worker)
+        else:
+            samples = []
+            seeds = derive_seeds(base, first_position, len(batch), stride=stride) if self.per_sample else ()
+            for offset, index in enumerate(batch):
+                if self.per_sample:
+                    seed_cpu_generators(seeds[offset])
+                try:
+                    samples.append(dataset[index])
+                except Exception as exc:
+                    position = first_position + offset * stride
+                    return FetchFailure(first_position, index, position, "dataset", exc, in_worker=in_worker)
+            if self.per_sample:
+                seed_cpu_generators(batch_seed(base, first_position))
         try:
             return self.collate_fn(samples if self.batched else samples[0])
         except Exception as exc:

@@ -34,6 +34,7 @@ class Source(Protocol):
 
     epochs: bool
     format: str  # the format marker of its states
+    shards_stream: bool  # ranks read slices of one global stream (num_replicas > 1)
 
     def begin(self, augmentation_seed: int) -> None: ...
     def end_epoch(self, number: int) -> None: ...
@@ -70,6 +71,10 @@ class SamplerSource(_StreamSource):
     """Batches of ``batch_size`` consecutive stream positions of an ``InfiniteRandomSampler``."""
 
     format = keys.SAMPLER_FORMAT
+
+    @property
+    def shards_stream(self) -> bool:
+        return self.sampler.num_replicas > 1
 
     def __init__(self, sampler: InfiniteRandomSampler, batch_size: int | None) -> None:
         self.sampler = sampler
@@ -123,6 +128,10 @@ class BatchSamplerSource(_StreamSource):
 
     def __init__(self, batch_sampler: ResumableBatchSampler) -> None:
         self.batch_sampler = batch_sampler
+
+    @property
+    def shards_stream(self) -> bool:
+        return self.batch_sampler.num_replicas > 1
 
     def tasks(self, pending: deque[Pending], augmentation_seed: int) -> Iterator[Task]:
         return self._tasks(self.batch_sampler.cursor, pending, augmentation_seed)

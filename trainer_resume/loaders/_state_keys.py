@@ -30,6 +30,7 @@ OFFSET = "offset"
 SETTINGS = "settings"
 SETTINGS_DIGEST = "settings_digest"
 AUGMENTATION_SEED = "augmentation_seed"
+AUGMENTATION_SEEDING = "augmentation_seeding"  # "batch" or "sample" (absent in older states: "sample")
 BATCH_SIZE = "batch_size"
 DELIVERED_BATCHES = "delivered_batches"
 SAMPLER = "sampler"

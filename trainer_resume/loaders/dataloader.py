@@ -15,6 +15,7 @@ from ..errors import (
     ResumableModeRequiredError,
     UnsupportedResumeConfigurationError,
 )
+from ..pause_signals import worker_start
 from ..rng import derive_seed
 from ..state import LoaderState
 from . import _state_keys as keys
@@ -116,9 +117,12 @@ class ResumableDataLoader(DataLoader):
         pin_memory_device: str = "",
         in_order: bool = True,
         resumable: bool = False,
+        augmentation_seeding: str | None = None,
     ) -> None:
         if not isinstance(resumable, bool):
             raise TypeError(f"resumable must be a bool, got {type(resumable).__name__}")
+        if augmentation_seeding not in (None, "batch", "sample"):
+            raise ValueError(f"augmentation_seeding must be 'batch', 'sample' or None, got {augmentation_seeding!r}")
         if resumable:
             check_resumable_configuration(dataset, sampler, batch_sampler, in_order)
         else:
@@ -155,6 +159,16 @@ class ResumableDataLoader(DataLoader):
             raise ValueError(
                 f"the sampler was built for {expected} samples but the dataset has {len(dataset)}"  # type: ignore[arg-type]
             )
+        if augmentation_seeding == "batch" and source.shards_stream:
+            raise ValueError(
+                "augmentation_seeding='batch' with a sampler sharded over several ranks: a sample's "
+                "augmentation would change with the world size; leave it unset (per sample)"
+            )
+        if augmentation_seeding is None:
+            # Endless samplers may be sharded, and a state of theirs resumes with any world
+            # size, so they seed per sample (by global position) unless asked otherwise.
+            augmentation_seeding = "batch" if source.epochs else "sample"
+        self.augmentation_seeding = augmentation_seeding
         self._stream = Stream(source, keys.draw_seed(generator))
         self._engine: DataLoader | None = None  # internal loader whose persistent workers are reused
         self._active: ResumableIterator | None = None
@@ -191,7 +205,8 @@ class ResumableDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if not self.__dict__.get("resumable", False):
-            return super().__iter__()
+            with worker_start(self):
+                return super().__iter__()
         stream = self._require_stream("iter")
         stream.require_committable()
         if stream.fetch_failure is not None:
@@ -211,7 +226,8 @@ class ResumableDataLoader(DataLoader):
         engine = self._engine
         if engine is None or not self._reuses_workers():
             engine = self._engine = self._build_engine(stream)
-        inner = iter(engine)  # calls iter(Tasks), which publishes this iteration's FIFO
+        with worker_start(engine):  # workers start with the pause signals blocked
+            inner = iter(engine)  # calls iter(Tasks), which publishes this iteration's FIFO
         tasks = cast(Tasks, engine.sampler)
         epoch = source.cursor[0] if source.epochs else 0
         self._active = ResumableIterator(stream, inner, tasks.pending, epoch)
@@ -226,7 +242,13 @@ class ResumableDataLoader(DataLoader):
         worker_seeds = torch.Generator()
         worker_seeds.manual_seed(derive_seed(stream.augmentation_seed, _WORKER_SEED_SALT))
         return DataLoader(
-            BatchFetcher(self.dataset, self.collate_fn, self.batch_sampler is not None, stream.source.stride),
+            BatchFetcher(
+                self.dataset,
+                self.collate_fn,
+                self.batch_sampler is not None,
+                stream.source.stride,
+                per_sample=self.augmentation_seeding == "sample",
+            ),
             batch_size=None,
             sampler=Tasks(stream.source, stream.augmentation_seed),
             num_workers=self.num_workers,
@@ -297,8 +319,18 @@ class ResumableDataLoader(DataLoader):
         stream = self._require_stream("validate_state_dict")
         what = "loader state"
         keys.check_mapping(
-            state, what, (keys.FORMAT, keys.AUGMENTATION_SEED, keys.BATCH_SIZE, keys.DELIVERED_BATCHES, keys.SAMPLER)
+            state,
+            what,
+            (keys.FORMAT, keys.AUGMENTATION_SEED, keys.BATCH_SIZE, keys.DELIVERED_BATCHES, keys.SAMPLER),
+            (keys.AUGMENTATION_SEEDING,),
         )
+        # States written before per-batch seeding existed seeded every sample.
+        seeding = state.get(keys.AUGMENTATION_SEEDING, "sample")
+        if seeding != self.augmentation_seeding:
+            raise LoaderStateError(
+                f"{what}[{keys.AUGMENTATION_SEEDING!r}] is {seeding!r} but this loader seeds per "
+                f"{self.augmentation_seeding!r}; build it with augmentation_seeding={seeding!r}"
+            )
         keys.check_format(state, what, keys.LOADER_FORMAT)
         keys.check_count(state, what, keys.AUGMENTATION_SEED)
         batch_size = state[keys.BATCH_SIZE]
@@ -342,6 +374,7 @@ class ResumableDataLoader(DataLoader):
         return {
             keys.FORMAT: keys.LOADER_FORMAT,
             keys.AUGMENTATION_SEED: stream.augmentation_seed,
+            keys.AUGMENTATION_SEEDING: self.augmentation_seeding,
             keys.BATCH_SIZE: self.batch_size,
             keys.DELIVERED_BATCHES: stream.source.delivered_batches(sampler_state),
             keys.SAMPLER: sampler_state,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import statistics
 from typing import TextIO
 
+from ...rng import seed_cpu_generators
 from .._common import EXIT_CHECK_FAILED, EXIT_OK, format_table
 from .compare import check_epochs, compare_workers, explain
 from .contract import AuditUsageError, ContractReport, check_contract, describe
-from .runs import EpochRun, build_target, is_endless, load_factory, run_epochs, seed_everything
+from .runs import EpochRun, build_target, is_endless, load_factory, run_epochs
 
 __all__ = ["AuditUsageError", "run_audit"]
 
@@ -82,7 +83,7 @@ def run_audit(
     if 0 not in workers:
         print("  num_workers=0 added: it is the reference of the worker comparison", file=out)
 
-    seed_everything(seed)
+    seed_cpu_generators(seed)
     first = build_target(factory, num_workers=0, batch_size=batch_size)
     dataset_size = len(first.dataset)
     origin = (
@@ -116,9 +117,9 @@ def run_audit(
     for workers_count in settings:
         current = first if workers_count == 0 else None
         if current is None:
-            seed_everything(seed)
+            seed_cpu_generators(seed)
             current = build_target(factory, num_workers=workers_count, batch_size=batch_size)
-        seed_everything(seed)
+        seed_cpu_generators(seed)
         try:
             runs[workers_count] = run_epochs(current.loader, dataset_size=dataset_size, epochs=epochs, batches=batches)
         except AuditUsageError:

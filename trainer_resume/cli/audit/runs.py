@@ -5,21 +5,18 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-import random
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .contract import AuditUsageError
 from .tagging import Delivered, keep_samples, tag_loader, value_digest
 
-__all__ = ["EpochRun", "Target", "build_target", "is_endless", "load_factory", "run_epochs", "seed_everything"]
+__all__ = ["EpochRun", "Target", "build_target", "is_endless", "load_factory", "run_epochs"]
 
 
 @dataclass
@@ -84,13 +81,6 @@ def _accepts_num_workers(factory: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.name == "num_workers" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch CPU, so every worker setting starts from the same RNG."""
-    random.seed(seed)
-    np.random.seed(seed % (1 << 32))
-    torch.manual_seed(seed)
 
 
 def build_target(factory: Callable[..., Any], *, num_workers: int, batch_size: int) -> Target:

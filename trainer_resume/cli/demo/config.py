@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from importlib import resources
 from typing import cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ...example import default_config_text
 from .._common import UsageError
 
-__all__ = ["DemoConfigError", "bundled_config_text", "load_demo_config"]
+__all__ = ["DemoConfigError", "load_demo_config"]
 
 _MISSING = object()
 
 
 class DemoConfigError(UsageError):
     """The config file or an override cannot be used (message names the file or key)."""
-
-
-def bundled_config_text() -> str:
-    """The packaged default config (``trainer_resume/configs/demo.yaml``)."""
-    return (resources.files("trainer_resume") / "configs" / "demo.yaml").read_text(encoding="utf-8")
 
 
 def _kind(value: object) -> str:
@@ -54,7 +49,7 @@ def load_demo_config(path: str | None, overrides: Sequence[str]) -> DictConfig:
     """
     try:
         if path is None:
-            config = OmegaConf.create(bundled_config_text())
+            config = OmegaConf.create(default_config_text())
         else:
             config = OmegaConf.load(path)
     except FileNotFoundError as error:

@@ -10,4 +10,4 @@ from __future__ import annotations
 from .loader import ReuseDataLoader, ReuseDataset, ReuseSampler
 from .policy import ReuseKey, ReusePolicy
 
-__all__ = ["ReusePolicy", "ReuseKey", "ReuseDataset", "ReuseSampler", "ReuseDataLoader"]
+__all__ = ["ReuseDataLoader", "ReuseDataset", "ReuseKey", "ReusePolicy", "ReuseSampler"]

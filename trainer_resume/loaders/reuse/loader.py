@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ...pause_signals import worker_start
 from ...rng import rng_scope
 from .keyed_permutation import KeyedPermutation
 from .policy import ReuseKey, ReusePolicy, check_int
@@ -344,7 +345,9 @@ class ReuseDataLoader(DataLoader):
         self.dataset.set_epoch(epoch)
         if self._reuse_sampler is not None:
             self._reuse_sampler.set_epoch(epoch)
-        return _EpochIterator(self, super().__iter__(), epoch)
+        with worker_start(self):  # workers start with the pause signals blocked
+            inner = super().__iter__()
+        return _EpochIterator(self, inner, epoch)
 
 
 class _EpochIterator:

@@ -12,11 +12,12 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
 
 from ..._weights_only import refused_entry
+from ...state import SampleRecord
 from .policy import ReuseKey
 
 __all__ = [
@@ -48,18 +49,6 @@ LoadFn = Callable[[str], Any]
 
 MISSING: Any = object()
 UNREADABLE: Any = object()
-
-
-class SampleRecord(TypedDict):
-    """What one sample file holds."""
-
-    format: str
-    index: int
-    generation: int
-    seed: int
-    lifetime: int
-    fingerprint: str | int | None
-    sample: Any
 
 
 def sample_path(directory: Path, index: int) -> Path:

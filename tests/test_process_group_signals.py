@@ -1,0 +1,132 @@
+"""A SIGTERM to the whole process group pauses exactly: loader workers do not die of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+from _signal_trainers import STEPS, STEPS_PER_EPOCH, GroupSignalTrainer
+
+from trainer_resume import PauseSignalWarning, pause_signals_blocked
+from trainer_resume.mixin import TrainingResumeMixin
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# (start method, workers, step): five steps with two fork workers, two of them an
+# epoch's last step; spawn and forkserver workers get the signal while they are
+# still starting up (step 0). One spawn worker: each imports torch anew.
+PLAN = [("fork", 2, step) for step in (1, 3, STEPS_PER_EPOCH, 6, 2 * STEPS_PER_EPOCH)]
+PLAN += [("spawn", 1, 0), ("forkserver", 2, 0)]
+
+
+def run_child(workdir):
+    code = textwrap.dedent(
+        f"""
+        from _signal_trainers import child_main
+        child_main({str(workdir)!r}, {PLAN!r})
+        """
+    )
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE]))
+    # A session of its own: the child signals its process group, not pytest's.
+    return subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=300,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_pauses_exactly_with_two_workers(tmp_path):
+    child = run_child(tmp_path)
+    assert child.returncode == 0, child.stderr[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    expected_steps = [max(signal_at, 1) for _, _, signal_at in PLAN]
+    assert [result["paused_at"] for result in results] == expected_steps
+    assert [result.get("forkserver_alive") for result in results][-1] is True
+
+    reference = GroupSignalTrainer()
+    expected = [reference.step() for _ in range(STEPS)]
+    assert torch.isfinite(torch.stack(expected)).all()
+    for result in results:
+        resumed = GroupSignalTrainer()
+        resumed.resume(result["path"])
+        losses = [resumed.step() for _ in range(STEPS - result["paused_at"])]
+        assert all(torch.equal(a, b) for a, b in zip(expected[result["paused_at"] :], losses)), result
+        for name, value in reference.model.state_dict().items():
+            assert torch.equal(value, resumed.model.state_dict()[name]), (result, name)
+        final = resumed.optimizer.state_dict()["state"]
+        for index, entries in reference.optimizer.state_dict()["state"].items():
+            assert torch.equal(entries["momentum_buffer"], final[index]["momentum_buffer"]), (result, index)
+
+
+class _Requests(TrainingResumeMixin):
+    def __init__(self):
+        self._initialize_training_resume({}, version="1")
+
+    def _resume_objects(self):
+        return {}
+
+    def _resume_loaders(self):
+        return {}
+
+
+def test_a_signal_to_the_main_process_while_workers_start_is_not_lost(tmp_path):
+    trainer = _Requests()
+    with trainer.pause_on_signal(tmp_path / "pause.ckpt"):
+        with pause_signals_blocked():
+            os.kill(os.getpid(), signal.SIGTERM)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert signal.SIGTERM in blocked
+        assert trainer.pause_requested
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_signals_armed_for_pauses_are_blocked_in_started_processes_too(tmp_path):
+    trainer = _Requests()
+    with trainer.pause_on_signal(tmp_path / "pause.ckpt", signals=(signal.SIGUSR2,)):
+        with pause_signals_blocked():
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2} <= blocked
+
+
+def test_a_forkserver_started_without_the_block_is_warned_about(monkeypatch):
+    from multiprocessing import forkserver
+
+    bystander = subprocess.Popen(["sleep", "60"])  # stands in for a server started elsewhere
+    try:
+        monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", bystander.pid)
+        with pytest.warns(PauseSignalWarning) as caught:
+            with pause_signals_blocked("forkserver"):
+                pass
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert str(caught[0].message) == (
+        f"the multiprocessing forkserver (pid {bystander.pid}) was started without the pause signals "
+        "blocked: a signal to the whole process group kills it, and with it every later DataLoader "
+        "worker start; start it inside trainer_resume.pause_signals_blocked() (for example by starting "
+        "the first loader's workers before anything else uses the forkserver)"
+    )
+
+
+def test_a_forkserver_started_inside_the_block_is_not_warned_about(monkeypatch):
+    from multiprocessing import forkserver
+
+    with pause_signals_blocked():
+        protected = subprocess.Popen(["sleep", "60"])
+    try:
+        monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", protected.pid)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pause_signals_blocked("forkserver"):
+                pass
+    finally:
+        protected.kill()
+        protected.wait()

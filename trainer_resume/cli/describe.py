@@ -1,0 +1,356 @@
+"""What ``trainer-resume inspect`` says about a file: one plain-data summary per kind.
+
+The summary is the JSON that ``inspect --json`` prints and the source of the text
+report. Every kind of file :func:`~trainer_resume.checkpoint_files.read_checkpoint_file`
+reads is described: pause files of the mixin (one process or several), Lightning
+pause files and checkpoints (ours, verified, or plain), finished markers, other
+``save_checkpoint`` files and plain ``torch.save`` files. Keys common to all kinds:
+
+- ``path``, ``file_bytes``, ``kind``, ``description``;
+- ``verified`` and ``integrity`` (the verified header), or ``not_verified``;
+- ``steps``: the counters the file holds (``completed_steps``, Lightning's
+  ``global_step``, a plain file's ``global_step`` / ``step`` / ``epoch``...), and
+  ``epoch`` when known;
+- ``rng``: ``{"saved": false}`` or what was saved, for how many processes;
+- ``config_signature`` (or ``None``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..adapters.lightning_files import PAUSE_KEY
+from ..checkpoint_files import (
+    CHECKPOINT,
+    FINISHED,
+    LIGHTNING,
+    LIGHTNING_PAUSE,
+    PAUSE,
+    TORCH,
+    CheckpointFile,
+    tensor_totals,
+)
+from ..errors import CheckpointCorruptedError, CheckpointFormatError
+from ..finished import finished_marker_path
+from ..loaders._state_keys import (
+    BATCH_SAMPLER_FORMAT,
+    EPOCH_SAMPLER_FORMAT,
+    SAMPLER_FORMAT,
+)
+from ..point_files import SkippedCheckpointWarning, candidates, point_name
+
+__all__ = ["NOT_VERIFIED", "describe_directory", "describe_file", "loader_position", "rng_summary"]
+
+NOT_VERIFIED = "not verified: no trainer-resume header"
+
+DIRECTORY = "directory"
+_DESCRIPTIONS = {
+    PAUSE: "pause file (TrainingResumeMixin)",
+    LIGHTNING_PAUSE: "Lightning pause file (ResumeCallback)",
+    LIGHTNING: "Lightning checkpoint",
+    FINISHED: "finished marker (the run completed; nothing to resume)",
+    CHECKPOINT: "checkpoint (save_checkpoint)",
+    TORCH: "torch.save file",
+}
+# Counters a plain training checkpoint commonly holds at its top level.
+_PLAIN_COUNTERS = ("global_step", "step", "steps", "iteration", "epoch")
+_SHOWN_VALUE = 40  # scalar entries up to this many characters are shown with their value
+
+
+def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str, Any]:
+    """The summary of a read file (see the module docstring)."""
+    summary: dict[str, Any] = {
+        "path": file.path,
+        "file_bytes": file.file_bytes,
+        "kind": file.kind,
+        "description": _DESCRIPTIONS[file.kind],
+        "verified": file.verified,
+    }
+    if file.header is not None:
+        summary["integrity"] = {
+            "file_format_version": file.header.format_version,
+            "payload_bytes": file.header.payload_length,
+            "digest": file.header.sha256,
+            "signed": file.header.signed,
+            "signature_verified": signature_verified,
+        }
+    else:
+        summary["not_verified"] = NOT_VERIFIED
+    content = file.content
+    if file.kind == PAUSE:
+        summary.update(_pause(content))
+        steps = content.get("completed_steps")
+        if isinstance(steps, int) and os.path.basename(file.path) == point_name(steps):
+            summary["description"] = "resume point (TrainingResumeMixin)"
+    elif file.kind in (LIGHTNING, LIGHTNING_PAUSE):
+        summary.update(_lightning(content))
+    elif file.kind == FINISHED:
+        summary.update(
+            steps={"completed_steps": content.get("completed_steps")},
+            epoch=None,
+            finished_at=content.get("finished_at"),
+            rng={"saved": False},
+            config_signature=None,
+        )
+    else:
+        summary.update(_entries(content))
+    return summary
+
+
+# ---------------------------------------------------------------------- pause files
+
+
+def _pause(content: Mapping[str, Any]) -> dict[str, Any]:
+    distributed = (
+        content.get("distributed") if isinstance(content.get("distributed"), Mapping) else {}
+    )
+    ranks = distributed.get("ranks") if isinstance(distributed.get("ranks"), list) else []
+    regular = content.get("regular") or {}
+    shared = list(content.get("shared_keys") or [])
+    objects = dict(content.get("objects") or {})
+    seen: set[int] = set()
+    described: dict[str, Any] = {}
+    for name in [*objects, *(n for n in shared if n not in objects)]:
+        count, size = tensor_totals(regular.get(name) if name in shared else objects[name], seen)
+        described[str(name)] = {"tensors": count, "bytes": size, "shared": name in shared}
+    summary: dict[str, Any] = {
+        "format": content.get("format"),
+        "module_version": content.get("module_version"),
+        "config_signature": content.get("config_signature"),
+        "completed_steps": content.get("completed_steps"),
+        "steps": {"completed_steps": content.get("completed_steps")},
+        "epoch": None,
+        "world_size": distributed.get("world_size", 1),
+        "objects": described,
+    }
+    if regular:
+        rest = {k: v for k, v in regular.items() if k not in shared}
+        count, size = tensor_totals(rest, seen)
+        summary["regular_checkpoint"] = {
+            "keys": [str(k) for k in regular],
+            "unshared_keys": [str(k) for k in rest],
+            "tensors": count,
+            "bytes": size,
+        }
+    # Every rank saved the same global cursor; rank 0's loaders are the file's top level.
+    summary["loaders"] = {
+        str(name): loader_position(state) for name, state in (content.get("loaders") or {}).items()
+    }
+    rank_rng = [rank.get("rng") for rank in ranks if isinstance(rank, Mapping)]
+    summary["rng"] = rng_summary(content.get("rng"), processes=len(rank_rng) or 1)
+    summary["extra"] = [str(k) for k in (content.get("extra") or {})]
+    if "config" in content:
+        summary["config"] = content["config"]
+    return summary
+
+
+def loader_position(state: Any) -> dict[str, Any]:
+    """Consumed samples, cycle, offset (with its unit), delivered batches and ranks of a loader."""
+    position: dict[str, Any] = {}
+    if not isinstance(state, Mapping):
+        return position
+    inner = state.get("sampler") if isinstance(state.get("sampler"), Mapping) else state
+    for key in ("consumed", "cycle", "epoch", "offset", "num_replicas"):
+        if key in inner:
+            position[key] = inner[key]
+    settings = inner.get("settings")
+    if (
+        "num_replicas" not in position
+        and isinstance(settings, Mapping)
+        and "num_replicas" in settings
+    ):
+        position["num_replicas"] = settings["num_replicas"]
+    sampler_format = inner.get("format")
+    if sampler_format in (BATCH_SAMPLER_FORMAT, EPOCH_SAMPLER_FORMAT):
+        position["offset_unit"] = "batches"  # batches delivered within the cycle or epoch
+    elif sampler_format == SAMPLER_FORMAT:
+        position["offset_unit"] = "samples"
+    if "delivered_batches" in state:
+        position["delivered_batches"] = state["delivered_batches"]
+    if sampler_format is not None:
+        position["sampler_format"] = sampler_format
+    return position
+
+
+# ---------------------------------------------------------------------- RNG
+
+
+def _fingerprint(value: Any) -> str:
+    hasher = hashlib.sha256()
+
+    def feed(item: Any) -> None:
+        if isinstance(item, torch.Tensor):
+            hasher.update(
+                item.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            )
+        elif isinstance(item, Mapping):
+            for key in sorted(item, key=str):
+                hasher.update(str(key).encode())
+                feed(item[key])
+        elif isinstance(item, (list, tuple)):
+            for element in item:
+                feed(element)
+        else:
+            hasher.update(repr(item).encode())
+
+    feed(value)
+    return hasher.hexdigest()[:16]
+
+
+def rng_summary(rng: Any, *, processes: int = 1) -> dict[str, Any]:
+    """What a saved main-process RNG state holds (``{"saved": False}`` when there is none)."""
+    if not isinstance(rng, Mapping):
+        return {"saved": False}
+    summary: dict[str, Any] = {
+        "saved": True,
+        "processes": processes,
+        "fingerprint": _fingerprint(rng),
+    }
+    python = rng.get("python")
+    if isinstance(python, Mapping) and isinstance(python.get("internal"), torch.Tensor):
+        summary["python"] = f"Mersenne Twister, position {int(python['internal'][-1])}"
+    numpy_state = rng.get("numpy")
+    if isinstance(numpy_state, Mapping):
+        summary["numpy"] = f"{numpy_state.get('kind')}, position {numpy_state.get('pos')}"
+    torch_state = rng.get("torch")
+    if isinstance(torch_state, torch.Tensor):
+        summary["torch"] = (
+            f"CPU generator, {torch_state.numel()} bytes, fingerprint {_fingerprint(torch_state)}"
+        )
+    cuda = rng.get("cuda")
+    summary["cuda"] = (
+        f"device {rng.get('cuda_device')}, {cuda.numel()} bytes"
+        if isinstance(cuda, torch.Tensor)
+        else "not saved"
+    )
+    return summary
+
+
+# ---------------------------------------------------------------------- Lightning
+
+
+def _lightning(content: Mapping[str, Any]) -> dict[str, Any]:
+    entry = content.get(PAUSE_KEY) if isinstance(content.get(PAUSE_KEY), Mapping) else {}
+    objects: dict[str, Any] = {}
+    count, size = tensor_totals(content.get("state_dict"))
+    objects["state_dict"] = {"tensors": count, "bytes": size, "shared": False}
+    for key, label in (("optimizer_states", "optimizer"), ("lr_schedulers", "lr_scheduler")):
+        for number, state in enumerate(content.get(key) or []):
+            count, size = tensor_totals(state)
+            objects[f"{label} {number}"] = {"tensors": count, "bytes": size, "shared": False}
+    fit_loop = (content.get("loops") or {}).get("fit_loop") or {}
+    loader_states = (fit_loop.get("state_dict") or {}).get("combined_loader") or []
+    rng_states = entry.get("rng") if isinstance(entry.get("rng"), list) else []
+    summary: dict[str, Any] = {
+        "lightning_version": content.get("pytorch-lightning_version"),
+        "steps": {"global_step": _number(content.get("global_step"))},
+        "epoch": _number(content.get("epoch")),
+        "world_size": entry.get("world_size", 1) if entry else None,
+        "config_signature": entry.get("config_signature") if entry else None,
+        "objects": objects,
+        "loaders": {
+            f"train {number}": loader_position(s) for number, s in enumerate(loader_states)
+        },
+        "rng": rng_summary(rng_states[0] if rng_states else None, processes=len(rng_states) or 1),
+        "callbacks": [str(name) for name in (content.get("callbacks") or {})],
+        "hyper_parameters": [str(name) for name in (content.get("hyper_parameters") or {})],
+    }
+    if entry and "config" in entry:
+        summary["config"] = entry["config"]
+    return summary
+
+
+# ---------------------------------------------------------------------- other files
+
+
+def _number(value: Any) -> Any:
+    """An int (or float) counter, also when stored as a 0-d tensor; anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return value
+
+
+def _entries(content: Any) -> dict[str, Any]:
+    items = content.items() if isinstance(content, Mapping) else [("(value)", content)]
+    entries: dict[str, Any] = {}
+    found: dict[str, Any] = {}
+    for name, value in items:
+        count, size = tensor_totals(value)
+        entry: dict[str, Any] = {"type": type(value).__name__, "tensors": count, "bytes": size}
+        number = _number(value)
+        if isinstance(number, (bool, int, float, str)) and len(repr(number)) <= _SHOWN_VALUE:
+            entry["value"] = number
+        entries[str(name)] = entry
+        if (
+            name in _PLAIN_COUNTERS
+            and isinstance(number, (int, float))
+            and not isinstance(number, bool)
+        ):
+            found[str(name)] = number
+    steps = {name: found[name] for name in _PLAIN_COUNTERS if name in found}
+    return {
+        "steps": steps,
+        "epoch": steps.get("epoch"),
+        "entries": entries,
+        "rng": {"saved": False},
+        "config_signature": None,
+    }
+
+
+# ---------------------------------------------------------------------- directories
+
+
+def describe_directory(
+    path: str, *, key: bytes | None = None, read: Callable[[str], CheckpointFile]
+) -> dict[str, Any]:
+    """A resume-point directory: its points, pause files, finished marker, and its newest
+    valid file described in full (``read`` verifies and loads one file).
+
+    Read-only: unlike ``resume_latest`` it removes no temp file and refuses nothing.
+
+    Raises:
+        CheckpointFormatError: the directory holds none of these (321).
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SkippedCheckpointWarning)
+        found = candidates(path, key=key)
+    skipped = [str(w.message) for w in caught if issubclass(w.category, SkippedCheckpointWarning)]
+    marker = finished_marker_path(path)
+    finished = os.path.isfile(marker)
+    if not found and not finished:
+        raise CheckpointFormatError(
+            f"{path} is a directory without resume points, pause files or a finished marker"
+        )
+    summary: dict[str, Any] = {
+        "path": path,
+        "kind": DIRECTORY,
+        "description": "resume-point directory",
+        "points": [
+            {"file": os.path.basename(c.path), "completed_steps": c.completed_steps}
+            for c in found
+            if c.is_point
+        ],
+        "pause_files": [
+            {"file": os.path.basename(c.path), "completed_steps": c.completed_steps}
+            for c in found
+            if not c.is_point
+        ],
+        "finished": os.path.basename(marker) if finished else None,
+        "newest": None,
+    }
+    for candidate in found:  # newest first; the first one that verifies is what a resume takes
+        try:
+            file = read(candidate.path)
+        except (CheckpointCorruptedError, CheckpointFormatError) as error:
+            skipped.append(f"skipped {candidate.path}: {error}")
+            continue
+        summary["newest"] = describe_file(file, signature_verified=key is not None)
+        break
+    summary["skipped"] = skipped
+    return summary

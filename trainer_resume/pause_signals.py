@@ -1,0 +1,176 @@
+"""The pause signals, and keeping them away from the processes a trainer starts.
+
+Slurm, ``timeout`` and Kubernetes signal the whole process group. A DataLoader
+worker killed by that SIGTERM takes the pause down with it: the main process sees
+"worker killed by signal" in the middle of its last step or of the pause write.
+So the processes a trainer starts must not react to the pause signals, from their
+very first instruction (a handler set in ``worker_init_fn`` comes too late for
+``spawn`` and ``forkserver``: the signal can land while the worker imports torch).
+
+The rule: start processes inside :func:`pause_signals_blocked`. The starting
+thread blocks the pause signals for the duration of the start; the signal mask is
+inherited through ``fork`` and kept across ``exec``, so the new process (and the
+``forkserver`` process, when it starts there) has them blocked for its whole life,
+while a signal sent to the main process meanwhile stays pending and is delivered
+the moment the block ends: none is lost. ``ResumableDataLoader`` starts its
+workers this way; do the same for your own subprocesses (or plain DataLoaders:
+``with pause_signals_blocked(): batches = iter(loader)``). A process started so
+is stopped by ``SIGKILL``, not by ``SIGTERM``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+from ._signals import DEFAULT_PAUSE_SIGNALS, armed_signals
+
+__all__ = [
+    "DEFAULT_PAUSE_SIGNALS",
+    "PauseSignalWarning",
+    "pause_signals",
+    "pause_signals_blocked",
+    "worker_start",
+]
+
+# Forkserver processes known to have been started with the pause signals blocked.
+_PROTECTED_SERVERS: set[int] = set()
+_WARNED: set[str] = set()
+
+
+class PauseSignalWarning(UserWarning):
+    """A process that may die on a pause signal sent to the whole process group."""
+
+
+def pause_signals() -> frozenset[signal.Signals]:
+    """The signals processes started by this one must not react to.
+
+    ``SIGTERM`` and ``SIGUSR1``, plus any other signal ``pause_on_signal`` (or the
+    Lightning ``ResumeCallback``) was given in this process.
+    """
+    return frozenset(DEFAULT_PAUSE_SIGNALS) | armed_signals()
+
+
+@contextmanager
+def pause_signals_blocked(context: Any = None) -> Iterator[None]:
+    """Start processes inside this block: they keep the pause signals blocked for life.
+
+    Blocks the pause signals in the calling thread for the block's duration (a
+    signal arriving meanwhile is delivered when the block ends). Processes started
+    inside inherit the block through fork and exec.
+
+    Args:
+        context: The multiprocessing context (or start-method name) the block starts
+            processes with, when known: with ``forkserver`` a server started earlier,
+            outside such a block, is checked (Linux) and warned about.
+
+    Warns:
+        PauseSignalWarning: the platform cannot block signals per thread, or the
+            forkserver was started without the pause signals blocked.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        _warn_once(
+            "platform",
+            "this platform cannot block signals while processes start: DataLoader workers and other "
+            "subprocesses may die on a pause signal sent to the whole process group",
+        )
+        yield
+        return
+    method = _start_method(context)
+    if method in ("spawn", "forkserver"):
+        # Started later, inside the block, it would unblock SIGTERM in this thread (it
+        # blocks SIGINT/SIGTERM around its own start, then unblocks them).
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    server_before = _forkserver_pid() if method == "forkserver" else None
+    if server_before is not None:
+        _check_forkserver(server_before)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, pause_signals())
+    try:
+        yield
+    finally:
+        if server_before is None and method == "forkserver":
+            started = _forkserver_pid()
+            if started is not None:  # it started here, with the signals blocked
+                _PROTECTED_SERVERS.add(started)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def worker_start(loader: Any) -> AbstractContextManager[None]:
+    """The block to create a DataLoader's iterator in (its workers start there)."""
+    if not getattr(loader, "num_workers", 0):
+        return nullcontext()
+    return pause_signals_blocked(getattr(loader, "multiprocessing_context", None))
+
+
+def _start_method(context: Any) -> str | None:
+    if context is None:
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+    if isinstance(context, str):
+        return context
+    getter = getattr(context, "get_start_method", None)
+    return getter() if callable(getter) else None
+
+
+def _forkserver_pid() -> int | None:
+    try:
+        from multiprocessing import forkserver
+    except ImportError:  # no forkserver on this platform
+        return None
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    return pid if isinstance(pid, int) else None
+
+
+def _check_forkserver(pid: int) -> None:
+    if pid in _PROTECTED_SERVERS:
+        return
+    wanted = 0
+    for number in pause_signals():
+        wanted |= 1 << (number - 1)
+    masks = _signal_masks(pid)
+    if masks is not None and (masks["SigBlk"] | masks["SigIgn"]) & wanted == wanted:
+        _PROTECTED_SERVERS.add(pid)
+        return
+    _warn_once(
+        f"forkserver-{pid}",
+        f"the multiprocessing forkserver (pid {pid}) was started without the pause signals blocked: a "
+        "signal to the whole process group kills it, and with it every later DataLoader worker start; "
+        "start it inside trainer_resume.pause_signals_blocked() (for example by starting the first "
+        "loader's workers before anything else uses the forkserver)",
+    )
+
+
+def _signal_masks(pid: int) -> dict[str, int] | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            lines = status.read().splitlines()
+    except OSError:
+        return None
+    masks = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name in ("SigBlk", "SigIgn"):
+            masks[name] = int(value.strip(), 16)
+    return masks if len(masks) == 2 else None
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(message, PauseSignalWarning, stacklevel=4)
+
+
+def _forget_after_fork() -> None:
+    # A forked child starts its own forkserver, if it ever uses one.
+    _PROTECTED_SERVERS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
