@@ -41,7 +41,9 @@ CONFIG = {
     "optim": {"lr": 0.05, "decay": 0.9},
     "data": {"size": SIZE},
 }
-JOIN_TIMEOUT_S = 90.0
+# Only a hung run waits this long: spawned ranks that import torch take over a minute
+# on a loaded machine, and a deadline hit there would fail a run that is fine.
+JOIN_TIMEOUT_S = 300.0
 
 
 class IdDataset(Dataset):

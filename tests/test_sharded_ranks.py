@@ -26,13 +26,8 @@ FIRST, SECOND, KILLED = 2, 3, 5
 WORLD = 2
 
 
-# Only a hung run waits this long; spawning ranks that import torch can take a minute
-# on a loaded machine, and a deadline hit there would fail a run that is fine.
-DEADLINE_S = 300.0
-
-
 def _launch(world: int, job: dict[str, Any], out) -> list[int | None]:
-    return launch(world, job, out, main=rank_main, timeout=DEADLINE_S)
+    return launch(world, job, out, main=rank_main)
 
 
 @pytest.fixture(scope="module")
