@@ -11,7 +11,8 @@ one AdamW step (so the optimizer state exists), then pause in turn, in rotating 
   state on rank 0, which writes it with ``save_checkpoint``.
 
 Time: from a barrier until the last rank returns (a second barrier). Memory: each
-rank's peak RSS above its baseline (``ru_maxrss`` after resetting it, Linux). The
+rank's peak RSS above its baseline (``ru_maxrss`` after resetting it, Linux; large
+blocks are mmapped so that memory freed by an earlier round leaves the RSS). The
 median over the repeats is reported. Prints a table and writes JSON to
 ``benchmarks/out/sharded_pause.json``.
 
@@ -141,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch.multiprocessing as mp
 
+    # Large blocks from mmap, returned to the system when freed: otherwise glibc keeps
+    # the memory a round freed resident, and the next round's peak would hide in it.
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 17))
     width, layers = (1024, 8) if args.quick else (2048, 16)
     with tempfile.TemporaryDirectory() as scratch:
         options = {"width": width, "layers": layers, "repeats": args.repeats, "directory": scratch}
