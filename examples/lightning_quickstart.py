@@ -101,6 +101,9 @@ def main() -> None:
     # (1) The callback: pauses on SIGTERM/SIGUSR1 and signs the config (run_dir may move).
     signed = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "run_dir"])
     resume = ResumeCallback(run_dir / "pause.ckpt", config=signed)
+    if resume.finished:  # run again after it completed (a requeued job): nothing to do
+        print(f"the run in {run_dir} is finished; weights in {run_dir / 'final_weights.pt'}")
+        return
     callbacks: list[pl.Callback] = [
         resume,
         ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=cfg.trainer.checkpoint_every_n_steps),

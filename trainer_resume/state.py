@@ -26,6 +26,7 @@ __all__ = [
     "BatchSamplerState",
     "EpochSamplerSettings",
     "EpochSamplerState",
+    "StatefulSamplerState",
     "LoaderState",
     "RankPauseState",
     "DistributedPauseState",
@@ -34,6 +35,11 @@ __all__ = [
     "LightningPauseState",
     "FinishedMarker",
     "PAUSE_FORMAT",
+    "SAMPLER_FORMAT",
+    "BATCH_SAMPLER_FORMAT",
+    "EPOCH_SAMPLER_FORMAT",
+    "LOADER_FORMAT",
+    "STATEFUL_SAMPLER_FORMAT",
     "SHARDED_FORMAT",
     "ShardedFileEntry",
     "ShardedManifest",
@@ -41,6 +47,12 @@ __all__ = [
 
 PAUSE_FORMAT = "trainer_resume.pause/1"
 SHARDED_FORMAT = "trainer_resume.sharded/1"
+# The "format" entries of the loader states below.
+SAMPLER_FORMAT = "trainer_resume.sampler/1"
+BATCH_SAMPLER_FORMAT = "trainer_resume.batch_sampler/1"
+EPOCH_SAMPLER_FORMAT = "trainer_resume.epoch_sampler/1"
+LOADER_FORMAT = "trainer_resume.loader/1"
+STATEFUL_SAMPLER_FORMAT = "trainer_resume.stateful_sampler/1"
 
 
 def cpu_state(value: Any) -> Any:
@@ -224,6 +236,18 @@ class EpochSamplerState(TypedDict):
     sampler_epoch: int | None  # DistributedSampler.epoch the epoch was ordered with
 
 
+class StatefulSamplerState(TypedDict):
+    """Position of a loader over a sampler with its own ``state_dict()`` (torchdata's
+    ``Stateful`` protocol): the sampler's state after the last delivered batch."""
+
+    format: str  # "trainer_resume.stateful_sampler/1"
+    epoch: int  # passes over the sampler ended before the current one
+    offset: int  # batches delivered within the current pass
+    samples: int  # samples in those batches (seeds follow sample positions)
+    delivered: int  # batches delivered since the start
+    sampler_state: Any  # the sampler's state_dict() after the last delivered batch
+
+
 class _LoaderStateOptional(TypedDict, total=False):
     augmentation_seeding: str  # "batch" or "sample"; absent in older states, which seeded per sample
 
@@ -238,7 +262,7 @@ class LoaderState(_LoaderStateOptional):
     augmentation_seed: int  # sample seed = derive_seed(augmentation_seed, stream position)
     batch_size: int | None  # the loader's batch_size (None with a batch sampler)
     delivered_batches: int
-    sampler: SamplerState | BatchSamplerState | EpochSamplerState
+    sampler: SamplerState | BatchSamplerState | EpochSamplerState | StatefulSamplerState
 
 
 class RankPauseState(TypedDict):
@@ -307,6 +331,12 @@ class LightningPauseState(TypedDict):
     config_signature: str | None
     config: Any  # canonical form of the config (plain data), or None
     rng: list[RandomState]  # main-process RNG of each global rank, by rank
+    # Left to the resumed fit: the validation due after the paused batch, and the
+    # epoch end when the paused batch is its epoch's last (absent: neither).
+    pending_validation: NotRequired[bool]
+    pending_epoch_end: NotRequired[bool]
+    metrics: NotRequired[dict[str, dict[str, Any]]]  # last logged: callback, logged, progress_bar
+    epoch_metrics_in_progress: NotRequired[list[str]]  # on_epoch training metrics not carried over
 
 
 class FinishedMarker(TypedDict):

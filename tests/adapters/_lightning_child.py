@@ -1,13 +1,19 @@
 """Lightning training runs for the adapter tests, in-process or as a child process.
 
 Run as a script: ``python _lightning_child.py MODE OUT [--steps N] [--pause-step K]
-[--epoch-batches E] [--workers W]``. Every mode writes ``OUT/result_<mode>.pt`` with
-the per-step losses, the final weights and the optimizer state.
+[--epoch-batches E] [--workers W]`` and, for the loop features, ``[--pause-batch B]
+[--validate] [--val-check-interval F] [--accumulate A] [--max-epochs M]
+[--epoch-loader] [--two-loaders] [--dictconfig]``. Every mode writes
+``OUT/result_<mode>.pt`` with the per-step losses, the final weights and the
+optimizer state (and, with the loop features, every batch's loss and every
+validation batch's loss).
 
 Modes:
     reference     uninterrupted fit of N steps, no ResumeCallback.
     pause         fit with ResumeCallback; after step K is printed ("STEP K") the
-                  run waits for the pause request (a real SIGTERM from the parent).
+                  run waits for the pause request (a real SIGTERM from the parent);
+                  with --pause-batch B it waits after the B-th training batch
+                  ("BATCH B") instead.
     resume        fit(ckpt_path=<pause file>) in a fresh process, to step N.
     plain-pause   plain Lightning: ModelCheckpoint every step, no ResumeCallback;
                   waits at step K for Lightning's own SIGTERM handling to stop it.
@@ -32,17 +38,22 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from omegaconf import OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from trainer_resume.adapters.lightning import DurableCheckpointIO, ResumeCallback
-from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
+from trainer_resume.loaders import (
+    InfiniteRandomSampler,
+    ResumableDataLoader,
+    build_batch_sampler,
+)
 
 SEED = 1234
 FEATURES = 8
 CONFIG = {"model": {"hidden": 32, "dropout": 0.25}, "optim": {"lr": 0.01, "step_size": 3, "gamma": 0.8}}
-WAIT_S = 60.0
+WAIT_S = 300.0  # how long a gate waits for the signal: generous, the machine may be loaded
 
 
 class AugmentedDataset(Dataset):
@@ -89,6 +100,55 @@ class Regressor(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+class LoopsRegressor(Regressor):
+    """Regressor for the loop features: dict batches of several loaders, validation,
+    OmegaConf hyper-parameters; records every training and validation batch's loss."""
+
+    def __init__(self, config: Any = CONFIG, *, dictconfig: bool = False) -> None:
+        super().__init__(config)
+        if dictconfig:
+            self.save_hyperparameters(OmegaConf.create(config))
+        self.batch_losses: dict[str, torch.Tensor] = {}
+        self.val_losses: dict[str, torch.Tensor] = {}
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.training_steps += 1
+        parts = list(batch.values()) if isinstance(batch, dict) else [batch]
+        loss = sum(nn.functional.mse_loss(self.net(x), y) for x, y in parts)
+        self.batch_losses[f"e{self.current_epoch}b{batch_idx}"] = loss.detach().clone()
+        self.losses[self.global_step + 1] = loss.detach().clone()
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        # The random draw makes the validation's place in the RNG sequence visible.
+        loss = nn.functional.mse_loss(self.net(x), y) + 0.01 * torch.rand(())
+        if not self.trainer.sanity_checking:
+            self.val_losses[f"s{self.global_step}b{batch_idx}"] = loss.clone()
+        self.log("val_loss", loss)
+
+
+def build_epoch_loader(
+    *, workers: int, size: int = 24, batch_size: int = 4, bundled_sampler: bool = False
+) -> ResumableDataLoader:
+    """Shuffled epochs that end (``len`` = batches per epoch), resumable at any batch: the
+    DataLoader drop-in (``shuffle=True``) or the bundled per-epoch batch sampler."""
+    dataset = AugmentedDataset(size)
+    if not bundled_sampler:
+        return ResumableDataLoader(
+            dataset, batch_size=batch_size, shuffle=True, num_workers=workers, resumable=True
+        )
+    batches = build_batch_sampler(
+        "naive", dataset, batch_size, repeat=False, shuffle=True, drop_last=False, resumable=True
+    )
+    return ResumableDataLoader(dataset, batch_sampler=batches, num_workers=workers, resumable=True)
+
+
+def build_val_loader() -> DataLoader:
+    data = AugmentedDataset(8)
+    return DataLoader(TensorDataset(data.x, data.y), batch_size=4)
+
+
 def build_loader(*, workers: int, size: int = 48, batch_size: int = 4) -> ResumableDataLoader:
     dataset = AugmentedDataset(size)
     return ResumableDataLoader(
@@ -101,11 +161,17 @@ def build_loader(*, workers: int, size: int = 48, batch_size: int = 4) -> Resuma
 
 
 def build_trainer(
-    *, steps: int, epoch_batches: int, callbacks: list[pl.Callback], checkpointing: bool = False, **kwargs: Any
+    *,
+    steps: int,
+    epoch_batches: int,
+    callbacks: list[pl.Callback],
+    checkpointing: bool = False,
+    max_epochs: int = -1,
+    **kwargs: Any,
 ) -> pl.Trainer:
     return pl.Trainer(
         max_steps=steps,
-        max_epochs=-1,
+        max_epochs=max_epochs,
         limit_train_batches=epoch_batches or None,
         accelerator="cpu",
         devices=1,
@@ -119,16 +185,28 @@ def build_trainer(
 
 
 class StepGate(pl.Callback):
-    """Prints each finished step; at step ``pause_step`` waits until ``ready()`` is true."""
+    """Prints each finished step; at step ``pause_step`` waits until ``ready()`` is true.
 
-    def __init__(self, pause_step: int, ready: Any) -> None:
+    With ``pause_batch``, prints and waits by training batch instead (batches differ
+    from steps under gradient accumulation).
+    """
+
+    def __init__(self, pause_step: int, ready: Any, pause_batch: int | None = None) -> None:
         self.pause_step = pause_step
         self.ready = ready
+        self.pause_batch = pause_batch
+        self.batches = 0
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        print(f"STEP {trainer.global_step}", flush=True)
-        if trainer.global_step != self.pause_step:
-            return
+        self.batches += 1
+        if self.pause_batch is not None:
+            print(f"BATCH {self.batches}", flush=True)
+            if self.batches != self.pause_batch:
+                return
+        else:
+            print(f"STEP {trainer.global_step}", flush=True)
+            if trainer.global_step != self.pause_step:
+                return
         deadline = time.monotonic() + WAIT_S
         while not self.ready(trainer):
             if time.monotonic() > deadline:
@@ -166,7 +244,12 @@ class _KillTarget(pl.Callback):
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         if trainer.global_step == 2 and self.point == "pickling":
+            # Allowed, so DurableCheckpointIO's weights-only check lets it through to pickling.
+            torch.serialization.add_safe_globals([_BlockWhilePickled])
             checkpoint["block"] = _BlockWhilePickled()
+
+
+RECORDS = ("batch_losses", "val_losses")
 
 
 def result(model: Regressor, trainer: pl.Trainer, **extra: Any) -> dict[str, Any]:
@@ -177,6 +260,7 @@ def result(model: Regressor, trainer: pl.Trainer, **extra: Any) -> dict[str, Any
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "global_step": trainer.global_step,
         "training_steps": model.training_steps,
+        **{name: dict(getattr(model, name)) for name in RECORDS if hasattr(model, name)},
         **extra,
     }
 
@@ -189,6 +273,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause-step", type=int, default=5)
     parser.add_argument("--epoch-batches", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--pause-batch", type=int, default=None)
+    parser.add_argument("--validate", action="store_true")
+    parser.add_argument("--val-check-interval", type=float, default=1.0)
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--max-epochs", type=int, default=-1)
+    parser.add_argument("--epoch-loader", choices=["drop-in", "batch-sampler"], default=None)
+    parser.add_argument("--two-loaders", action="store_true")
+    parser.add_argument("--dictconfig", action="store_true")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -199,21 +291,40 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(SEED)
     random.seed(SEED)
     np.random.seed(SEED)
-    model = Regressor()
-    loader = build_loader(workers=args.workers)
-    common = {"steps": args.steps, "epoch_batches": args.epoch_batches}
+    features = (args.validate, args.accumulate > 1, args.epoch_loader, args.two_loaders, args.dictconfig)
+    loops = any(features)
+    model = LoopsRegressor(dictconfig=args.dictconfig) if loops else Regressor()
+    def build(**options: Any) -> Any:
+        if args.epoch_loader is None:
+            return build_loader(**options)
+        return build_epoch_loader(bundled_sampler=args.epoch_loader == "batch-sampler", **options)
+
+    loader: Any = build(workers=args.workers)
+    if args.two_loaders:
+        loader = {"a": loader, "b": build(workers=args.workers, size=32, batch_size=2)}
+    common: dict[str, Any] = {"steps": args.steps, "epoch_batches": args.epoch_batches}
+    if loops:
+        common.update(
+            max_epochs=args.max_epochs,
+            accumulate_grad_batches=args.accumulate,
+            val_check_interval=args.val_check_interval,
+            limit_val_batches=None if args.validate else 0,
+        )
+    validation = {"val_dataloaders": build_val_loader()} if args.validate else {}
 
     if args.mode == "reference":
         trainer = build_trainer(callbacks=[], **common)
-        trainer.fit(model, loader)
+        trainer.fit(model, loader, **validation)
         torch.save(result(model, trainer), out / "result_reference.pt")
     elif args.mode in ("pause", "resume"):
         resume = ResumeCallback(pause_file, config=CONFIG)
         callbacks: list[pl.Callback] = [resume]
         if args.mode == "pause":
-            callbacks.insert(0, StepGate(args.pause_step, lambda trainer: resume.pause_requested))
+            gate = StepGate(args.pause_step, lambda _: resume.pause_requested, args.pause_batch)
+            callbacks.insert(0, gate)
         trainer = build_trainer(callbacks=callbacks, **common)
-        trainer.fit(model, loader, ckpt_path=resume.ckpt_path if args.mode == "resume" else None)
+        ckpt_path = resume.ckpt_path if args.mode == "resume" else None
+        trainer.fit(model, loader, ckpt_path=ckpt_path, **validation)
         print(f"PAUSED {resume.paused_at_step}", flush=True)
         torch.save(result(model, trainer, paused_at_step=resume.paused_at_step), out / f"result_{args.mode}.pt")
     elif args.mode in ("plain-pause", "plain-resume"):

@@ -269,9 +269,11 @@ def test_resuming_from_a_checkpoint_without_pause_state_warns_that_it_is_not_exa
     checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", filename="last", every_n_train_steps=2,
                                   enable_version_counter=False)
     _fit(tmp_path, steps=2, before=(checkpoints,), checkpointing=True, plugins=[DurableCheckpointIO()])
+    # The first fit completed, so its pause path is marked finished: the resume pauses elsewhere.
+    resume = ResumeCallback(tmp_path / "resumed.ckpt", config=child.CONFIG)
     with pytest.warns(UserWarning, match="not a pause file"):
         _, trainer, _, _ = _fit(tmp_path, steps=4, ckpt_path=tmp_path / "ckpts" / "last.ckpt",
-                                plugins=[DurableCheckpointIO()])
+                                plugins=[DurableCheckpointIO()], resume=resume)
     assert trainer.global_step == 4
 
 

@@ -34,6 +34,9 @@ def test_quickstart_preempted_and_run_again_ends_with_the_uninterrupted_weights(
     assert (tmp_path / "b" / "pause.ckpt").is_file() and not (tmp_path / "b" / "final_weights.pt").exists()
     resumed = _run(tmp_path / "b", tmp_path / "b2.txt", "--preempt-at-step", "9")
     assert "finished 24 steps" in resumed
+    # Requeued once more after the end: exits 0 without training.
+    assert "is finished" in _run(tmp_path / "b", tmp_path / "b3.txt")
+    assert not (tmp_path / "b" / "pause.ckpt").exists()
 
     expected = torch.load(tmp_path / "a" / "final_weights.pt", weights_only=True)
     actual = torch.load(tmp_path / "b" / "final_weights.pt", weights_only=True)

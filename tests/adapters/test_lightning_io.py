@@ -10,12 +10,20 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 
 from trainer_resume.adapters.lightning import DurableCheckpointIO
-from trainer_resume.durable import read_checkpoint_header, save_checkpoint
-from trainer_resume.errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
+from trainer_resume.durable import (
+    load_checkpoint,
+    read_checkpoint_header,
+    save_checkpoint,
+)
+from trainer_resume.errors import (
+    CheckpointFormatError,
+    CheckpointSignatureError,
+    UnsafeCheckpointError,
+)
 
 import _lightning_child as child
 import _lightning_procs as procs
@@ -77,22 +85,39 @@ def test_model_checkpoint_removes_superseded_files_through_the_plugin(tmp_path: 
     assert sorted(path.name for path in tmp_path.iterdir()) == ["step=3.ckpt"]
 
 
-def test_hyperparameters_holding_an_omegaconf_config_are_refused_on_load_not_unpickled(tmp_path: Path) -> None:
+def test_omegaconf_hyperparameters_are_stored_as_plain_containers_and_loaded_back_as_configs(
+    tmp_path: Path,
+) -> None:
     checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="last", every_n_train_steps=2,
                                   enable_version_counter=False)
-    config = OmegaConf.create({"lr": 0.01})
+    config = OmegaConf.create({"lr": 0.01, "layers": [32, 1], "scaled": "${lr}"})
     _fit(tmp_path, model=_WithHyperparameters(config), steps=2, callbacks=[checkpoints],
          plugins=[DurableCheckpointIO()])
-    with pytest.raises(UnsafeCheckpointError) as caught:
-        DurableCheckpointIO().load_checkpoint(tmp_path / "last.ckpt")
-    assert caught.value.code == 328 and "omegaconf" in str(caught.value)
 
-    # The documented fix: give Lightning plain containers.
-    plain = _WithHyperparameters(OmegaConf.to_container(config, resolve=True))
-    _fit(tmp_path, model=plain, steps=2, callbacks=[ModelCheckpoint(
-        dirpath=tmp_path, filename="plain", every_n_train_steps=2, enable_version_counter=False)],
-        plugins=[DurableCheckpointIO()])
-    assert DurableCheckpointIO().load_checkpoint(tmp_path / "plain.ckpt")["hyper_parameters"] == {"run": {"lr": 0.01}}
+    stored = load_checkpoint(tmp_path / "last.ckpt")  # weights-only, no rebuilding
+    assert stored["hyper_parameters"] == {"run": {"lr": 0.01, "layers": [32, 1], "scaled": "${lr}"}}
+    loaded = DurableCheckpointIO().load_checkpoint(tmp_path / "last.ckpt")
+    run = loaded["hyper_parameters"]["run"]
+    assert isinstance(run, DictConfig) and isinstance(run.layers, ListConfig)
+    assert run.scaled == 0.01  # the interpolation survives, unresolved in the file
+    assert "trainer_resume_hparams_types" not in loaded
+
+
+class _Opaque:
+    """An object torch's weights-only loading refuses."""
+
+
+def test_hyperparameters_that_weights_only_loading_would_refuse_are_refused_before_writing(
+    tmp_path: Path,
+) -> None:
+    io = DurableCheckpointIO()
+    checkpoint = {"pytorch-lightning_version": "2.6.6", "hyper_parameters": {"run": {"tokenizer": _Opaque()}}}
+    with pytest.raises(UnsafeCheckpointError) as caught:
+        io.save_checkpoint(checkpoint, tmp_path / "a.ckpt")
+    assert caught.value.code == 328
+    assert "['hyper_parameters']['run']['tokenizer'] is a" in str(caught.value)
+    assert "_Opaque" in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unsafe_loading_is_refused_rather_than_ignored(tmp_path: Path) -> None:

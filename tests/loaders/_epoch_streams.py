@@ -6,6 +6,7 @@ loaders the parent describes.
 
 from __future__ import annotations
 
+import itertools
 import traceback
 from typing import Any
 
@@ -15,6 +16,7 @@ from torch.utils.data import (
     BatchSampler,
     DistributedSampler,
     RandomSampler,
+    Sampler,
     SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
@@ -30,6 +32,65 @@ def _generator(seed: int) -> torch.Generator:
     generator = torch.Generator()
     generator.manual_seed(seed)
     return generator
+
+
+class ShuffleWithState(Sampler):
+    """A sampler with torchdata's Stateful protocol: a shuffle per pass, its state the
+    pass number and the indices it yielded in it."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.passes, self.yielded = size, seed, 0, 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        generator = torch.Generator()
+        generator.manual_seed(self.seed * 1000 + self.passes)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        for index in order[self.yielded :]:
+            self.yielded += 1
+            yield index
+        self.passes, self.yielded = self.passes + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"passes": self.passes, "yielded": self.yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if set(state) != {"passes", "yielded"}:
+            raise KeyError(f"not a ShuffleWithState state: {sorted(state)}")
+        self.passes, self.yielded = state["passes"], state["yielded"]
+
+
+class BucketsWithState(ShuffleWithState):
+    """A stateful batch sampler: batches of 3 and 5 indices in turn from a shuffle."""
+
+    def __iter__(self):
+        indices = iter(super().__iter__())
+        sizes = (3, 5)
+        while True:
+            batch = list(itertools.islice(indices, sizes[len(self.sizes_seen) % 2]))
+            if not batch:
+                return
+            self.sizes_seen.append(len(batch))
+            yield batch
+
+    def __len__(self) -> int:
+        count, left, turn = 0, self.size, 0
+        while left > 0:
+            left, count, turn = left - (3, 5)[turn], count + 1, 1 - turn
+        return count
+
+    @property
+    def sizes_seen(self) -> list[int]:
+        return self.__dict__.setdefault("_sizes", [])
+
+    def state_dict(self) -> dict[str, int]:
+        return {**super().state_dict(), "turn": len(self.sizes_seen) % 2}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        super().load_state_dict({key: state[key] for key in ("passes", "yielded")})
+        self.__dict__["_sizes"] = [0] * state["turn"]
 
 
 def _sampler_arguments(kind: str, dataset: Any) -> dict[str, Any]:
@@ -60,6 +121,10 @@ def _sampler_arguments(kind: str, dataset: Any) -> dict[str, Any]:
         return {
             "sampler": DistributedSampler(dataset, num_replicas=3, rank=1, shuffle=True, seed=5)
         }
+    if kind == "stateful":
+        return {"sampler": ShuffleWithState(SIZE, 15)}
+    if kind == "stateful-batch-sampler":
+        return {"batch_sampler": BucketsWithState(SIZE, 16)}
     if kind == "batch-sampler":
         return {
             "batch_sampler": BatchSampler(RandomSampler(dataset, generator=_generator(14)), 6, True)
@@ -79,7 +144,10 @@ KINDS = (
     "weighted",
     "distributed",
     "batch-sampler",
+    "stateful",
+    "stateful-batch-sampler",
 )
+BATCH_SAMPLER_KINDS = ("batch-sampler", "stateful-batch-sampler")
 
 
 def make_loader(
@@ -104,7 +172,7 @@ def run_epochs(loader: ResumableDataLoader, epochs: int = EPOCHS, *, after: list
     the state after each batch (``after`` gets the state after each epoch's loop too)."""
     batches, states = [], []
     for epoch in range(loader.epoch, epochs):
-        sampler = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
+        sampler = getattr(loader.batch_sampler, "sampler", loader.sampler)
         if isinstance(sampler, DistributedSampler):
             sampler.set_epoch(epoch)
         for batch in loader:

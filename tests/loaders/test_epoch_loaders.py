@@ -56,7 +56,7 @@ def _resume(kind: str, batch_size: int | None, state: dict, seed: int = 1234, **
 @pytest.mark.parametrize("batch_size", [7, None])
 @pytest.mark.parametrize("kind", epochs.KINDS)
 def test_resume_in_a_fresh_loader_continues_the_uninterrupted_epoch_loop(kind, batch_size):
-    if kind == "batch-sampler" and batch_size is None:
+    if kind in epochs.BATCH_SAMPLER_KINDS and batch_size is None:
         pytest.skip("a batch sampler fixes its own batch size")
     batches, states, _ = _uninterrupted(kind, batch_size)
     per_epoch = len(epochs.make_loader(kind, batch_size))
@@ -150,9 +150,8 @@ def test_an_iterator_replaced_after_delivering_ends_its_epoch_as_with_dataloader
     batches, _, _ = _uninterrupted("shuffle", 7)
     torch.manual_seed(0)
     loader = epochs.make_loader("shuffle")
-    for batch in loader:
-        break  # leave the first epoch after one batch
-    assert torch.equal(batch, batches[0])
+    first = next(iter(loader))  # leave the first epoch after one batch
+    assert torch.equal(first, batches[0])
     assert (loader.epoch, loader.state_dict()["sampler"]["offset"]) == (
         0,
         1,
@@ -253,7 +252,7 @@ def test_a_malformed_epoch_state_is_refused_before_anything_changes(change, matc
 def test_a_batch_sampler_over_an_infinite_sampler_is_refused():
     dataset = streams.AugmentedDataset()
     inner = InfiniteRandomSampler(dataset, resumable=True)
-    with pytest.raises(UnsupportedResumeConfigurationError, match="use one of"):
+    with pytest.raises(UnsupportedResumeConfigurationError, match="give it state_dict"):
         ResumableDataLoader(
             dataset,
             batch_sampler=torch.utils.data.BatchSampler(inner, 2, False),
@@ -279,6 +278,7 @@ def test_resume_in_a_new_process_continues_the_uninterrupted_epoch_loop(tmp_path
         ("random-generator", None),
         ("distributed", 7),
         ("weighted", 7),
+        ("stateful-batch-sampler", None),
     ]:
         batches, states, _ = _uninterrupted(kind, batch_size)
         per_epoch = len(batches) // epochs.EPOCHS
@@ -295,7 +295,7 @@ def test_resume_in_a_new_process_continues_the_uninterrupted_epoch_loop(tmp_path
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("kind", ["shuffle", "distributed"])
+@pytest.mark.parametrize("kind", ["shuffle", "distributed", "stateful"])
 def test_three_workers_give_the_single_process_epochs_and_resume_exactly(kind, persistent):
     single, _, _ = _uninterrupted(kind, 7)
     options = {"persistent_workers": persistent, "prefetch_factor": 3}
@@ -332,3 +332,26 @@ def test_a_random_sampler_with_a_generator_gives_dataloaders_order(num_samples):
     assert all(torch.equal(a, b) for a, b in zip(theirs, ours)) and torch.equal(
         their_state, our_state
     )
+
+
+def test_a_state_its_stateful_sampler_refuses_is_a_loader_state_error_and_moves_nothing():
+    _, states, _ = _uninterrupted("stateful", 7)
+    state = {**states[2], "sampler": {**states[2]["sampler"], "sampler_state": {"passes": 0}}}
+    loader = epochs.make_loader("stateful")
+    before = loader.state_dict()
+    with pytest.raises(LoaderStateError, match="ShuffleWithState.load_state_dict"):
+        loader.load_state_dict(state)
+    assert loader.state_dict() == before
+
+
+def test_a_stateful_sampler_state_is_the_one_after_the_last_delivered_batch():
+    # Prefetch draws ahead; the saved sampler state is the one after the last delivered batch.
+    _, states, _ = _uninterrupted("stateful", 7, num_workers=0)
+    assert [state["sampler"]["sampler_state"] for state in states[:6]] == [
+        {"passes": 0, "yielded": 0},
+        {"passes": 0, "yielded": 7},
+        {"passes": 0, "yielded": 14},
+        {"passes": 0, "yielded": 21},
+        {"passes": 1, "yielded": 0},  # after the last batch of the pass: the pass has ended
+        {"passes": 1, "yielded": 7},
+    ]

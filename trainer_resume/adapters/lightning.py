@@ -4,6 +4,8 @@
   bit-identically with ``fit(ckpt_path=...)``.
 - :class:`DurableCheckpointIO`: a ``CheckpointIO`` plugin that writes every
   checkpoint durably and loads it verified and weights-only.
+- :func:`load_from_checkpoint` and :func:`plain_lightning_checkpoint`: read those
+  files as Lightning's ``load_from_checkpoint`` and a plain checkpoint dict.
 
 Requires ``pytorch_lightning`` >= 2.5.3, the first release with Lightning's own
 fixes to resumed loop counters (2.5.0) and to the double iteration on resume
@@ -23,7 +25,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         f"{MIN_PYTORCH_LIGHTNING}: pip install 'trainer-resume[lightning]'"
     ) from _exc
 
-from packaging.version import Version as _Version
+# packaging comes with pytorch_lightning, so it is imported once Lightning is known present.
+from packaging.version import Version as _Version  # noqa: E402
 
 if _Version(_pl.__version__).release < _Version(MIN_PYTORCH_LIGHTNING).release:
     raise ImportError(
@@ -39,11 +42,17 @@ from .lightning_callback import (  # noqa: E402
     LightningPauseState,
     ResumeCallback,
 )
+from .lightning_files import plain_lightning_checkpoint  # noqa: E402
 from .lightning_io import DurableCheckpointIO  # noqa: E402
+from .lightning_loading import load_from_checkpoint  # noqa: E402
+from .lightning_points import ResumePointsCallback  # noqa: E402
 
 __all__ = [
     "ResumeCallback",
+    "ResumePointsCallback",
     "DurableCheckpointIO",
+    "load_from_checkpoint",
+    "plain_lightning_checkpoint",
     "LightningPauseState",
     "PAUSE_KEY",
     "LIGHTNING_PAUSE_FORMAT",

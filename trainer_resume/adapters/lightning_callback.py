@@ -1,12 +1,15 @@
 """``ResumeCallback``: exact pause and resume of a Lightning ``fit``.
 
 A pause is requested by a signal (``SIGTERM``, ``SIGUSR1`` by default) or by
-:meth:`ResumeCallback.request_pause`. At the next completed training batch all
-ranks agree on it, rank 0 writes the pause checkpoint durably, and the trainer
-stops through ``trainer.should_stop``. ``trainer.fit(..., ckpt_path=<pause file>)``
-continues bit-identically: Lightning restores the module, optimizers, schedulers,
-loops and the loaders' delivered positions; this callback adds the main-process
-RNG (restored once the train iterator exists) and the config check.
+:meth:`ResumeCallback.request_pause`. At the next completed optimizer step all
+ranks agree on it, rank 0 writes the pause checkpoint durably, the validation due
+after that batch is left to the resumed fit (see ``lightning_pause_point``) and the
+trainer stops through ``trainer.should_stop``. ``trainer.fit(..., ckpt_path=<pause
+file>)`` continues bit-identically: Lightning restores the module, optimizers,
+schedulers, loops and the loaders' delivered positions; this callback adds the
+main-process RNG (restored once the train iterator exists), the config check, the
+refusal of training loaders that cannot resume exactly and, when ``fit`` completes,
+the finished marker.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -34,15 +37,34 @@ from ..errors import (
     CheckpointFormatError,
     CheckpointWriteError,
     ConfigSignatureMismatchError,
+    ResumeError,
     ResumeStateMismatchError,
     TrainingPausedError,
     UnsupportedResumeConfigurationError,
 )
+from ..finished import mark_finished, refuse_if_finished, run_finished
 from ..rng import random_state, restore_random_state, validate_random_state
 from ..signature import canonical_config, config_difference, config_signature
 from ..state import LightningPauseState, RandomState
 from .lightning_files import LIGHTNING_PAUSE_FORMAT, PAUSE_KEY
-from .lightning_io import DurableCheckpointIO, PauseFileReader
+from .lightning_hparams import hyperparameter_entries, plain_hyperparameters
+from .lightning_io import DurableCheckpointIO, PauseFileReader, check_loadable
+from .lightning_loaders import check_train_loaders
+from .lightning_metrics import (
+    epoch_metrics_in_progress,
+    logged_metrics_state,
+    restore_logged_metrics,
+)
+from .lightning_pause_point import (
+    PausePoint,
+    end_epoch_on_resume,
+    end_restart,
+    finish_batch_in_checkpoint,
+    pause_point,
+    restore_fit_loop,
+    stop_after_batch,
+    undo_pending_validation_mark,
+)
 from .lightning_positions import DeliveredLoaderStates, LoaderPositionUnknown
 
 __all__ = ["ResumeCallback", "LightningPauseState", "PAUSE_KEY", "LIGHTNING_PAUSE_FORMAT", "DEFAULT_SIGNALS"]
@@ -61,10 +83,18 @@ class ResumeCallback(Callback):
 
     ``resume.ckpt_path`` is the pause file when one exists and ``None`` otherwise,
     so the same script starts fresh or resumes. Exactness needs training loaders
-    whose position Lightning can save (``trainer_resume.loaders.ResumableDataLoader``)
-    and a ``LightningModule`` that draws its randomness from the main-process
-    generators (Python ``random``, NumPy's global generator, torch's CPU and CUDA
-    default generators), as ``Dropout`` does.
+    whose position Lightning can save (``trainer_resume.loaders.ResumableDataLoader``
+    with ``resumable=True``; any other loader is refused when ``fit`` starts, see
+    ``strict``) and a ``LightningModule`` that draws its randomness from the
+    main-process generators (Python ``random``, NumPy's global generator, torch's CPU
+    and CUDA default generators), as ``Dropout`` does.
+
+    A pause requested in the middle of a gradient accumulation
+    (``accumulate_grad_batches > 1``) is deferred to the batch that completes it, so
+    a pause never holds accumulated gradients. When ``fit`` completes (not paused),
+    the run is marked finished (``trainer_resume.finished``): the pause file is
+    retired, :attr:`ckpt_path` is ``None``, :attr:`finished` is true, and a new
+    ``fit`` with this callback is refused with ``RunFinishedError`` (340).
 
     While ``fit`` runs, the callback owns ``signals``: Lightning's own ``SIGTERM``
     handling (which raises ``SIGTERMException`` at the next batch) is replaced by a
@@ -80,6 +110,9 @@ class ResumeCallback(Callback):
             order-sensitive signature is stored in the pause file, and resuming with
             a different config fails with ``ConfigSignatureMismatchError`` before any
             training step.
+        strict: Refuse, when ``fit`` starts, a training loader whose position cannot
+            be saved (``UnsupportedResumeConfigurationError``, 332). ``False`` warns
+            that the resume will not be exact instead.
 
     Raises:
         TypeError, ValueError: ``config`` holds values that have no canonical form.
@@ -91,9 +124,13 @@ class ResumeCallback(Callback):
         *,
         signals: Iterable[int] = DEFAULT_SIGNALS,
         config: Any = None,
+        strict: bool = True,
     ) -> None:
         super().__init__()
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
         self.path = os.fspath(path)
+        self.strict = strict
         self.signals = tuple(signal.Signals(number) for number in signals)
         self._config = canonical_config(config) if config is not None else None
         self._signature = config_signature(self._config) if config is not None else None
@@ -102,6 +139,11 @@ class ResumeCallback(Callback):
         self._paused_at: int | None = None
         self._writing_pause = False
         self._pending_rng: RandomState | None = None
+        self._pending_point: PausePoint | None = None
+        self._pending_metrics: Any = None
+        self._pause_point: PausePoint | None = None
+        self._undo_validation_mark = False
+        self._in_resumed_epoch = False
         self._positions = DeliveredLoaderStates()
         self._handler = self._on_signal  # one bound method, so it can be recognised later
         self._previous: dict[signal.Signals, Handler] = {}
@@ -112,8 +154,21 @@ class ResumeCallback(Callback):
 
     @property
     def ckpt_path(self) -> str | None:
-        """The pause file if it exists, else ``None``: pass it to ``fit(ckpt_path=...)``."""
+        """The pause file if it exists and the run is not finished, else ``None``.
+
+        Pass it to ``fit(ckpt_path=...)``.
+        """
+        if self.finished:
+            return None
         return self.path if os.path.exists(self.path) else None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run that pauses to :attr:`path` completed (its finished marker exists).
+
+        A requeued job can exit right away: ``if resume.finished: sys.exit(0)``.
+        """
+        return run_finished(self.path) is not None
 
     @property
     def pause_requested(self) -> bool:
@@ -198,9 +253,15 @@ class ResumeCallback(Callback):
         """Install the signal handlers and the pause-file reader for ``fit``."""
         if stage != "fit":
             return
+        refuse_if_finished(self.path)
         self._request = None
         self._paused_at = None
         self._pending_rng = None
+        self._pending_point = None
+        self._pending_metrics = None
+        self._pause_point = None
+        self._undo_validation_mark = False
+        self._in_resumed_epoch = False
         self._positions = DeliveredLoaderStates()
         self._install_reader(trainer)
         self._install_signals()
@@ -211,20 +272,68 @@ class ResumeCallback(Callback):
             return
         self._restore_signals()
         self._remove_reader(trainer)
+        restore_fit_loop(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """Restore the previous signal handlers and checkpoint IO (``teardown`` is not called on errors)."""
         self._restore_signals()
         self._remove_reader(trainer)
+        restore_fit_loop(trainer)
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Take the signals back from Lightning's handler."""
         self._take_over_signals()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Take the signals back and note the loaders' states once the iterator exists."""
+        """Check loaders and hyper-parameters; restore the paused run's RNG and metrics."""
         self._take_over_signals()
+        combined_loader = trainer.fit_loop._combined_loader
+        if combined_loader is not None:
+            check_train_loaders(combined_loader.flattened, strict=self.strict)
+        # What would make the pause file unloadable is refused now, not after a preemption.
+        check_loadable(
+            plain_hyperparameters(hyperparameter_entries(pl_module, trainer.datamodule)),
+            where=f"{self.path} (hyper-parameters)",
+        )
         self._positions.on_train_start(trainer)
+        if self._pending_rng is not None:
+            # Here, not in on_load_checkpoint: creating the train iterator (which a
+            # resumed fit does afresh, before this hook) can draw from the
+            # generators, and the validation left pending by the pause runs next.
+            state, self._pending_rng = self._pending_rng, None
+            restore_random_state(state, _cuda_device(pl_module))
+        metrics, self._pending_metrics = self._pending_metrics, None
+        if metrics is not None:
+            restore_logged_metrics(trainer, metrics, pl_module.device)
+        point, self._pending_point = self._pending_point, None
+        if point is not None:
+            self._undo_validation_mark = point.validation
+            self._in_resumed_epoch = True
+            if point.epoch_end and not point.validation:
+                end_epoch_on_resume(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """End Lightning's restart with the epoch the pause interrupted."""
+        if self._in_resumed_epoch:
+            self._in_resumed_epoch = False
+            end_restart(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """After the validation left pending by the pause: put its counters back in step."""
+        if self._undo_validation_mark and not trainer.sanity_checking:
+            self._undo_validation_mark = False
+            undo_pending_validation_mark(trainer)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Mark the run finished when ``fit`` completed without a pause."""
+        if self._paused_at is not None or trainer.interrupted:
+            return
+        key = self._writer(trainer).key
+        self._on_rank_zero(
+            trainer,
+            lambda: mark_finished(self.path, completed_steps=int(trainer.global_step), key=key),
+            f"{self.path}: the finished marker could not be written",
+        )
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -248,22 +357,32 @@ class ResumeCallback(Callback):
             )
         self._check_config(entry, source)
         self._pending_rng = self._rng_of_this_rank(entry, trainer, source)
+        self._pending_point = PausePoint(
+            validation=bool(entry.get("pending_validation", False)),
+            epoch_end=bool(entry.get("pending_epoch_end", False)),
+        )
+        self._pending_metrics = entry.get("metrics")
+        partial = entry.get("epoch_metrics_in_progress")
+        if partial:
+            rank_zero_warn(
+                f"ResumeCallback: the epoch-level values of {sorted(partial)} for the interrupted epoch "
+                "cover only the batches trained after the resume (Lightning cannot save a metric's "
+                "running accumulation); log them with on_epoch=False, or accumulate them in the "
+                "LightningModule's own state (on_save_checkpoint), for exact values"
+            )
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """Refuse a step after a pause; restore the paused run's RNG before the first step."""
+        """Refuse a step after a pause; follow the loaders' delivered position."""
         if self._paused_at is not None:
             raise TrainingPausedError(
                 f"the trainer went on after the pause at step {self._paused_at} (Trainer min_epochs/min_steps "
                 f"not met, so trainer.should_stop was ignored); resume from {self.path}"
             )
+        # The pending validation ran before this batch, or had no batch to run.
+        self._undo_validation_mark = False
         self._positions.on_train_batch_start(trainer)
-        if self._pending_rng is not None:
-            # Here, not in on_load_checkpoint: creating the train iterator (which a
-            # resumed fit does afresh) can draw from the generators.
-            state, self._pending_rng = self._pending_rng, None
-            restore_random_state(state, _cuda_device(pl_module))
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -272,10 +391,17 @@ class ResumeCallback(Callback):
         # Every rank takes part in the reduction each batch, so all pause at the same step.
         if not trainer.strategy.reduce_boolean_decision(self._request is not None, all=False):
             return
+        if trainer.fit_loop.epoch_loop._should_accumulate():
+            # Mid-accumulation: the gradients of this batch wait for the next ones. Pausing
+            # at the batch that completes the accumulation keeps gradients out of the pause.
+            return
+        # Before should_stop is set: Lightning validates whenever should_stop is set.
+        self._pause_point = pause_point(trainer)
         self._write_pause(trainer)
         self._request = None
         self._paused_at = trainer.global_step
         trainer.should_stop = True
+        stop_after_batch(trainer)
         rank_zero_info(f"ResumeCallback: paused at step {trainer.global_step}; pause file {self.path}")
 
     def on_save_checkpoint(
@@ -284,6 +410,7 @@ class ResumeCallback(Callback):
         """Save the loaders' delivered positions; add RNG and config to a pause file."""
         self._save_delivered_positions(trainer, checkpoint)
         if self._writing_pause:
+            point = self._pause_point or PausePoint(validation=False, epoch_end=False)
             entry: LightningPauseState = {
                 "format": LIGHTNING_PAUSE_FORMAT,
                 "global_step": int(trainer.global_step),
@@ -291,6 +418,10 @@ class ResumeCallback(Callback):
                 "config_signature": self._signature,
                 "config": self._config,
                 "rng": _gather_by_rank(trainer, random_state(_cuda_device(pl_module))),
+                "pending_validation": point.validation,
+                "pending_epoch_end": point.epoch_end,
+                "metrics": logged_metrics_state(trainer),
+                "epoch_metrics_in_progress": epoch_metrics_in_progress(trainer),
             }
             checkpoint[PAUSE_KEY] = entry
 
@@ -311,25 +442,49 @@ class ResumeCallback(Callback):
         if states is not None:
             fit_state["combined_loader"] = states
 
-    def _write_pause(self, trainer: pl.Trainer) -> None:
+    def pause_checkpoint(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """The checkpoint a pause writes after the current batch (every rank calls it).
+
+        Call it in ``on_train_batch_end``, before ``should_stop`` is set, at a batch that
+        completes its gradient accumulation. Resume points (``ResumePointsCallback``)
+        write the same content while the fit goes on.
+        """
+        point = pause_point(trainer)
+        saved, self._pause_point = self._pause_point, point
         self._writing_pause = True
         try:
-            # Not trainer.save_checkpoint: the pause file must be durable whatever IO the
-            # trainer uses, and a failed write must be known to every rank, not leave
-            # the others waiting in a barrier.
             checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         finally:
             self._writing_pause = False
+            self._pause_point = saved
+        finish_batch_in_checkpoint(checkpoint, point)
+        return checkpoint
+
+    def _write_pause(self, trainer: pl.Trainer) -> None:
+        # Not trainer.save_checkpoint: the pause file must be durable whatever IO the
+        # trainer uses, and a failed write must be known to every rank, not leave
+        # the others waiting in a barrier.
+        checkpoint = self.pause_checkpoint(trainer)
+        writer = self._writer(trainer)
+        self._on_rank_zero(
+            trainer,
+            lambda: writer.save_checkpoint(checkpoint, self.path),
+            f"{self.path}: the pause file could not be written",
+        )
+
+    def _on_rank_zero(self, trainer: pl.Trainer, action: Callable[[], Any], failure: str) -> None:
+        # Rank 0 acts; every rank learns whether it succeeded, so a failure is raised
+        # everywhere instead of leaving the other ranks waiting in a collective.
         error: BaseException | None = None
         if trainer.is_global_zero:
             try:
-                self._writer(trainer).save_checkpoint(checkpoint, self.path)
-            except (CheckpointWriteError, OSError) as exc:
+                action()
+            except (ResumeError, OSError) as exc:
                 error = exc
         if not trainer.strategy.reduce_boolean_decision(error is None, all=True):
-            if isinstance(error, CheckpointWriteError):
+            if isinstance(error, ResumeError):
                 raise error
-            raise CheckpointWriteError(f"{self.path}: the pause file could not be written") from error
+            raise CheckpointWriteError(failure) from error
 
     def _check_config(self, entry: Mapping[str, Any], source: str) -> None:
         saved = entry.get("config_signature")

@@ -7,7 +7,8 @@ file format (``DurableCheckpointIO``, ``ResumeCallback``'s pause file, which add
 the ``"trainer_resume"`` entry), which ``torch.load`` and
 ``LightningModule.load_from_checkpoint`` cannot open. :func:`write_plain_checkpoint`
 verifies such a file and writes the same dict as a plain ``torch.save`` file that
-they can.
+they can; :func:`plain_lightning_checkpoint` returns the dict Lightning itself would
+have written (OmegaConf hyper-parameters rebuilt as configs), for loading in memory.
 
 This module does not import ``pytorch_lightning``: the files are plain data, so the
 command line can describe and convert them where Lightning is not installed.
@@ -19,17 +20,17 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
-from .._atomic import TempFile, replace_atomically
+from .._atomic import save_plain_torch_file
 from ..durable import load_checkpoint
 from ..errors import CheckpointFormatError
+from .lightning_hparams import rebuilt_hyperparameters
 
 __all__ = [
     "LIGHTNING_PAUSE_FORMAT",
     "PAUSE_KEY",
     "is_lightning_checkpoint",
     "plain_checkpoint",
+    "plain_lightning_checkpoint",
     "save_plain_checkpoint",
     "write_plain_checkpoint",
 ]
@@ -71,11 +72,7 @@ def save_plain_checkpoint(checkpoint: Mapping[str, Any], out: str | os.PathLike[
     Raises:
         CheckpointWriteError: writing failed (327); the cause is chained.
     """
-
-    def fill(handle: TempFile) -> None:
-        torch.save(checkpoint, handle)
-
-    replace_atomically(os.fspath(out), fill)
+    save_plain_torch_file(checkpoint, os.fspath(out))
 
 
 def write_plain_checkpoint(
@@ -100,3 +97,32 @@ def write_plain_checkpoint(
     """
     source = os.fspath(path)
     save_plain_checkpoint(plain_checkpoint(load_checkpoint(source, key=key), source), out)
+
+
+def plain_lightning_checkpoint(
+    path: str | os.PathLike[str], *, key: bytes | None = None, map_location: Any = "cpu"
+) -> dict[str, Any]:
+    """Read a pause file or ``DurableCheckpointIO`` file as the checkpoint dict Lightning wrote.
+
+    The file is verified (its signature too, with ``key``) and loaded weights-only;
+    OmegaConf hyper-parameters, stored as plain containers, are rebuilt as
+    ``DictConfig``/``ListConfig`` with their ``hparams_type``, as Lightning's own
+    checkpoint holds them. Everything else is kept, the pause entry included.
+
+    Args:
+        path: The file.
+        key: The signing key the file was written with, if any.
+        map_location: As for ``torch.load``.
+
+    Returns:
+        Lightning's checkpoint dict (``state_dict``, ``optimizer_states``, ``loops``...).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        CheckpointFormatError: not a trainer-resume Lightning file (321).
+        CheckpointCorruptedError, CheckpointSignatureError, UnsafeCheckpointError:
+            as :func:`trainer_resume.load_checkpoint` (322, 339, 328).
+    """
+    source = os.fspath(path)
+    loaded = load_checkpoint(source, map_location=map_location, key=key)
+    return rebuilt_hyperparameters(plain_checkpoint(loaded, source))

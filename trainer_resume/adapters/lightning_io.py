@@ -18,9 +18,11 @@ from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_fabric.utilities.cloud_io import get_filesystem
 
 from ..durable import load_checkpoint, save_checkpoint
-from ..errors import CheckpointFormatError
+from .._weights_only import refused_entry
+from ..errors import CheckpointFormatError, UnsafeCheckpointError
+from .lightning_hparams import plain_hyperparameters, rebuilt_hyperparameters
 
-__all__ = ["DurableCheckpointIO"]
+__all__ = ["DurableCheckpointIO", "check_loadable"]
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +32,12 @@ class DurableCheckpointIO(CheckpointIO):
 
     Use it as ``Trainer(plugins=[DurableCheckpointIO()])``. A crash or ``SIGKILL``
     while a checkpoint is being written leaves the previous file at that path
-    intact. Loading is always weights-only: a checkpoint that holds objects outside
-    the safe set (for example an OmegaConf ``DictConfig`` given to
-    ``save_hyperparameters``) is refused with ``UnsafeCheckpointError`` (328)
-    instead of being unpickled.
+    intact. Loading is always weights-only. OmegaConf hyper-parameters
+    (``save_hyperparameters(cfg)`` with a ``DictConfig``) are stored as plain
+    containers and rebuilt as OmegaConf configs on load; any other object outside
+    the weights-only set is refused with ``UnsafeCheckpointError`` (328) when the
+    file is *written*, naming the entry, so that no file is written that could not
+    be loaded.
 
     Files are written in trainer-resume's checkpoint format (a verified header in
     front of a ``torch.save`` archive), so read them with this plugin or with
@@ -50,6 +54,11 @@ class DurableCheckpointIO(CheckpointIO):
         super().__init__()
         self._key = key
 
+    @property
+    def key(self) -> bytes | None:
+        """The signing key given at construction (files written next to these use it too)."""
+        return self._key
+
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any | None = None
     ) -> None:
@@ -58,6 +67,8 @@ class DurableCheckpointIO(CheckpointIO):
         Raises:
             TypeError: ``storage_options`` was given (as Lightning's ``TorchCheckpointIO``).
             ValueError: ``path`` is not on the local file system.
+            UnsafeCheckpointError: ``checkpoint`` holds an object that weights-only
+                loading would refuse (328); nothing was written.
             CheckpointWriteError: Writing failed (327); the previous file is intact.
         """
         if storage_options is not None:
@@ -65,9 +76,11 @@ class DurableCheckpointIO(CheckpointIO):
                 f"`Trainer.save_checkpoint(..., storage_options=...)` is not supported by {type(self).__name__}"
             )
         target = _local_path(path)
+        plain = plain_hyperparameters(checkpoint)
+        check_loadable(plain, where=target)
         # Lightning's own IO creates the directory too; ModelCheckpoint relies on it.
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-        save_checkpoint(checkpoint, target, key=self._key)
+        save_checkpoint(plain, target, key=self._key)
 
     def load_checkpoint(
         self,
@@ -96,8 +109,8 @@ class DurableCheckpointIO(CheckpointIO):
         if weights_only is False:
             raise ValueError(
                 f"{type(self).__name__} loads weights-only and never unpickles arbitrary objects; "
-                "store plain values in the checkpoint (e.g. OmegaConf.to_container(cfg) for hyper-parameters) "
-                "or allow specific classes with torch.serialization.add_safe_globals"
+                "store plain values in the checkpoint or allow specific classes with "
+                "torch.serialization.add_safe_globals"
             )
         target = _local_path(path)
         location = "cpu" if map_location is None else map_location
@@ -108,7 +121,7 @@ class DurableCheckpointIO(CheckpointIO):
             raise CheckpointFormatError(
                 f"{target} holds a {type(checkpoint).__name__}, not the dict a Lightning checkpoint is"
             )
-        return checkpoint
+        return rebuilt_hyperparameters(checkpoint)
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Remove a checkpoint file, as Lightning's ``TorchCheckpointIO`` does."""
@@ -165,6 +178,25 @@ class PauseFileReader(CheckpointIO):
     def teardown(self) -> None:
         """Delegate to the trainer's own IO."""
         self.inner.teardown()
+
+
+def check_loadable(checkpoint: Any, *, where: str) -> None:
+    """Refuse, before writing, a checkpoint that weights-only loading would refuse.
+
+    Args:
+        checkpoint: The checkpoint (or part of one) about to be written.
+        where: The file it is for, named in the message.
+
+    Raises:
+        UnsafeCheckpointError: naming the first refused entry and its class (328).
+    """
+    found = refused_entry(checkpoint, "checkpoint")
+    if found is not None:
+        raise UnsafeCheckpointError(
+            f"{where}: {found}, which a weights-only load refuses; store plain values "
+            "(tensors, numbers, str, lists, dicts) or allow the class with "
+            "torch.serialization.add_safe_globals"
+        )
 
 
 def _local_path(path: str | os.PathLike[str]) -> str:

@@ -13,18 +13,39 @@ from typing import Any
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from ..errors import ResumableModeRequiredError, UnsupportedResumeConfigurationError
+from ._batching import ResumableBatchSampler
 from ._epochs import EPOCH_SAMPLERS, EpochSource
 from ._sources import BatchSamplerSource, SamplerSource, Source
+from ._stateful import StatefulSource, is_stateful
 from .batch_samplers import BATCH_SAMPLER_TARGETS
 from .sampler import InfiniteRandomSampler
 
 __all__ = ["check_resumable_configuration", "source_of"]
 
 _SUPPORTED = (
+    "give it state_dict() and load_state_dict() (torchdata's Stateful protocol), or use "
     "shuffle=True/False, torch's SequentialSampler, RandomSampler, SubsetRandomSampler, "
     "WeightedRandomSampler, DistributedSampler or a BatchSampler over one of them, "
     "InfiniteRandomSampler(resumable=True) or build_batch_sampler(..., resumable=True)"
 )
+
+
+def _saves_its_iteration(value: Any) -> bool:
+    # This package's samplers have state_dict() too, but theirs is a delivered cursor
+    # that iterating does not move: read as a generic stateful sampler, every pass
+    # would start at the same place.
+    return is_stateful(value) and not isinstance(
+        value, (InfiniteRandomSampler, ResumableBatchSampler)
+    )
+
+
+def _is_own_subclass(value: Any) -> bool:
+    # Subclasses of this package's samplers have state_dict() too, but their streams
+    # could not be checked on resume: they are refused, not taken as stateful samplers.
+    own = (InfiniteRandomSampler, *BATCH_SAMPLER_TARGETS.values())
+    return (
+        isinstance(value, (InfiniteRandomSampler, ResumableBatchSampler)) and type(value) not in own
+    )
 
 
 def _is_epoch_sampler(sampler: Any) -> bool:
@@ -51,6 +72,12 @@ def check_resumable_configuration(
             "in_order=False delivers batches in completion order, which a resume cannot repeat; "
             "leave in_order=True (the default) with resumable=True"
         )
+    for given in (sampler, batch_sampler, getattr(batch_sampler, "sampler", None)):
+        if _is_own_subclass(given):
+            raise UnsupportedResumeConfigurationError(
+                f"{type(given).__name__} subclasses a sampler of this package, whose stream could "
+                "not be checked on resume; use InfiniteRandomSampler or build_batch_sampler itself"
+            )
     if batch_sampler is not None:
         if type(batch_sampler) in BATCH_SAMPLER_TARGETS.values():
             if not batch_sampler.resumable:
@@ -58,12 +85,16 @@ def check_resumable_configuration(
                     "the batch sampler was built with resumable=False; build it with resumable=True"
                 )
             return
-        if type(batch_sampler) is BatchSampler and _is_epoch_sampler(batch_sampler.sampler):
+        inner = getattr(batch_sampler, "sampler", None)
+        if type(batch_sampler) is BatchSampler and (
+            _is_epoch_sampler(inner) or _saves_its_iteration(inner)
+        ):
+            return
+        if _saves_its_iteration(batch_sampler):
             return
         raise UnsupportedResumeConfigurationError(
-            f"batch_sampler {type(batch_sampler).__name__} (over "
-            f"{type(getattr(batch_sampler, 'sampler', None)).__name__}) cannot be repositioned; "
-            f"use one of: {_SUPPORTED}"
+            f"batch_sampler {type(batch_sampler).__name__} (over {type(inner).__name__}) cannot "
+            f"be repositioned: {_SUPPORTED}"
         )
     if sampler is None or _is_epoch_sampler(sampler):
         return
@@ -73,9 +104,11 @@ def check_resumable_configuration(
                 "the InfiniteRandomSampler was built with resumable=False; build it with resumable=True"
             )
         return
+    if _saves_its_iteration(sampler):
+        return
     raise UnsupportedResumeConfigurationError(
         f"sampler {type(sampler).__name__} cannot be repositioned (subclasses of the supported "
-        f"samplers neither: their orders could not be recomputed); use one of: {_SUPPORTED}"
+        f"samplers neither, unless stateful: their orders could not be recomputed): {_SUPPORTED}"
     )
 
 
@@ -87,6 +120,17 @@ def source_of(loader: DataLoader) -> tuple[Source, int | None]:
         return BatchSamplerSource(batch_sampler), batch_sampler.dataset_size
     if type(sampler) is InfiniteRandomSampler:
         return SamplerSource(sampler, loader.batch_size), sampler.dataset_size
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        return StatefulSource(batch_sampler, None, False, batched=True), None
     if batch_sampler is not None:
         sampler = batch_sampler.sampler
+    if type(sampler) not in EPOCH_SAMPLERS:
+        if batch_sampler is None:
+            return StatefulSource(sampler, None, False, batched=False), None
+        return (
+            StatefulSource(
+                sampler, batch_sampler.batch_size, batch_sampler.drop_last, batched=True
+            ),
+            None,
+        )
     return EpochSource(sampler, batch_sampler, len(loader.dataset)), None  # type: ignore[arg-type]

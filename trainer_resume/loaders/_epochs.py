@@ -229,6 +229,11 @@ class EpochSource:
         finally:
             sampler.generator = None
 
+    def abandon(self, number: int) -> None:
+        """An iterator of epoch ``number`` was replaced after delivering: as with
+        ``DataLoader``, the next iterator starts the next epoch."""
+        self.end_epoch(number)
+
     def end_epoch(self, number: int) -> None:
         """The iterator of epoch ``number`` ended or was replaced after delivering a batch:
         the next iterator starts the next epoch."""

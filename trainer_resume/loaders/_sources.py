@@ -28,8 +28,9 @@ Pending = tuple[int, Any, Any, bool]
 class Source(Protocol):
     """What the loader needs from a resumable sampler (every kind).
 
-    ``epochs``: each ``iter(loader)`` is one epoch (``begin`` computes it, ``end_epoch``
-    closes one left early); otherwise every ``iter`` continues one shared stream.
+    ``epochs``: each ``iter(loader)`` is one epoch (``begin`` prepares it, ``end_epoch``
+    closes one whose iterator stopped, ``abandon`` one replaced after it delivered);
+    otherwise every ``iter`` continues one shared stream.
     """
 
     epochs: bool
@@ -37,6 +38,7 @@ class Source(Protocol):
     shards_stream: bool  # ranks read slices of one global stream (num_replicas > 1)
 
     def begin(self, augmentation_seed: int) -> None: ...
+    def abandon(self, number: int) -> None: ...
     def end_epoch(self, number: int) -> None: ...
     def tasks(self, pending: deque[Pending], augmentation_seed: int) -> Iterator[Task]: ...
     def commit(self, before: Any, after: Any) -> None: ...
@@ -61,6 +63,9 @@ class _StreamSource:
     epochs = False
 
     def begin(self, augmentation_seed: int) -> None:
+        pass
+
+    def abandon(self, number: int) -> None:
         pass
 
     def end_epoch(self, number: int) -> None:

@@ -57,6 +57,11 @@ class ResumableDataLoader(DataLoader):
       :attr:`epoch` is the epoch the next ``iter()`` reads. A new ``iter()`` replaces
       the previous iterator; one replaced before it delivered a batch does not count
       as an epoch (a loaded position stays pending).
+    * Any other sampler or batch sampler with ``state_dict()`` / ``load_state_dict()``
+      (torchdata's ``Stateful`` protocol): the state holds its ``state_dict()`` after
+      the last delivered batch (taken when that batch's indices were drawn), and each
+      ``iter(loader)`` loads it and starts a new ``iter(sampler)``. Its order must
+      follow from its state alone.
     * ``sampler=`` a resumable :class:`InfiniteRandomSampler` (that exact class), or
       ``batch_sampler=`` a resumable sampler from :func:`build_batch_sampler`: one
       endless stream, described next.
@@ -69,13 +74,18 @@ class ResumableDataLoader(DataLoader):
       workers and drops the prefetch, so the next batch is the first undelivered one.
     * Augmentation replays: ``augmentation_seed`` is drawn once at construction (from
       ``generator`` if given, else torch's default CPU generator) and saved in the
-      state; ``dataset[index]`` runs with Python ``random``, NumPy's global generator
-      and torch CPU seeded by ``derive_seed(augmentation_seed, stream_position)``,
-      as under ``rng_scope``, and ``collate_fn`` gets its own per-batch seed. The
-      caller's generators are left as they were, also with ``num_workers=0``; worker
-      base seeds derive from ``augmentation_seed`` (``generator`` is not drawn from
-      per iterator). A dataset's ``__getitems__`` is not used: each index is fetched
-      under its own seed.
+      state. With ``augmentation_seeding="batch"`` (the default over torch's and
+      stateful samplers) Python ``random``, NumPy's global generator and torch CPU are
+      seeded once per batch from its position, and its samples and ``collate_fn``
+      draw in order (a dataset's ``__getitems__`` is used when it has one). With
+      ``"sample"`` (the default for the endless samplers, required when they are
+      sharded) ``dataset[index]`` runs seeded by ``derive_seed(augmentation_seed,
+      stream_position)``, as under ``rng_scope``, and ``collate_fn`` by a per-batch
+      seed: a sample's augmentation then depends on neither batch size nor world size.
+      The state records the choice. The caller's generators are handed back exactly
+      after every batch, also with ``num_workers=0`` and on errors (CUDA is never
+      touched); worker base seeds derive from ``augmentation_seed`` (``generator`` is
+      not drawn from per iterator).
     * A failing ``dataset[index]`` or ``collate_fn`` raises LoaderFetchFailedError
       (original chained, index in the detail); that iterator is dead, and after
       :meth:`close` a new ``iter(loader)`` resumes at the last delivered batch. A
@@ -85,6 +95,8 @@ class ResumableDataLoader(DataLoader):
     Args:
         resumable: Enable saving and restoring the position (keyword-only). Every
             other argument is ``torch.utils.data.DataLoader``'s.
+        augmentation_seeding: ``"batch"`` or ``"sample"`` (keyword-only); ``None``
+            chooses as described above.
 
     Raises:
         ResumableModeRequiredError: a resumable sampler with ``resumable=False``, or
@@ -92,8 +104,9 @@ class ResumableDataLoader(DataLoader):
         UnsupportedResumeConfigurationError: with ``resumable=True``: an
             IterableDataset, a sampler or batch sampler other than those above
             (subclasses included), or ``in_order=False``.
-        ValueError: the sampler was built for a dataset of another size (and every
-            argument error ``DataLoader`` raises).
+        ValueError: the sampler was built for a dataset of another size,
+            ``augmentation_seeding`` is unknown, or ``"batch"`` with a sharded endless
+            sampler (and every argument error ``DataLoader`` raises).
     """
 
     def __init__(
@@ -220,7 +233,7 @@ class ResumableDataLoader(DataLoader):
             # not delivered yet is only replaced (its position, maybe a loaded one, stays).
             active.retire("a new iter(loader) replaced this iterator")
             if active.delivered:
-                source.end_epoch(active.epoch)
+                source.abandon(active.epoch)
         self._active = None
         source.begin(stream.augmentation_seed)
         engine = self._engine

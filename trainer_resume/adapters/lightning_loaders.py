@@ -1,0 +1,80 @@
+"""Which training loaders a Lightning ``fit`` can resume exactly.
+
+Lightning saves a training loader's position only when the loader has
+``state_dict``/``load_state_dict``; any other loader restarts its epoch on resume,
+so the resumed run trains on other batches than the uninterrupted one. Among the
+stateful loaders, only the bundled ``ResumableDataLoader(resumable=True)`` is one
+whose exact replay this library vouches for (the delivered position, worker
+randomness replayed from the position); others, such as torchdata's
+``StatefulDataLoader`` (which does not replay worker randomness), may or may not be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
+
+from ..errors import UnsupportedResumeConfigurationError
+from ..loaders import ResumableDataLoader
+
+__all__ = ["check_train_loaders"]
+
+_FIX = (
+    "use trainer_resume.loaders.ResumableDataLoader(dataset, ..., resumable=True), "
+    "DataLoader's drop-in (shuffle=True and torch's samplers give epochs; "
+    "sampler=InfiniteRandomSampler(dataset, resumable=True) one endless stream)"
+)
+
+
+def _stateful(loader: Any) -> bool:
+    # The same test as Lightning's ``_Stateful`` protocol, which decides what it saves.
+    return callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
+    )
+
+
+def _describe(index: int, loader: Any, count: int) -> str:
+    name = type(loader).__name__
+    return f"training loader {index} ({name})" if count > 1 else f"the training loader ({name})"
+
+
+def check_train_loaders(loaders: Iterable[Any], *, strict: bool) -> None:
+    """Refuse (or, with ``strict=False``, warn about) training loaders that cannot resume exactly.
+
+    Args:
+        loaders: The fit's training loaders (Lightning's ``CombinedLoader.flattened``).
+        strict: Refuse a loader whose position cannot be saved; ``False`` warns instead.
+
+    Raises:
+        UnsupportedResumeConfigurationError: ``strict`` and a loader's position
+            cannot be saved (332).
+    """
+    loaders = list(loaders)
+    for index, loader in enumerate(loaders):
+        what = _describe(index, loader, len(loaders))
+        if isinstance(loader, ResumableDataLoader):
+            if loader.resumable:
+                continue
+            problem = f"{what} was built with resumable=False, so its position cannot be saved"
+        elif _stateful(loader):
+            rank_zero_warn(
+                f"ResumeCallback: {what} saves its position, but trainer-resume cannot vouch "
+                "that it replays exactly (worker randomness, prefetch); the resume may differ "
+                "from an uninterrupted fit. For an "
+                f"exact resume, {_FIX}"
+            )
+            continue
+        else:
+            problem = (
+                f"{what} has no position Lightning can save (no state_dict/load_state_dict): "
+                "a resumed fit "
+                "would restart its epoch and train on other batches"
+            )
+        if strict:
+            raise UnsupportedResumeConfigurationError(
+                f"{problem}; {_FIX}, or pass ResumeCallback(..., strict=False) to accept an "
+                "inexact resume"
+            )
+        rank_zero_warn(f"ResumeCallback(strict=False): {problem}; the resume will not be exact")

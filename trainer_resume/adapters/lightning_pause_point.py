@@ -1,0 +1,139 @@
+"""Where in Lightning's fit loop a pause happens, and how the resumed fit picks up from there.
+
+The pause file is written in ``on_train_batch_end``. In an uninterrupted ``fit`` the
+rest of that batch's loop iteration would still run: the validation due after
+this batch (per epoch, or every ``val_check_interval``), and at an epoch's last
+batch the epoch end (``on_train_epoch_end`` hooks, epoch-interval schedulers).
+
+Lightning restarts from a checkpoint taken at ``on_train_batch_end`` by *skipping*
+the validation due at that batch (it assumes it ran) and, at an epoch's last batch,
+by skipping the epoch end. So the paused process stops right after the batch: it
+skips that validation and the epoch end Lightning runs when ``should_stop`` is set
+(preemption leaves little time, and their effects, such as a ``ModelCheckpoint``
+file saved with the previous validation's metrics, belong to the resumed fit),
+and ``fit`` returns. The pause file
+describes the batch as finished and the validation as started but not run, a state
+Lightning restarts from by running that validation before anything else. At an
+epoch's last batch without validation, the resumed callback tells the epoch loop
+that nothing is left of the epoch, so Lightning runs the epoch end and goes on with
+the next epoch.
+
+Everything here reads and writes Lightning's loop internals (``_TrainingEpochLoop``,
+``_EvaluationLoop`` and the loops' checkpoint entries), checked against
+``pytorch_lightning`` 2.5.3 to 2.6.6 by the adapter tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import pytorch_lightning as pl
+
+__all__ = [
+    "PausePoint",
+    "end_epoch_on_resume",
+    "end_restart",
+    "finish_batch_in_checkpoint",
+    "pause_point",
+    "restore_fit_loop",
+    "stop_after_batch",
+    "undo_pending_validation_mark",
+]
+
+
+class PausePoint(NamedTuple):
+    """What the uninterrupted fit would still do after the paused batch."""
+
+    validation: bool  # a validation run is due after this batch
+    epoch_end: bool  # this batch is the epoch's last
+
+
+def pause_point(trainer: pl.Trainer) -> PausePoint:
+    """Return what follows the current batch.
+
+    Call in ``on_train_batch_end``, before ``should_stop`` is set.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    fetcher = trainer.fit_loop._data_fetcher
+    validation = fetcher is not None and bool(epoch_loop._should_check_val_fx(fetcher))
+    return PausePoint(
+        validation=validation, epoch_end=bool(epoch_loop._num_ready_batches_reached())
+    )
+
+
+def stop_after_batch(trainer: pl.Trainer) -> None:
+    """In the paused process: skip the validation and the epoch end that follow the current batch.
+
+    Call with ``trainer.should_stop`` set; undo with :func:`restore_fit_loop` when
+    ``fit`` ends (also on errors), so the trainer's next ``fit`` is unaffected.
+    """
+    trainer.fit_loop.epoch_loop._skip_next_val = True
+    fit_loop = trainer.fit_loop
+
+    def skip_epoch_end_once() -> None:
+        # The epoch end (hooks, epoch counters) of the interrupted epoch runs in the resumed fit.
+        restore_fit_loop(trainer)
+
+    fit_loop.on_advance_end = skip_epoch_end_once  # type: ignore[method-assign]
+
+
+def restore_fit_loop(trainer: pl.Trainer) -> None:
+    """Undo :func:`stop_after_batch`'s change to the fit loop, if still in place."""
+    vars(trainer.fit_loop).pop("on_advance_end", None)
+
+
+def finish_batch_in_checkpoint(checkpoint: dict[str, Any], point: PausePoint) -> None:
+    """Describe the paused batch as finished, and the validation after it as pending.
+
+    Lightning counts a batch ``completed`` only after ``on_train_batch_end``; a
+    restart from a batch that is not completed skips the validation due after
+    it. Completing it here makes the resumed epoch loop treat the batch as done;
+    marking the validation loop as started with no batch processed makes it run
+    that validation from its first batch. Without a pending validation, the
+    ``_batches_that_stepped`` increment that follows the validation slot is applied
+    here, as Lightning's restart no longer adds it for a completed batch.
+    """
+    loops = checkpoint["loops"]["fit_loop"]
+    batches = loops["epoch_loop.batch_progress"]
+    for scope in ("total", "current"):
+        batches[scope]["completed"] = batches[scope]["processed"]
+    if point.validation:
+        validation = loops["epoch_loop.val_loop.batch_progress"]
+        total = validation["total"]
+        total["ready"] = total["started"] = total["completed"] + 1
+        # The current run's counters restart from zero: one batch started, none processed.
+        validation["current"].update(ready=1, started=1, processed=0, completed=0)
+    else:
+        loops["epoch_loop.state_dict"]["_batches_that_stepped"] += 1
+
+
+def end_epoch_on_resume(trainer: pl.Trainer) -> None:
+    """Resumed at an epoch's last batch with no validation due: end that epoch.
+
+    The restored epoch loop is done with its batches but, while restarting, waits
+    for a validation run; marking the validation loop as run lets it end the epoch
+    without pulling another batch.
+    """
+    trainer.fit_loop.epoch_loop.val_loop._has_run = True
+
+
+def end_restart(trainer: pl.Trainer) -> None:
+    """At the end of the epoch the pause interrupted: leave Lightning's restart mode.
+
+    Lightning stays in restart mode until the restored epoch ends, and skips the
+    metric-based epoch schedulers then, because its checkpoints do not hold the
+    metrics; the pause file does, so they step as in the uninterrupted fit. A resume
+    that only ran the pending validation and epoch end has trained no batch, and a
+    loop left restarting would take the next epoch for the restored one.
+    """
+    fit_loop = trainer.fit_loop
+    fit_loop.epoch_loop.restarting = False  # and the loops below it
+    # Not the fit loop's setter: it keeps restarting on for iteration-based training (max_steps).
+    fit_loop._restarting = False
+
+
+def undo_pending_validation_mark(trainer: pl.Trainer) -> None:
+    """After the pending validation ran: drop the extra started batch from its totals."""
+    progress = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total
+    progress.ready -= 1
+    progress.started -= 1
