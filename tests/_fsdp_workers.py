@@ -11,14 +11,13 @@ import random
 import signal
 import traceback
 import warnings
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from _ddp_workers import BATCH, CONFIG, FEATURES, IdDataset, _capture_stderr
+from _ddp_workers import BATCH, COLLECTIVE_TIMEOUT, CONFIG, FEATURES, IdDataset, _capture_stderr
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -166,7 +165,7 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
             init_method=f"file://{init_file}",
             rank=rank,
             world_size=world,
-            timeout=timedelta(seconds=60),
+            timeout=COLLECTIVE_TIMEOUT,
         )
         trainer = FSDPTrainer()
         kill = job.get("kill")
