@@ -70,7 +70,8 @@ def test_inspect_shows_steps_objects_loader_position_with_units_rng_and_extra_ke
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert field(lines, "kind") == "pause file (TrainingResumeMixin)"
-    assert field(lines, "integrity").startswith("ok: marker, length and digest")
+    assert field(lines, "integrity").startswith("ok: marker, length and ")
+    assert field(lines, "integrity").endswith(" verified")
     assert field(lines, "steps") == f"completed_steps {STEPS}"
     assert field(lines, "module version") == "inspect-test/1"
     assert field(lines, "processes") == "1"
@@ -222,6 +223,10 @@ def test_inspect_of_plain_and_durable_lightning_checkpoints(tmp_path_factory, ca
         "not verified: no trainer-resume header",
     )
     assert summary["rng"] == {"saved": False}
+    durable_lines = inspect_text(durable, capsys)
+    assert field(durable_lines, "kind") == "Lightning checkpoint"
+    assert field(durable_lines, "integrity").startswith("ok: marker, length and ")
+    assert field(durable_lines, "steps") == f"global_step {LIGHTNING_PAUSE_STEP}"
     verified = inspect_json(durable, capsys)
     assert (verified["kind"], verified["verified"]) == ("lightning", True)
     assert verified["steps"] == {"global_step": LIGHTNING_PAUSE_STEP}
@@ -246,6 +251,25 @@ def test_inspect_of_plain_torch_save_file_describes_it_unverified(tmp_path, caps
     assert summary["entries"]["model"] == {"type": "dict", "tensors": 1, "bytes": 12}
 
 
+def test_inspect_of_a_safetensors_file_lists_its_tensors_from_the_header(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.safetensors"
+    save_file({"weight": torch.zeros(2, 3), "steps": torch.tensor(7)}, path)
+    lines = inspect_text(path, capsys)
+    assert field(lines, "kind") == "safetensors file"
+    assert field(lines, "integrity") == "not verified: no trainer-resume header"
+    assert row(lines, "weight") == ["weight", "F32[2,3]", "1", "24", "B"]
+    summary = inspect_json(path, capsys)
+    assert summary["entries"]["steps"] == {
+        "type": "Tensor",
+        "dtype": "I64",
+        "shape": [],
+        "tensors": 1,
+        "bytes": 8,
+    }
+
+
 def test_inspect_of_finished_marker_says_the_run_is_finished(tmp_path_factory, tmp_path, capsys):
     path, _ = mixin_pause(tmp_path_factory)
     copy = tmp_path / "run.ckpt"
@@ -254,6 +278,12 @@ def test_inspect_of_finished_marker_says_the_run_is_finished(tmp_path_factory, t
     lines = inspect_text(marker, capsys)
     assert field(lines, "kind").startswith("finished marker")
     assert field(lines, "steps") == "completed_steps 12"
+    summary = inspect_json(marker, capsys)
+    assert (summary["kind"], summary["verified"], summary["steps"]) == (
+        "finished",
+        True,
+        {"completed_steps": 12},
+    )
 
 
 def test_inspect_of_a_file_holding_unsafe_objects_fails_with_code_328(tmp_path, capsys):
@@ -262,7 +292,9 @@ def test_inspect_of_a_file_holding_unsafe_objects_fails_with_code_328(tmp_path, 
     assert main(["inspect", str(unsafe)]) == 3
     error = capsys.readouterr().err
     assert error.startswith("error [328]: ") and error.count("\n") == 1
-    assert "posix.times_result" in error  # what was refused, not torch's advice to disable the check
+    assert (
+        "posix.times_result" in error
+    )  # what was refused, not torch's advice to disable the check
     assert "weights_only" not in error
 
 

@@ -10,6 +10,7 @@ from .distributed import WorldSizeChangeWarning
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header, save_checkpoint
 from .finished import FinishedRun, mark_finished, run_finished
 from .mixin import TrainingResumeMixin, serialized_training, training_step
+from ._hook_audit import UnsavedStateWarning
 from .pause_signals import PauseSignalWarning, pause_signals_blocked
 from .point_files import SkippedCheckpointWarning
 from .resume_points import ResumePoint, ResumePoints
@@ -38,6 +39,7 @@ __all__ = [
     "canonical_config",
     "WorldSizeChangeWarning",
     "PauseSignalWarning",
+    "UnsavedStateWarning",
     "pause_signals_blocked",
     "run_finished",
     "mark_finished",

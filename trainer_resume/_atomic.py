@@ -16,9 +16,11 @@ import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+import torch
+
 from .errors import CheckpointWriteError
 
-__all__ = ["DigestingWriter", "TempFile", "replace_atomically"]
+__all__ = ["DigestingWriter", "TempFile", "replace_atomically", "save_plain_torch_file"]
 
 _TEMP_SUFFIX = ".tmp"
 _OPEN_FLAGS = (
@@ -160,6 +162,22 @@ def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
             "after a crash the previous version may reappear"
         ) from exc
     remove_stale_temps(directory, name)
+
+
+def save_plain_torch_file(obj: Any, path: str) -> None:
+    """Write ``obj`` with ``torch.save`` as a plain file (no header) at ``path``, durably.
+
+    For files other tools read as they are (exports); trainer-resume's own files go
+    through ``durable.save_checkpoint``.
+
+    Raises:
+        CheckpointWriteError: as :func:`replace_atomically`.
+    """
+
+    def fill(out: TempFile) -> None:
+        torch.save(obj, out)
+
+    replace_atomically(path, fill)
 
 
 def remove_stale_temps(directory: str, name: str) -> None:

@@ -43,6 +43,10 @@ class StepGuard:
         self.locked_reason: str | None = None
         # The loader positions and RNG of the last step boundary (see _boundary).
         self.boundary: Any = None
+        # Outermost steps started plus pause_if_requested() calls: places a pause lands.
+        self.landings = 0
+        # One-shot check of the trainer for forgotten hooks (see _hook_audit).
+        self.audit: Callable[[Any], None] | None = None
         # Written by signal handlers: plain attribute stores only, no locks and no I/O,
         # because a handler runs between two bytecodes of whatever the main thread does.
         self.requested_path: Any = None
@@ -126,6 +130,7 @@ def training_step(method: _Method) -> _Method:
                 return method(self, *args, **kwargs)
             guard.check_step_allowed()
             guard.depth = 1
+            guard.landings += 1
             try:
                 result = method(self, *args, **kwargs)
             except BaseException:
@@ -136,6 +141,9 @@ def training_step(method: _Method) -> _Method:
             guard.completed_steps += 1
             guard.failed = False
             record_boundary(self, guard)
+            if guard.audit is not None:
+                audit, guard.audit = guard.audit, None
+                audit(self)
             # Under a process group every boundary is a collective agreement on pausing.
             points = guard.points
             if (

@@ -16,13 +16,16 @@ kind                   content
 ``finished``           the marker of a finished run (``mark_finished``)
 ``checkpoint``         anything else in trainer-resume's format (``save_checkpoint``)
 ``torch``              anything else ``torch.save`` wrote
+``safetensors``        a ``.safetensors`` file (its header only: names, dtypes, shapes)
 =====================  ==========================================================
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +45,7 @@ __all__ = [
     "LIGHTNING",
     "LIGHTNING_PAUSE",
     "PAUSE",
+    "SAFETENSORS",
     "TORCH",
     "CheckpointFile",
     "kind_of",
@@ -55,8 +59,11 @@ LIGHTNING = "lightning"
 FINISHED = "finished"
 CHECKPOINT = "checkpoint"
 TORCH = "torch"
+SAFETENSORS = "safetensors"
 
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archive format (the default since torch 1.6)
+_SAFETENSORS_LENGTH = struct.Struct("<Q")
+_SAFETENSORS_MAX_HEADER = 100 << 20  # the limit safetensors itself enforces
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,11 @@ def read_checkpoint_file(
     with open(where, "rb") as handle:
         start = handle.read(len(_ZIP_MAGIC))
     size = os.path.getsize(where)
+    tensors = _safetensors_header(where, size)
+    if tensors is not None:
+        if key is not None or not plain:
+            raise CheckpointFormatError(f"{where} is a safetensors file, not a trainer-resume file")
+        return CheckpointFile(where, SAFETENSORS, tensors, None, size)
     if start != _ZIP_MAGIC:
         header = read_checkpoint_header(where, key=key)
         content = load_checkpoint(where, key=key)
@@ -136,6 +148,28 @@ def read_checkpoint_file(
     content = _load_plain(where)
     kind = kind_of(content)
     return CheckpointFile(where, TORCH if kind == CHECKPOINT else kind, content, None, size)
+
+
+def _safetensors_header(path: str, size: int) -> dict[str, Any] | None:
+    """The JSON header of a safetensors file (8-byte little-endian length, then JSON), or None.
+
+    Only the header is read: it names every tensor with its dtype, shape and byte range.
+    """
+    with open(path, "rb") as handle:
+        prefix = handle.read(_SAFETENSORS_LENGTH.size)
+        if len(prefix) < _SAFETENSORS_LENGTH.size:
+            return None
+        (length,) = _SAFETENSORS_LENGTH.unpack(prefix)
+        if not 2 <= length <= min(size - _SAFETENSORS_LENGTH.size, _SAFETENSORS_MAX_HEADER):
+            return None
+        text = handle.read(length)
+    if not text.startswith(b"{"):
+        return None
+    try:
+        header = json.loads(text)
+    except ValueError:
+        return None
+    return header if isinstance(header, dict) else None
 
 
 def _load_plain(path: str) -> Any:

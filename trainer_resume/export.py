@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from ._atomic import TempFile, replace_atomically
+from ._atomic import TempFile, replace_atomically, save_plain_torch_file
 from ._pause_checks import check_layout, object_states
 from .adapters.lightning_files import plain_checkpoint, save_plain_checkpoint
 from .checkpoint_files import (
@@ -130,6 +130,8 @@ def export_checkpoint(
             "safetensors holds a flat mapping of tensors, not a whole training state "
             "(step counters, RNG, loader positions); use format='torch' for what='all'"
         )
+    if what == "all" and object is not None:
+        raise ValueError("object names the model; it does not apply to what='all'")
     save_safetensors = _safetensors_writer() if format == "safetensors" else None
     source_path = os.fspath(path)
     target = os.fspath(out)
@@ -141,20 +143,18 @@ def export_checkpoint(
     if file.kind == PAUSE:
         check_layout(file.content, source_path)
     if what == "all":
-        if object is not None:
-            raise ValueError("object names the model; it does not apply to what='all'")
         state: Any = file.content
         source = "(whole file)"
         if file.kind in (LIGHTNING, LIGHTNING_PAUSE):
             save_plain_checkpoint(plain_checkpoint(file.content, source_path), target)
         else:
-            _save_torch(state, target)
+            save_plain_torch_file(state, target)
     else:
         source, state = _model_state(file.kind, file.content, object, source_path)
         if save_safetensors is not None:
             save_safetensors(state, target)
         else:
-            _save_torch(state, target)
+            save_plain_torch_file(state, target)
     tensors, tensor_bytes = tensor_totals(state)
     return ExportResult(
         out=target,
@@ -223,13 +223,6 @@ def _is_module_state(state: Any) -> bool:
         and bool(state)
         and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
     )
-
-
-def _save_torch(state: Any, target: str) -> None:
-    def fill(handle: TempFile) -> None:
-        torch.save(state, handle)
-
-    replace_atomically(target, fill)
 
 
 def _safetensors_writer() -> Any:

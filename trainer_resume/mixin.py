@@ -11,6 +11,7 @@ writes everything an exact continuation needs; ``resume(path)`` in a fresh train
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Protocol
 
@@ -33,6 +34,7 @@ from ._step_guard import (
     serialized_training,
     training_step,
 )
+from ._hook_audit import audit_trainer, name_stale_iterators, stale_iterators, warn_if_no_step
 from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
 from ._state_match import check_object_states
 from .amp import restore_grad_scaler_state
@@ -46,7 +48,7 @@ from .errors import (
     VersionMismatchError,
 )
 from .point_files import latest_checkpoint
-from .resume_points import ResumePoint, ResumePoints, host_snapshot
+from .resume_points import ResumePoint, ResumePoints
 from .rng import restore_random_state
 from .sharded import refuse_dtensors
 from .signature import canonical_config, config_difference, config_signature
@@ -112,10 +114,14 @@ class TrainingResumeMixin:
         version: str,
         key: bytes | None = None,
         resume_points: ResumePoints | None = None,
+        excluded_attributes: Iterable[str] = (),
     ) -> None:
         """Sign ``config`` (its ``load`` entry excluded) and record the module version.
 
-        Call it in ``__init__`` with the original config, before the first step.
+        Call it at the end of ``__init__``, once the loaders (and their iterators)
+        exist, with the original config: its end is the boundary before the first
+        step (a pause from another thread before the first step saves the loader
+        positions of that moment).
 
         Args:
             config: The trainer's config (mapping, OmegaConf config, dataclass...).
@@ -126,9 +132,15 @@ class TrainingResumeMixin:
             resume_points: Take periodic, asynchronous resume points
                 (:class:`~trainer_resume.ResumePoints`); ``resume_latest`` continues
                 from the newest after a crash.
+            excluded_attributes: Names of attributes holding stateful objects that
+                are deliberately not saved (a validation loader, a metrics
+                object): the first step does not warn about them.
         """
         if not isinstance(version, str) or not version:
             raise TypeError(f"version must be a non-empty str, got {version!r}")
+        excluded = frozenset(excluded_attributes)
+        if isinstance(excluded_attributes, str) or not all(isinstance(name, str) for name in excluded):
+            raise TypeError(f"excluded_attributes must be attribute names, got {excluded_attributes!r}")
         if resume_points is not None and not isinstance(resume_points, ResumePoints):
             raise TypeError(f"resume_points must be a ResumePoints, got {type(resume_points).__name__}")
         canonical = canonical_config(config)
@@ -139,6 +151,7 @@ class TrainingResumeMixin:
         if resume_points is not None:
             resume_points.attach(self)
         self.__dict__[GUARD_ATTRIBUTE].points = resume_points
+        self.__dict__[GUARD_ATTRIBUTE].audit = lambda trainer: audit_trainer(trainer, excluded, TrainingResumeMixin)
         record_boundary(self, self.__dict__[GUARD_ATTRIBUTE], initial=True)
 
     # ------------------------------------------------------------ state flags
@@ -239,6 +252,9 @@ class TrainingResumeMixin:
         guard = guard_of(self, "pause()")
         with guard.exclusive():
             _require_step_boundary(guard, "pause")
+            if guard.audit is not None:  # paused before the first step: check the hooks now
+                audit, guard.audit = guard.audit, None
+                audit(self)
             # Under a process group every rank takes part in each collective below, so a
             # refusal on one rank is announced to all before it is raised (none waits forever).
             collective = _distributed.is_distributed()
@@ -372,6 +388,7 @@ class TrainingResumeMixin:
         guard = guard_of(self, "pause_if_requested()")
         with guard.exclusive():
             _require_step_boundary(guard, "pause_if_requested")
+            guard.landings += 1
             if guard.requested_path is None and not _distributed.is_distributed():
                 return False
             return _pause_at_step_boundary(self)
@@ -400,7 +417,7 @@ class TrainingResumeMixin:
             if guard.failed:
                 raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
             key = _settings(self, "checkpoint()").key
-            return points.take(guard.completed_steps, lambda: _pause_checkpoint(self, guard, host_snapshot), key=key)
+            return points.take(guard.completed_steps, lambda copy: _pause_checkpoint(self, guard, copy), key=key)
 
     def resume_latest(self, directory: StrPath | None = None) -> str | None:
         """Resume from the newest complete, valid resume point or pause file in ``directory``.
@@ -433,16 +450,27 @@ class TrainingResumeMixin:
             self.resume(path)
         return path
 
-    def pause_on_signal(self, path: StrPath, signals: Iterable[int] = DEFAULT_PAUSE_SIGNALS) -> SignalPause:
+    def pause_on_signal(
+        self,
+        path: StrPath,
+        signals: Iterable[int] = DEFAULT_PAUSE_SIGNALS,
+        *,
+        warn_without_step_after: float | None = 60.0,
+    ) -> SignalPause:
         """Turn the given signals into a pause request (written at the next step boundary).
 
         The handler only records the request: no I/O runs inside it. Must be called
         from the main thread. Calling it again replaces the path and signals; the
-        handlers from before the first call are the ones put back.
+        handlers from before the first call are the ones put back. Processes started
+        from now on by this process (loader workers included) keep these signals
+        blocked, see :mod:`trainer_resume.pause_signals`.
 
         Args:
             path: The pause file written when a signal arrives.
             signals: Signal numbers (default ``SIGTERM`` and ``SIGUSR1``).
+            warn_without_step_after: Seconds after which an ``UnsavedStateWarning``
+                says that no ``@training_step`` call (nor ``pause_if_requested()``)
+                has started, so a signal could never pause; ``None`` turns it off.
 
         Returns:
             A handle (also a context manager) whose ``restore()`` puts the previous
@@ -452,6 +480,16 @@ class TrainingResumeMixin:
         self.restore_signal_handlers()
         handle = SignalPause(guard, path, signals)
         self.__dict__["_training_resume_signals"] = handle
+        if warn_without_step_after is not None:
+            landings, name = guard.landings, type(self).__name__
+
+            def check() -> None:
+                if handle.active:
+                    warn_if_no_step(name, guard, landings, warn_without_step_after)
+
+            timer = threading.Timer(warn_without_step_after, check)
+            timer.daemon = True
+            timer.start()
         return handle
 
     def restore_signal_handlers(self) -> None:
@@ -479,7 +517,7 @@ def _pause_at_step_boundary(trainer: TrainingResumeMixin) -> bool:
     if guard.points is not None:
         failure = guard.points.at_step_boundary(
             guard.completed_steps,
-            lambda: _pause_checkpoint(trainer, guard, host_snapshot),
+            lambda copy: _pause_checkpoint(trainer, guard, copy),
             key=_settings(trainer, "checkpoint()").key,
         )
     path = guard.requested_path
@@ -526,8 +564,8 @@ def _require_step_boundary(guard: StepGuard, action: str) -> None:
 def _pause_checkpoint(
     trainer: TrainingResumeMixin, guard: StepGuard, copy: Callable[[Any, dict], Any] = to_cpu
 ) -> PauseCheckpoint:
-    # copy: to_cpu for a pause (written under the lock), host_snapshot for a resume
-    # point (written while training changes the live tensors).
+    # copy: to_cpu for a pause (written under the lock); for a resume point, a copy in
+    # host memory (written while training changes the live tensors).
     settings = _settings(trainer, "pause()")
     objects = dict(trainer._resume_objects())
     shared = list(trainer._resume_shared_keys())
@@ -608,6 +646,7 @@ def _restore(
     scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]
     optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
     stage = "objects"
+    iterators = stale_iterators(trainer)  # live now; restoring the loaders ends them
     try:
         for name, obj in objects.items():
             if name not in scalers:
@@ -624,6 +663,7 @@ def _restore(
         trainer._load_resume_extra_state(checkpoint["extra"])
         stage = "iterators"
         trainer._rebuild_resume_iterators()
+        name_stale_iterators(trainer, iterators)
         # Last: rebuilding loaders and iterators may draw from the global generators.
         stage = "random state"
         restore_random_state(checkpoint["rng"], rng_device())

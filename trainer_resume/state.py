@@ -35,9 +35,20 @@ __all__ = [
     "LightningPauseState",
     "FinishedMarker",
     "PAUSE_FORMAT",
+    "SAMPLER_FORMAT",
+    "BATCH_SAMPLER_FORMAT",
+    "EPOCH_SAMPLER_FORMAT",
+    "LOADER_FORMAT",
+    "STATEFUL_SAMPLER_FORMAT",
 ]
 
 PAUSE_FORMAT = "trainer_resume.pause/1"
+# The "format" entries of the loader states below.
+SAMPLER_FORMAT = "trainer_resume.sampler/1"
+BATCH_SAMPLER_FORMAT = "trainer_resume.batch_sampler/1"
+EPOCH_SAMPLER_FORMAT = "trainer_resume.epoch_sampler/1"
+LOADER_FORMAT = "trainer_resume.loader/1"
+STATEFUL_SAMPLER_FORMAT = "trainer_resume.stateful_sampler/1"
 
 
 def cpu_state(value: Any) -> Any:
@@ -321,6 +332,7 @@ class LightningPauseState(TypedDict):
     pending_validation: NotRequired[bool]
     pending_epoch_end: NotRequired[bool]
     metrics: NotRequired[dict[str, dict[str, Any]]]  # last logged: callback, logged, progress_bar
+    epoch_metrics_in_progress: NotRequired[list[str]]  # on_epoch training metrics not carried over
 
 
 class FinishedMarker(TypedDict):

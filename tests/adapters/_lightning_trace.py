@@ -22,10 +22,7 @@ from torch.utils.data import DataLoader
 
 from trainer_resume.adapters.lightning import ResumeCallback
 
-try:
-    from . import _lightning_child as child
-except ImportError:
-    import _lightning_child as child
+import _lightning_child as child
 
 
 class Traced(child.Regressor):

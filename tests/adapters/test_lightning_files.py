@@ -22,10 +22,7 @@ from trainer_resume.adapters.lightning import (
 from trainer_resume.errors import CheckpointFormatError, CheckpointSignatureError
 from trainer_resume.testing import first_difference
 
-try:
-    from . import _lightning_child as child
-except ImportError:
-    import _lightning_child as child
+import _lightning_child as child
 
 KEY = b"files-key"
 

@@ -21,10 +21,7 @@ from trainer_resume.errors import (
 from trainer_resume.finished import run_finished
 from trainer_resume.loaders import ResumableDataLoader
 
-try:
-    from . import _lightning_child as child
-except ImportError:
-    import _lightning_child as child
+import _lightning_child as child
 
 
 class _Counting(child.Regressor):

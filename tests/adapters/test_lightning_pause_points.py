@@ -12,10 +12,7 @@ import torch
 
 from trainer_resume.testing import first_difference
 
-try:
-    from . import _lightning_trace as trace
-except ImportError:
-    import _lightning_trace as trace
+import _lightning_trace as trace
 
 # name: (trainer options, the training batch after which the pause is requested)
 SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {
@@ -120,3 +117,20 @@ def test_a_pause_requested_mid_accumulation_waits_for_the_optimizer_step(tmp_pat
     _, trainer, callback, _ = trace.fit(tmp_path, [], pause_at_batch=pause_at, **options)
     assert callback is not None and callback.paused_at_step == 3 and trainer.global_step == 3
     assert trainer.fit_loop.epoch_loop.batch_progress.total.completed == pause_at + 1
+
+
+class _EpochLogged(trace.Traced):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_mean", loss, on_step=False, on_epoch=True)
+        return loss
+
+
+def test_a_resume_warns_about_epoch_level_training_metrics_it_cannot_carry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trace, "Traced", _EpochLogged)
+    trace.seed_everything()
+    trace.fit(tmp_path, [], pause_at_batch=2)
+    with pytest.warns(UserWarning, match=r"epoch-level values of \['train_mean'\]"):
+        trace.fit(tmp_path, [], ckpt_path=tmp_path / "pause.ckpt")

@@ -50,7 +50,11 @@ from .lightning_files import LIGHTNING_PAUSE_FORMAT, PAUSE_KEY
 from .lightning_hparams import hyperparameter_entries, plain_hyperparameters
 from .lightning_io import DurableCheckpointIO, PauseFileReader, check_loadable
 from .lightning_loaders import check_train_loaders
-from .lightning_metrics import logged_metrics_state, restore_logged_metrics
+from .lightning_metrics import (
+    epoch_metrics_in_progress,
+    logged_metrics_state,
+    restore_logged_metrics,
+)
 from .lightning_pause_point import (
     PausePoint,
     end_epoch_on_resume,
@@ -358,6 +362,14 @@ class ResumeCallback(Callback):
             epoch_end=bool(entry.get("pending_epoch_end", False)),
         )
         self._pending_metrics = entry.get("metrics")
+        partial = entry.get("epoch_metrics_in_progress")
+        if partial:
+            rank_zero_warn(
+                f"ResumeCallback: the epoch-level values of {sorted(partial)} for the interrupted epoch "
+                "cover only the batches trained after the resume (Lightning cannot save a metric's "
+                "running accumulation); log them with on_epoch=False, or accumulate them in the "
+                "LightningModule's own state (on_save_checkpoint), for exact values"
+            )
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -409,6 +421,7 @@ class ResumeCallback(Callback):
                 "pending_validation": point.validation,
                 "pending_epoch_end": point.epoch_end,
                 "metrics": logged_metrics_state(trainer),
+                "epoch_metrics_in_progress": epoch_metrics_in_progress(trainer),
             }
             checkpoint[PAUSE_KEY] = entry
 
@@ -429,17 +442,29 @@ class ResumeCallback(Callback):
         if states is not None:
             fit_state["combined_loader"] = states
 
-    def _write_pause(self, trainer: pl.Trainer) -> None:
+    def pause_checkpoint(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """The checkpoint a pause writes after the current batch (every rank calls it).
+
+        Call it in ``on_train_batch_end``, before ``should_stop`` is set, at a batch that
+        completes its gradient accumulation. Resume points (``ResumePointsCallback``)
+        write the same content while the fit goes on.
+        """
+        point = pause_point(trainer)
+        saved, self._pause_point = self._pause_point, point
         self._writing_pause = True
         try:
-            # Not trainer.save_checkpoint: the pause file must be durable whatever IO the
-            # trainer uses, and a failed write must be known to every rank, not leave
-            # the others waiting in a barrier.
             checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         finally:
             self._writing_pause = False
-        if self._pause_point is not None:
-            finish_batch_in_checkpoint(checkpoint, self._pause_point)
+            self._pause_point = saved
+        finish_batch_in_checkpoint(checkpoint, point)
+        return checkpoint
+
+    def _write_pause(self, trainer: pl.Trainer) -> None:
+        # Not trainer.save_checkpoint: the pause file must be durable whatever IO the
+        # trainer uses, and a failed write must be known to every rank, not leave
+        # the others waiting in a barrier.
+        checkpoint = self.pause_checkpoint(trainer)
         writer = self._writer(trainer)
         self._on_rank_zero(
             trainer,

@@ -20,9 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
-from .._atomic import TempFile, replace_atomically
+from .._atomic import save_plain_torch_file
 from ..durable import load_checkpoint
 from ..errors import CheckpointFormatError
 from .lightning_hparams import rebuilt_hyperparameters
@@ -74,11 +72,7 @@ def save_plain_checkpoint(checkpoint: Mapping[str, Any], out: str | os.PathLike[
     Raises:
         CheckpointWriteError: writing failed (327); the cause is chained.
     """
-
-    def fill(handle: TempFile) -> None:
-        torch.save(checkpoint, handle)
-
-    replace_atomically(os.fspath(out), fill)
+    save_plain_torch_file(checkpoint, os.fspath(out))
 
 
 def write_plain_checkpoint(

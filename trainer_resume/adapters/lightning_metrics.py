@@ -6,6 +6,12 @@ Lightning keeps the last logged value of every metric (``trainer.callback_metric
 the validation end reading the training loss. Lightning's checkpoint does not hold
 them, so a resumed fit would start with none. The pause file keeps them and the
 resumed fit starts with them.
+
+What it does not carry are the running epoch-level accumulations of training
+metrics (``self.log(..., on_epoch=True)`` in ``training_step``): Lightning's
+metric objects have no saveable state. Their names are recorded, and the resumed
+fit warns that their values for the interrupted epoch cover only the batches
+after the resume.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import torch
 
 from ..state import cpu_state
 
-__all__ = ["logged_metrics_state", "restore_logged_metrics"]
+__all__ = ["epoch_metrics_in_progress", "logged_metrics_state", "restore_logged_metrics"]
 
 _KINDS = ("callback", "logged", "progress_bar")
 
@@ -48,3 +54,14 @@ def restore_logged_metrics(trainer: pl.Trainer, state: Any, device: torch.device
     connector._callback_metrics = on_device(state.get("callback"))
     connector._logged_metrics = on_device(state.get("logged"))
     connector._progress_bar_metrics = on_device(state.get("progress_bar"))
+
+
+def epoch_metrics_in_progress(trainer: pl.Trainer) -> list[str]:
+    """Names of the training metrics whose epoch-level value is being accumulated."""
+    results = getattr(trainer.fit_loop.epoch_loop, "_results", None) or {}
+    names = set()
+    for metric in results.values():
+        meta = getattr(metric, "meta", None)
+        if meta is not None and meta.on_epoch and getattr(metric, "_update_count", 0):
+            names.add(str(meta.name))
+    return sorted(names)

@@ -92,7 +92,9 @@ Lightning's global_step, a plain file's global_step/step/epoch), the epoch, the
 number of processes, the config signature, each saved object with its tensor
 count and bytes, each loader's position (consumed samples; cycle and offset, in
 samples for a sampler and in batches for a batch sampler; delivered batches;
-ranks), the saved RNG and the extra-state keys; other files entry by entry.
+ranks), the saved RNG and the extra-state keys; other files entry by entry (a
+.safetensors file from its header). A resume-point directory is described by its
+points, pause files and finished marker, and its newest valid file in full.
 --json prints the same content as JSON.
 """
 

@@ -32,18 +32,15 @@ from ..checkpoint_files import (
     LIGHTNING,
     LIGHTNING_PAUSE,
     PAUSE,
+    SAFETENSORS,
     TORCH,
     CheckpointFile,
     tensor_totals,
 )
 from ..errors import CheckpointCorruptedError, CheckpointFormatError
 from ..finished import finished_marker_path
-from ..loaders._state_keys import (
-    BATCH_SAMPLER_FORMAT,
-    EPOCH_SAMPLER_FORMAT,
-    SAMPLER_FORMAT,
-)
 from ..point_files import SkippedCheckpointWarning, candidates, point_name
+from ..state import BATCH_SAMPLER_FORMAT, EPOCH_SAMPLER_FORMAT, SAMPLER_FORMAT
 
 __all__ = ["NOT_VERIFIED", "describe_directory", "describe_file", "loader_position", "rng_summary"]
 
@@ -57,6 +54,7 @@ _DESCRIPTIONS = {
     FINISHED: "finished marker (the run completed; nothing to resume)",
     CHECKPOINT: "checkpoint (save_checkpoint)",
     TORCH: "torch.save file",
+    SAFETENSORS: "safetensors file",
 }
 # Counters a plain training checkpoint commonly holds at its top level.
 _PLAIN_COUNTERS = ("global_step", "step", "steps", "iteration", "epoch")
@@ -76,7 +74,9 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
         summary["integrity"] = {
             "file_format_version": file.header.format_version,
             "payload_bytes": file.header.payload_length,
-            "digest": file.header.sha256,
+            # Format 1 headers carry a SHA-256 digest; later formats name their algorithm.
+            "digest_algorithm": getattr(file.header, "algorithm", "SHA-256"),
+            "digest": getattr(file.header, "digest", None) or getattr(file.header, "sha256", ""),
             "signed": file.header.signed,
             "signature_verified": signature_verified,
         }
@@ -90,6 +90,8 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
             summary["description"] = "resume point (TrainingResumeMixin)"
     elif file.kind in (LIGHTNING, LIGHTNING_PAUSE):
         summary.update(_lightning(content))
+    elif file.kind == SAFETENSORS:
+        summary.update(_safetensors(content))
     elif file.kind == FINISHED:
         summary.update(
             steps={"completed_steps": content.get("completed_steps")},
@@ -274,6 +276,29 @@ def _number(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return value.item()
     return value
+
+
+def _safetensors(header: Mapping[str, Any]) -> dict[str, Any]:
+    entries: dict[str, Any] = {}
+    for name, info in header.items():
+        if name == "__metadata__" or not isinstance(info, Mapping):
+            continue
+        start, end = (info.get("data_offsets") or [0, 0])[:2]
+        entries[str(name)] = {
+            "type": "Tensor",
+            "dtype": info.get("dtype"),
+            "shape": info.get("shape"),
+            "tensors": 1,
+            "bytes": end - start,
+        }
+    return {
+        "steps": {},
+        "epoch": None,
+        "entries": entries,
+        "metadata": header.get("__metadata__") or {},
+        "rng": {"saved": False},
+        "config_signature": None,
+    }
 
 
 def _entries(content: Any) -> dict[str, Any]:

@@ -41,7 +41,11 @@ def _integrity_lines(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     else:
         signature = "signed, not checked (no --key-file)" if integrity["signed"] else "not signed"
     return [
-        ("integrity", f"ok: marker, length and digest {integrity['digest'][:16]}... verified"),
+        (
+            "integrity",
+            f"ok: marker, length and {integrity['digest_algorithm']} digest "
+            f"{integrity['digest'][:16]}... verified",
+        ),
         ("signature", signature),
         ("file format", f"version {integrity['file_format_version']}"),
     ]
@@ -148,6 +152,12 @@ def _print_objects(summary: dict[str, Any], out: TextIO) -> None:
         )
 
 
+def _entry_type(entry: dict[str, Any]) -> str:
+    if "dtype" in entry:  # a safetensors tensor
+        return f"{entry['dtype']} {entry['shape']}".replace(" ", "")
+    return entry["type"]
+
+
 def _print_text(summary: dict[str, Any], out: TextIO) -> None:
     lines = _header_lines(summary)
     width = max(len(label) for label, _ in lines)
@@ -155,7 +165,7 @@ def _print_text(summary: dict[str, Any], out: TextIO) -> None:
         print(f"{label.ljust(width)}  {value}", file=out)
     if "entries" in summary:
         rows = [
-            (name, e["type"], e["tensors"], format_bytes(e["bytes"]), e.get("value", ""))
+            (name, _entry_type(e), e["tensors"], format_bytes(e["bytes"]), e.get("value", ""))
             for name, e in summary["entries"].items()
         ]
         header = ("entry", "type", "tensors", "bytes", "value")

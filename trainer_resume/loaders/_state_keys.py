@@ -15,11 +15,12 @@ import torch
 
 from ..errors import LoaderStateError, ResumableSamplerGeneratorError
 
-SAMPLER_FORMAT = "trainer_resume.sampler/1"
-BATCH_SAMPLER_FORMAT = "trainer_resume.batch_sampler/1"
-LOADER_FORMAT = "trainer_resume.loader/1"
-EPOCH_SAMPLER_FORMAT = "trainer_resume.epoch_sampler/1"
-STATEFUL_SAMPLER_FORMAT = "trainer_resume.stateful_sampler/1"
+# The format markers live with the schemas in state.py; the loader modules read them here.
+from ..state import BATCH_SAMPLER_FORMAT as BATCH_SAMPLER_FORMAT
+from ..state import EPOCH_SAMPLER_FORMAT as EPOCH_SAMPLER_FORMAT
+from ..state import LOADER_FORMAT as LOADER_FORMAT
+from ..state import SAMPLER_FORMAT as SAMPLER_FORMAT
+from ..state import STATEFUL_SAMPLER_FORMAT as STATEFUL_SAMPLER_FORMAT
 
 # Key names of the saved states (the TypedDicts in trainer_resume.state list them).
 FORMAT = "format"

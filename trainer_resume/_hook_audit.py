@@ -1,0 +1,171 @@
+"""Forgotten hooks, found early: warnings and errors that name the missing piece.
+
+A trainer that holds a scheduler its ``_resume_objects()`` does not return, or a
+step method without ``@training_step`` while signals are armed, resumes silently
+differently or never pauses. These checks look at the trainer itself:
+
+- :func:`audit_trainer` (once, at the first step or pause): stateful attributes no
+  hook returns, and extra state without the hook that loads it;
+- :func:`warn_if_no_step` (a timer armed by ``pause_on_signal``): no
+  ``@training_step`` call started, so a signal's request can never be written;
+- :func:`stale_iterators` / :func:`name_stale_iterators` (around ``resume()``):
+  iterators over the restored loaders that ``_rebuild_resume_iterators()`` did not
+  replace get an error naming that hook.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = [
+    "UnsavedStateWarning",
+    "audit_trainer",
+    "name_stale_iterators",
+    "stale_iterators",
+    "warn_if_no_step",
+]
+
+
+class UnsavedStateWarning(UserWarning):
+    """Something a resume needs is not saved, or a pause cannot land."""
+
+
+def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> None:
+    """Warn about state a pause would leave out (run once per trainer).
+
+    Args:
+        trainer: The trainer.
+        excluded: Attribute names deliberately left out (``excluded_attributes``).
+        base: ``TrainingResumeMixin``, to tell overridden hooks from the defaults.
+    """
+    try:
+        objects = list(trainer._resume_objects().values())
+        loaders = list(trainer._resume_loaders().values())
+    except Exception:  # noqa: BLE001 - pause() calls the same hooks and reports their errors
+        return
+    covered = _reachable(objects, loaders)
+    tensors = {id(tensor) for value in objects if isinstance(value, torch.nn.Module) for tensor in _tensors(value)}
+    name = type(trainer).__name__
+    skipped = set(excluded)
+    for label, value in _attributes(trainer, skipped):
+        if id(value) in covered or _wraps_saved_module(value, tensors) or not _has_state(value):
+            continue
+        covered.add(id(value))  # the same object under two names is reported once
+        warnings.warn(
+            f"{name}.{label} ({type(value).__name__}) has state that no hook returns: pause() "
+            "does not save it and resume() does not restore it, so a resumed run would differ; return "
+            "it from _resume_objects() (or _resume_loaders()), or name it in "
+            "_initialize_training_resume(..., excluded_attributes=...) if leaving it out is intended",
+            UnsavedStateWarning,
+            stacklevel=4,
+        )
+    overrides = type(trainer)._load_resume_extra_state is not base._load_resume_extra_state
+    if not overrides:
+        try:
+            extra = trainer._resume_extra_state()
+        except Exception:  # noqa: BLE001 - reported by pause()
+            return
+        if extra:
+            warnings.warn(
+                f"{name}._resume_extra_state() returns {sorted(map(str, extra))} but {name} does not "
+                "implement _load_resume_extra_state(state): resume() will refuse its pause files",
+                UnsavedStateWarning,
+                stacklevel=4,
+            )
+
+
+def _reachable(objects: list[Any], loaders: list[Any]) -> set[int]:
+    # Objects whose state is part of a returned object's state: submodules, and what a
+    # loader's position covers (its dataset, sampler and batch sampler).
+    covered = {id(value) for value in objects + loaders}
+    for value in objects:
+        if isinstance(value, torch.nn.Module):
+            covered.update(id(module) for module in value.modules())
+    for loader in loaders:
+        for attribute in ("dataset", "sampler", "batch_sampler"):
+            part = getattr(loader, attribute, None)
+            if part is not None:
+                covered.add(id(part))
+                covered.add(id(getattr(part, "sampler", None)))
+    return covered
+
+
+def _tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:
+    yield from module.parameters()
+    yield from module.buffers()
+
+
+def _wraps_saved_module(value: Any, saved_tensors: set[int]) -> bool:
+    # A wrapper (DistributedDataParallel, torch.compile) around a returned module: every
+    # parameter and buffer it has is saved through the module it wraps.
+    if not isinstance(value, torch.nn.Module):
+        return False
+    own = [id(tensor) for tensor in _tensors(value)]
+    return bool(own) and all(tensor in saved_tensors for tensor in own)
+
+
+def _attributes(trainer: Any, skipped: set[str]) -> Iterator[tuple[str, Any]]:
+    for label, value in vars(trainer).items():
+        if label in skipped or label.startswith("_training_resume"):
+            continue
+        yield label, value
+        if isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                yield f"{label}[{index}]", item
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                yield f"{label}[{key!r}]", item
+
+
+def _has_state(value: Any) -> bool:
+    if isinstance(value, type) or not (
+        callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
+    ):
+        return False
+    try:
+        state = value.state_dict()
+    except Exception:  # noqa: BLE001 - an object that cannot report its state here is not judged
+        return False
+    try:
+        return len(state) > 0
+    except TypeError:
+        return state is not None
+
+
+def warn_if_no_step(trainer_name: str, guard: Any, landings_at_arming: int, seconds: float) -> None:
+    """Warn when no ``@training_step`` call (or ``pause_if_requested``) happened since signals were armed."""
+    if guard.landings != landings_at_arming:
+        return
+    warnings.warn(
+        f"{trainer_name}: pause signals are armed (pause_on_signal) but no @training_step call has "
+        f"started in {seconds:g} s: a signal only records a request, which is written when a "
+        "@training_step call ends or by pause_if_requested(); decorate the training step with "
+        "@training_step, or a SIGTERM will not pause this run",
+        UnsavedStateWarning,
+        stacklevel=2,
+    )
+
+
+def stale_iterators(trainer: Any) -> dict[str, Any]:
+    """The trainer's attributes holding a live iterator of a resumable loader."""
+    return {
+        label: value
+        for label, value in vars(trainer).items()
+        if callable(getattr(value, "invalidate", None)) and getattr(value, "alive", False) is True
+    }
+
+
+def name_stale_iterators(trainer: Any, before: dict[str, Any]) -> None:
+    """Give iterators ``_rebuild_resume_iterators()`` left in place an error naming that hook."""
+    name = type(trainer).__name__
+    for label, iterator in before.items():
+        # Still the same object, and no longer alive: its loader was restored under it.
+        if vars(trainer).get(label) is iterator and getattr(iterator, "alive", True) is False:
+            iterator.invalidate(
+                f"resume() restored the loaders and {name}.{label} still holds an iterator from before; "
+                f"recreate it in _rebuild_resume_iterators() (for example self.{label} = iter(loader))"
+            )
