@@ -24,6 +24,8 @@ STEPS = 5  # 20 samples delivered: cycle 1, offset 8
 LIGHTNING_PAUSE_STEP = 3
 DISTRIBUTED_PAUSE_STEP = 3
 
+_DISTRIBUTED_DEADLINE_S = 600.0
+
 _made: dict[str, Any] = {}
 
 
@@ -59,6 +61,9 @@ class MixinTrainer(TrainingResumeMixin):
 
     def _resume_extra_state(self) -> dict[str, Any]:
         return {"seen": self.seen, "warmed_up": True}
+
+    def _load_resume_extra_state(self, state: dict[str, Any]) -> None:
+        self.seen = state["seen"]
 
     @training_step
     def step(self) -> None:
@@ -206,7 +211,8 @@ def distributed_pause(
         out = tmp_path_factory.mktemp("distributed")
         path = out / "pause.ckpt"
         job = {"tag": "paused", "steps": 10, "requests": {DISTRIBUTED_PAUSE_STEP: [str(path), 1]}}
-        codes = launch(2, job, out)
+        # A deadline only a hung run reaches: spawned ranks start slowly on a loaded machine.
+        codes = launch(2, job, out, timeout=_DISTRIBUTED_DEADLINE_S)
         assert codes == [0, 0], describe_exits(codes, "paused", out)
         results = load_results(2, "paused", out)
         assert results[0]["paused_at"] == [DISTRIBUTED_PAUSE_STEP]

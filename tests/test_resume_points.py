@@ -18,6 +18,7 @@ from trainer_resume import (
     ResumePoints,
     RunFinishedError,
     SkippedCheckpointWarning,
+    cpu_state,
     load_checkpoint,
     run_finished,
 )
@@ -84,6 +85,22 @@ def test_point_keeps_the_state_of_its_step_while_training_goes_on(tmp_path, monk
     point = load_checkpoint(tmp_path / point_name(3))
     assert_equal(expected["model"], point["objects"]["model"], "model")
     assert_equal(expected["optimizer"], point["objects"]["optimizer"], "optimizer")
+
+
+def test_consecutive_points_each_hold_the_state_of_their_own_step(tmp_path):
+    # The buffers of a written point are reused for the next one's copy.
+    reference = TinyTrainer()
+    expected = {}
+    for step in range(1, 5):
+        reference.train_step()
+        expected[step] = cpu_state((reference.model.state_dict(), reference.optimizer.state_dict()))
+    trainer = points_trainer(tmp_path, every_steps=1, keep=4, when_busy="wait")
+    run_steps(trainer, 4)
+    trainer.points.wait()
+    for step, path in list_points(tmp_path):
+        point = load_checkpoint(path)
+        assert_equal(expected[step][0], point["objects"]["model"], f"model of point {step}")
+        assert_equal(expected[step][1], point["objects"]["optimizer"], f"optimizer of point {step}")
 
 
 def test_skip_policy_does_not_block_and_takes_the_point_after_the_write(tmp_path, monkeypatch):

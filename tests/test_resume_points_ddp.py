@@ -19,10 +19,13 @@ pytestmark = pytest.mark.slow
 
 STEPS = 9
 WORLD = 2
+# Two spawned ranks import torch and train 9 small steps: seconds on an idle machine,
+# minutes on a saturated one; a hung collective still ends the run at this deadline.
+LAUNCH_TIMEOUT_S = 300.0
 
 
 def _run(world: int, job: dict, out) -> list[dict]:
-    codes = launch(world, job, out)
+    codes = launch(world, job, out, timeout=LAUNCH_TIMEOUT_S)
     assert codes == [0] * world, describe_exits(codes, job["tag"], out)
     return load_results(world, job["tag"], out)
 

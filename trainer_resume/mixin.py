@@ -48,7 +48,7 @@ from .errors import (
     VersionMismatchError,
 )
 from .point_files import latest_checkpoint
-from .resume_points import ResumePoint, ResumePoints, host_snapshot
+from .resume_points import ResumePoint, ResumePoints
 from .rng import restore_random_state
 from .sharded import refuse_dtensors
 from .signature import canonical_config, config_difference, config_signature
@@ -417,7 +417,7 @@ class TrainingResumeMixin:
             if guard.failed:
                 raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
             key = _settings(self, "checkpoint()").key
-            return points.take(guard.completed_steps, lambda: _pause_checkpoint(self, guard, host_snapshot), key=key)
+            return points.take(guard.completed_steps, lambda copy: _pause_checkpoint(self, guard, copy), key=key)
 
     def resume_latest(self, directory: StrPath | None = None) -> str | None:
         """Resume from the newest complete, valid resume point or pause file in ``directory``.
@@ -517,7 +517,7 @@ def _pause_at_step_boundary(trainer: TrainingResumeMixin) -> bool:
     if guard.points is not None:
         failure = guard.points.at_step_boundary(
             guard.completed_steps,
-            lambda: _pause_checkpoint(trainer, guard, host_snapshot),
+            lambda copy: _pause_checkpoint(trainer, guard, copy),
             key=_settings(trainer, "checkpoint()").key,
         )
     path = guard.requested_path
@@ -564,8 +564,8 @@ def _require_step_boundary(guard: StepGuard, action: str) -> None:
 def _pause_checkpoint(
     trainer: TrainingResumeMixin, guard: StepGuard, copy: Callable[[Any, dict], Any] = to_cpu
 ) -> PauseCheckpoint:
-    # copy: to_cpu for a pause (written under the lock), host_snapshot for a resume
-    # point (written while training changes the live tensors).
+    # copy: to_cpu for a pause (written under the lock); for a resume point, a copy in
+    # host memory (written while training changes the live tensors).
     settings = _settings(trainer, "pause()")
     objects = dict(trainer._resume_objects())
     shared = list(trainer._resume_shared_keys())

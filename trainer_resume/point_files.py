@@ -33,6 +33,7 @@ __all__ = [
     "latest_checkpoint",
     "list_points",
     "point_name",
+    "point_steps",
     "remove_points",
     "remove_stale_temp_files",
     "retain_points",
@@ -62,6 +63,12 @@ class Candidate(NamedTuple):
 def point_name(completed_steps: int) -> str:
     """The file name of the resume point taken after ``completed_steps`` steps."""
     return f"point-{completed_steps:012d}.ckpt"
+
+
+def point_steps(path: StrPath) -> int | None:
+    """The completed steps of the resume point at ``path``, from its name; ``None`` for another file."""
+    match = _POINT.fullmatch(os.path.basename(os.fspath(path)))
+    return int(match.group(1)) if match else None
 
 
 def list_points(directory: StrPath) -> list[tuple[int, str]]:

@@ -9,7 +9,8 @@ newest point bit-identically.
 
 The step blocks only while the state is copied (tensors on an accelerator go to
 pinned host memory where CUDA is available). At most one write is in flight, so
-host memory holds at most one snapshot besides the live state.
+host memory holds at most one snapshot besides the live state; its buffers are kept
+and receive the next point's copy.
 
 When a point is due while the previous write still runs, the policy ``when_busy``
 decides: ``"skip"`` (the default) does not block the step; the point is taken at
@@ -37,8 +38,10 @@ from typing import Any, Literal
 import torch
 
 from . import distributed as _distributed
+from ._host_snapshot import HostBuffers
+from ._pause_checks import to_cpu
 from .durable import save_checkpoint
-from .errors import CheckpointWriteError, UnsupportedResumeConfigurationError
+from .errors import CheckpointWriteError
 from .finished import mark_finished
 from .point_files import (
     point_name,
@@ -46,15 +49,16 @@ from .point_files import (
     remove_stale_temp_files,
     retain_points,
 )
-from .sharded import first_dtensor
-from .state import PauseCheckpoint, map_tensors
 
-__all__ = ["ResumePoint", "ResumePoints", "host_snapshot"]
+__all__ = ["ResumePoint", "ResumePoints", "Snapshot"]
 
 _log = logging.getLogger("trainer_resume")
 
 StrPath = str | os.PathLike[str]
 WhenBusy = Literal["skip", "wait"]
+# Builds the checkpoint of the current boundary, copying its tensors with the given
+# function (``copy(value, memo)``): the point's host copy on the writing rank.
+Snapshot = Callable[[Callable[[Any, dict], Any]], dict[str, Any]]
 
 _ACTIVE: weakref.WeakSet[ResumePoints] = weakref.WeakSet()
 
@@ -69,41 +73,6 @@ def _wait_for_writes_at_exit() -> None:
 # (the digest's helper thread). Hooks run last-registered first: this one, registered
 # after concurrent.futures was imported, lets the write in flight finish before that.
 getattr(threading, "_register_atexit", lambda hook: None)(_wait_for_writes_at_exit)
-
-
-def host_snapshot(value: Any, memo: dict[Any, tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    """Copy nested tensor state to host memory that training cannot change.
-
-    CPU tensors are cloned (the live tensors change in the next step while the copy
-    is being written); accelerator tensors are copied into pinned host memory where
-    CUDA is available, and the copies are complete when this returns. Aliases stay
-    aliases (``memo``, shared with the other calls of one snapshot).
-
-    Raises:
-        UnsupportedResumeConfigurationError: the state holds sharded tensors (``DTensor``).
-    """
-    copied = map_tensors(value, _host_copy, memo)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()  # the non-blocking copies must land before the writer reads them
-    return copied
-
-
-def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
-    if first_dtensor(tensor, "") is not None:
-        raise UnsupportedResumeConfigurationError(
-            "resume points of a sharded model (DTensor / fully_shard) are not supported yet: "
-            "train it unsharded (e.g. DistributedDataParallel) or run without resume_points"
-        )
-    tensor = tensor.detach()
-    if tensor.device.type == "cpu":
-        return tensor.clone()
-    if tensor.device.type == "cuda":
-        try:
-            pinned = torch.empty_like(tensor, device="cpu", pin_memory=True)
-        except RuntimeError:  # no pinnable memory (limits, drivers): pageable memory is still exact
-            return tensor.to("cpu", copy=True)
-        return pinned.copy_(tensor, non_blocking=True)
-    return tensor.to("cpu", copy=True)
 
 
 class ResumePoint:
@@ -225,6 +194,7 @@ class ResumePoints:
         self.skipped = 0  # points that were due while the previous write still ran
         self._overdue = False  # a point was skipped: take one at the next free boundary
         self.written = 0  # points made durable
+        self._buffers = HostBuffers()
         self._owner: int | None = None
         self._lock = threading.Lock()
         self._writing: ResumePoint | None = None
@@ -281,15 +251,23 @@ class ResumePoints:
         return bool(self._requested) or self._unreported is not None or self._due(completed_steps)
 
     def at_step_boundary(
-        self, completed_steps: int, snapshot: Callable[[], PauseCheckpoint], *, key: bytes | None
+        self,
+        completed_steps: int,
+        snapshot: Snapshot,
+        *,
+        key: bytes | None,
+        combine: Callable[[Any], Any] | None = None,
     ) -> CheckpointWriteError | None:
         """Take a point if one is due or requested; return an unreported write failure.
 
         Under a process group every rank calls it at every boundary: the ranks agree
-        on whether a point is due, all snapshot the same step, rank 0 writes.
+        on whether a point is due, all snapshot the same step, and rank 0 writes what
+        ``combine`` makes of its snapshot (default: the mixin's ``gather_pause``).
         """
         if _distributed.is_distributed():
-            return self._collective_boundary(completed_steps, snapshot, key)
+            return self._collective_boundary(
+                completed_steps, snapshot, key, combine or _distributed.gather_pause
+            )
         failure = self._take_failure()
         if self._requested or self._due(completed_steps):
             if self._busy() and self.when_busy == "skip" and not self._requested:
@@ -298,9 +276,7 @@ class ResumePoints:
                 self.take(completed_steps, snapshot, key=key)
         return failure
 
-    def take(
-        self, completed_steps: int, snapshot: Callable[[], PauseCheckpoint], *, key: bytes | None
-    ) -> ResumePoint:
+    def take(self, completed_steps: int, snapshot: Snapshot, *, key: bytes | None) -> ResumePoint:
         """Snapshot now (waiting for the write in flight first) and write in the background.
 
         A point already taken at this step serves again (one point per boundary).
@@ -308,7 +284,7 @@ class ResumePoints:
         last = self._last
         if last is None or last.completed_steps != completed_steps or last.failed:
             self.wait()
-            last = self._submit(snapshot(), completed_steps, key, write=True)
+            last = self._submit(snapshot(self._buffers.copy), completed_steps, key, write=True)
         self._serve_requests(last)
         return last
 
@@ -368,25 +344,33 @@ class ResumePoints:
         self._last_time = time.monotonic()
         self._overdue = False
         _ACTIVE.add(self)
+        made = self._buffers.take_made()
         if not write:  # another rank writes this point
+            self._buffers.recycle(made)
             point._finish(None)
             return point
         self._writing = point
         # Not a daemon: a normal interpreter exit waits for the point to be durable.
         self._writer = threading.Thread(
             target=self._write,
-            args=(point, checkpoint, key),
+            args=(point, checkpoint, made, key),
             name="trainer-resume-point",
             daemon=False,
         )
         self._writer.start()
         return point
 
-    def _write(self, point: ResumePoint, checkpoint: Any, key: bytes | None) -> None:
+    def _write(
+        self, point: ResumePoint, checkpoint: Any, made: list[torch.Tensor], key: bytes | None
+    ) -> None:
         error: BaseException | None = None
         try:
-            save_checkpoint(checkpoint, point.path, key=key)
-            del checkpoint  # the snapshot's host memory goes before the clean-up
+            try:
+                save_checkpoint(checkpoint, point.path, key=key)
+            finally:
+                del checkpoint
+                # Before the point reports done: only then may the next copy reuse them.
+                self._buffers.recycle(made)
             retain_points(self.directory, point.completed_steps, self.keep)
             remove_stale_temp_files(self.directory)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread
@@ -407,7 +391,11 @@ class ResumePoints:
         point._finish(error)
 
     def _collective_boundary(
-        self, completed_steps: int, snapshot: Callable[[], PauseCheckpoint], key: bytes | None
+        self,
+        completed_steps: int,
+        snapshot: Snapshot,
+        key: bytes | None,
+        combine: Callable[[Any], Any],
     ) -> CheckpointWriteError | None:
         rank = _distributed.world()[1]
         due, requested, failed = _distributed.any_ranks(
@@ -432,7 +420,8 @@ class ResumePoints:
             return failure
         if rank == 0:
             self.wait()
-        combined = _distributed.gather_pause(snapshot())
+        # Only rank 0 writes: the other ranks' states are gathered (pickled) at once.
+        combined = combine(snapshot(self._buffers.copy if rank == 0 else to_cpu))
         point = self._submit(combined, completed_steps, key, write=rank == 0)
         self._serve_requests(point)
         return failure

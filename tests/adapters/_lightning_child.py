@@ -53,7 +53,7 @@ from trainer_resume.loaders import (
 SEED = 1234
 FEATURES = 8
 CONFIG = {"model": {"hidden": 32, "dropout": 0.25}, "optim": {"lr": 0.01, "step_size": 3, "gamma": 0.8}}
-WAIT_S = 60.0
+WAIT_S = 300.0  # how long a gate waits for the signal: generous, the machine may be loaded
 
 
 class AugmentedDataset(Dataset):

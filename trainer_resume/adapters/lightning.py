@@ -25,7 +25,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         f"{MIN_PYTORCH_LIGHTNING}: pip install 'trainer-resume[lightning]'"
     ) from _exc
 
-from packaging.version import Version as _Version
+# packaging comes with pytorch_lightning, so it is imported once Lightning is known present.
+from packaging.version import Version as _Version  # noqa: E402
 
 if _Version(_pl.__version__).release < _Version(MIN_PYTORCH_LIGHTNING).release:
     raise ImportError(
@@ -44,9 +45,11 @@ from .lightning_callback import (  # noqa: E402
 from .lightning_files import plain_lightning_checkpoint  # noqa: E402
 from .lightning_io import DurableCheckpointIO  # noqa: E402
 from .lightning_loading import load_from_checkpoint  # noqa: E402
+from .lightning_points import ResumePointsCallback  # noqa: E402
 
 __all__ = [
     "ResumeCallback",
+    "ResumePointsCallback",
     "DurableCheckpointIO",
     "load_from_checkpoint",
     "plain_lightning_checkpoint",

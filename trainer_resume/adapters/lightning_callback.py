@@ -442,17 +442,29 @@ class ResumeCallback(Callback):
         if states is not None:
             fit_state["combined_loader"] = states
 
-    def _write_pause(self, trainer: pl.Trainer) -> None:
+    def pause_checkpoint(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """The checkpoint a pause writes after the current batch (every rank calls it).
+
+        Call it in ``on_train_batch_end``, before ``should_stop`` is set, at a batch that
+        completes its gradient accumulation. Resume points (``ResumePointsCallback``)
+        write the same content while the fit goes on.
+        """
+        point = pause_point(trainer)
+        saved, self._pause_point = self._pause_point, point
         self._writing_pause = True
         try:
-            # Not trainer.save_checkpoint: the pause file must be durable whatever IO the
-            # trainer uses, and a failed write must be known to every rank, not leave
-            # the others waiting in a barrier.
             checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         finally:
             self._writing_pause = False
-        if self._pause_point is not None:
-            finish_batch_in_checkpoint(checkpoint, self._pause_point)
+            self._pause_point = saved
+        finish_batch_in_checkpoint(checkpoint, point)
+        return checkpoint
+
+    def _write_pause(self, trainer: pl.Trainer) -> None:
+        # Not trainer.save_checkpoint: the pause file must be durable whatever IO the
+        # trainer uses, and a failed write must be known to every rank, not leave
+        # the others waiting in a barrier.
+        checkpoint = self.pause_checkpoint(trainer)
         writer = self._writer(trainer)
         self._on_rank_zero(
             trainer,
