@@ -3,7 +3,7 @@
 The same state (an MLP of ``nn.Linear`` layers plus its AdamW state after one step,
 built as in ``benchmarks/pause.py``) is written by
 
-* ``TrainingResumeMixin.pause()`` (durable, verified: temp file, SHA-256, fsync, rename),
+* ``TrainingResumeMixin.pause()`` (durable, verified: temp file, BLAKE3, fsync, rename),
 * ``torch.save`` of the model and optimizer state dicts (no fsync),
 * the same ``torch.save`` followed by flush + fsync (the reference of every ratio),
 * Lightning's ``trainer.save_checkpoint`` (a real ``pytorch_lightning.Trainer`` fitted
@@ -18,11 +18,18 @@ reports the blocking wall time, the peak RSS above that baseline (``ru_maxrss``)
 the file size. Methods alternate order between repeats; the median
 is reported with every run listed. The children of ``pause()`` and ``torch.save`` +
 fsync then read their file back: ``resume()`` against ``torch.load(weights_only=True)``
-+ ``load_state_dict`` of the same state. Finally ``@training_step`` overhead per call
-(``pause.measure_overhead``).
++ ``load_state_dict`` of the same state.
+
+The same pairs are also measured in one process per size (``--rounds`` rounds):
+the model is built once, then each round writes with ``pause()`` and with
+``torch.save`` + fsync (order alternating between rounds), then reads back with
+``resume()`` and with ``torch.load`` + ``load_state_dict`` (alternating too); the
+peak-RSS mark is reset before every measurement. Finally ``@training_step``
+overhead per call (``pause.measure_overhead``).
 
     python -m benchmarks.checkpointing            # ~10M and ~100M parameters, 5 runs each
     python -m benchmarks.checkpointing --quick    # ~10M, 3 runs; ~100M for pause() and torch.save + fsync only
+    python -m benchmarks.checkpointing --pair     # pause()/resume() against torch only, both sizes
 
 Prints tables and writes benchmarks/out/checkpointing.json.
 """
@@ -63,6 +70,7 @@ TARGET_PAIR = ("pause()", REFERENCE)
 LOAD_METHODS = {"resume()": "pause()", "torch.load + load_state_dict": "torch.save + fsync"}
 LOAD_REFERENCE = "torch.load + load_state_dict"
 RESULT_PREFIX = "CHECKPOINTING-RESULT "
+INTERLEAVED = "interleaved"  # the child that measures the pairs in one process
 LR = 1e-4
 
 
@@ -252,7 +260,34 @@ def _child_accelerate(width: int, layers: int, directory: Path) -> dict[str, Any
     return {"state_bytes": state_bytes, "save": save}
 
 
-def _child(method: str, width: int, layers: int, directory: Path) -> dict[str, Any]:
+def _child_interleaved(width: int, layers: int, directory: Path, rounds: int) -> dict[str, Any]:
+    """Both save pairs and both load pairs, ``rounds`` times, interleaved in this one process."""
+    import torch
+    from pause import BenchTrainer, torch_save_fsync
+
+    model, optimizer = build_model(width, layers)
+    trainer = BenchTrainer(model, optimizer, shared=False)
+    pause_path, torch_path = directory / "pause.ckpt", directory / "torch.pt"
+
+    def torch_load() -> None:
+        state = torch.load(torch_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    saves = {"pause()": lambda: trainer.pause(pause_path), REFERENCE: lambda: torch_save_fsync(model, optimizer, torch_path)}
+    loads = {"resume()": lambda: trainer.resume(pause_path), LOAD_REFERENCE: torch_load}
+    result: dict[str, Any] = {"save": {name: [] for name in saves}, "load": {name: [] for name in loads}}
+    for number in range(rounds):
+        for kind, actions in (("save", saves), ("load", loads)):
+            names = list(actions) if number % 2 == 0 else list(reversed(actions))
+            for name in names:
+                result[kind][name].append(_timed_with_peak(actions[name]))
+    return result
+
+
+def _child(method: str, width: int, layers: int, directory: Path, rounds: int = 0) -> dict[str, Any]:
+    if method == INTERLEAVED:
+        return _child_interleaved(width, layers, directory, rounds)
     if method == "pause":
         return _child_pause(width, layers, directory)
     if method in ("torch_save", "torch_save_fsync"):
@@ -276,10 +311,12 @@ def accelerate_missing() -> str | None:
     return None
 
 
-def _run_child(method: str, width: int, layers: int, directory: Path, timeout: float) -> dict[str, Any]:
+def _run_child(
+    method: str, width: int, layers: int, directory: Path, timeout: float, rounds: int = 0
+) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=directory))
     command = [sys.executable, "-m", "benchmarks.checkpointing", "--child", method, "--width", str(width), "--layers", str(layers),
-               "--dir", str(workdir)]
+               "--dir", str(workdir), "--rounds", str(rounds)]
     try:
         done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout)
         results = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
@@ -310,7 +347,9 @@ def _summarise(runs: list[dict[str, Any]], reference_median: float | None) -> di
     return summary
 
 
-def measure_size(label: str, repeats: int, directory: Path, methods: dict[str, str], timeout: float) -> dict[str, Any]:
+def measure_size(
+    label: str, repeats: int, directory: Path, methods: dict[str, str], timeout: float, rounds: int
+) -> dict[str, Any]:
     width, layers = SIZES[label]
     raw: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
     for repeat in range(repeats):
@@ -324,6 +363,15 @@ def measure_size(label: str, repeats: int, directory: Path, methods: dict[str, s
     load_reference = statistics.median(run["seconds"] for run in load_runs[LOAD_REFERENCE])
     load = {name: _summarise(runs, load_reference) for name, runs in load_runs.items()}
     state_bytes = {name: runs[0]["state_bytes"] for name, runs in raw.items()}
+    print(f"  {label}: {rounds} interleaved rounds in one process", file=sys.stderr, flush=True)
+    same = _run_child(INTERLEAVED, width, layers, directory, timeout * 2, rounds)
+    same_process = {
+        kind: {
+            name: _summarise(runs, statistics.median(run["seconds"] for run in same[kind][reference]))
+            for name, runs in same[kind].items()
+        }
+        for kind, reference in (("save", REFERENCE), ("load", LOAD_REFERENCE))
+    }
     return {
         "label": label,
         "width": width,
@@ -333,6 +381,7 @@ def measure_size(label: str, repeats: int, directory: Path, methods: dict[str, s
         "state_bytes_by_method": state_bytes,
         "save": save,
         "load": load,
+        "same_process": same_process,
     }
 
 
@@ -380,6 +429,16 @@ def print_tables(sizes: list[dict[str, Any]], overhead: dict[str, float], repeat
             ["method", "median s", "ratio", "all runs (s)", "peak RSS above baseline MiB"],
             rows,
         )
+        for kind, title in (("save", "Save"), ("load", "Resume")):
+            results = size["same_process"][kind]
+            reference = REFERENCE if kind == "save" else LOAD_REFERENCE
+            print_table(
+                f"{title}, {size['parameters'] / 1e6:.1f}M parameters, all in one process: "
+                f"{len(next(iter(results.values()))['seconds'])} interleaved rounds, median; "
+                f"ratio to {reference}.",
+                ["method", "median s", "ratio", "all runs (s)", "peak RSS above baseline MiB"],
+                [_timing_cells(name, result) for name, result in results.items()],
+            )
     print_table(
         "Step overhead per call, min of 7 timeit repeats (pause.measure_overhead).",
         ["call", "µs per call", "overhead µs"],
@@ -408,13 +467,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="where files are written (default: a temp dir under the current directory)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per child process")
     parser.add_argument("--overhead-calls", type=int, default=None, help="calls per timeit repeat")
-    parser.add_argument("--child", choices=sorted(set(SAVE_METHODS.values())), help=argparse.SUPPRESS)
+    parser.add_argument("--pair", action="store_true",
+                        help="only pause()/resume() and torch.save + fsync / torch.load, for every size")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved rounds in the one-process measurement (default: --repeats)")
+    parser.add_argument("--child", choices=sorted({*SAVE_METHODS.values(), INTERLEAVED}), help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child:
-        result = _child(args.child, args.width, args.layers, args.dir)
+        result = _child(args.child, args.width, args.layers, args.dir, args.rounds or 0)
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         return
 
@@ -425,6 +488,8 @@ def main(argv: list[str] | None = None) -> None:
     if missing:
         skipped["Accelerate save_state"] = missing
         del methods["Accelerate save_state"]
+    if args.pair:
+        methods = {name: methods[name] for name in TARGET_PAIR}
     if args.sizes:
         plan = [(label, methods) for label in args.sizes]
     elif args.quick:
@@ -437,7 +502,10 @@ def main(argv: list[str] | None = None) -> None:
     directory = Path(tempfile.mkdtemp(prefix=".checkpointing-bench-", dir=os.getcwd())) if owned else args.dir
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        measured = [measure_size(label, repeats, directory, chosen, args.timeout) for label, chosen in plan]
+        rounds = args.rounds or repeats
+        measured = [
+            measure_size(label, repeats, directory, chosen, args.timeout, rounds) for label, chosen in plan
+        ]
     finally:
         if owned:
             shutil.rmtree(directory, ignore_errors=True)
@@ -453,7 +521,7 @@ def main(argv: list[str] | None = None) -> None:
     path = write_json(
         "checkpointing",
         {
-            "settings": {"sizes": sizes, "repeats": repeats, "reference": REFERENCE,
+            "settings": {"sizes": sizes, "repeats": repeats, "rounds": rounds, "reference": REFERENCE,
                          "load_reference": LOAD_REFERENCE, "overhead_calls": calls},
             "sizes": measured,
             "step_overhead": overhead,

@@ -90,7 +90,7 @@ def _child(method: str, size_mib: int, target: str) -> None:
     elif method == "durable":
         save_checkpoint(state, target)
     elif method == "durable_signed":
-        save_checkpoint(state, target, key=b"benchmark key")
+        save_checkpoint(state, target, key=b"benchmark signing key")
     else:
         raise ValueError(f"unknown method {method!r}")
     seconds = time.perf_counter() - start

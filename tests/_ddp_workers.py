@@ -8,6 +8,7 @@ scheduler states, every batch, the sample ids per step) or ``error_<tag>_rank<r>
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import random
 import signal
@@ -40,7 +41,10 @@ CONFIG = {
     "optim": {"lr": 0.05, "decay": 0.9},
     "data": {"size": SIZE},
 }
-JOIN_TIMEOUT_S = 90.0
+# Generous on purpose: on a loaded machine importing torch in a fresh rank alone has
+# taken 40 s. These bound a hang; a dead rank is noticed within seconds anyway.
+JOIN_TIMEOUT_S = 300.0
+COLLECTIVE_TIMEOUT = timedelta(seconds=240)
 
 
 class IdDataset(Dataset):
@@ -195,7 +199,7 @@ def rank_main(
             init_method=f"file://{init_file}",
             rank=rank,
             world_size=world,
-            timeout=timedelta(seconds=60),
+            timeout=COLLECTIVE_TIMEOUT,
         )
         trainer = DDPTrainer()
         points = None
@@ -263,10 +267,29 @@ def rank_main(
         trainer.loader.close()
         # No rank tears its connections down while a peer may still read from them.
         dist.barrier()
+        # DDP holds the process group and gloo work objects: free them while the
+        # interpreter is fully alive. Left to interpreter shutdown, gloo's threads
+        # release tensors after Python stopped handing out the GIL, which aborts
+        # the process now and then (SIGABRT) after a successful run.
+        del trainer
+        gc.collect()
         dist.destroy_process_group()
     except BaseException:
         Path(out, f"error_{tag}_rank{rank}.txt").write_text(traceback.format_exc())
         raise
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """End a rank that finished its job without interpreter shutdown.
+
+    Every result is on disk and the process group is gone; what interpreter
+    shutdown would add (destroying torch's C++ state while its threads may still
+    run) can only turn a finished rank into a crashed one.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def launch(

@@ -70,8 +70,9 @@ def test_inspect_shows_steps_objects_loader_position_with_units_rng_and_extra_ke
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert field(lines, "kind") == "pause file (TrainingResumeMixin)"
-    assert field(lines, "integrity").startswith("ok: marker, length and ")
+    assert field(lines, "integrity").startswith("ok: marker, length and BLAKE3 digest ")
     assert field(lines, "integrity").endswith(" verified")
+    assert field(lines, "file format") == "version 2"
     assert field(lines, "steps") == f"completed_steps {STEPS}"
     assert field(lines, "module version") == "inspect-test/1"
     assert field(lines, "processes") == "1"
@@ -329,9 +330,9 @@ def test_inspect_of_missing_file_fails_without_traceback(tmp_path, capsys):
 
 def test_inspect_verifies_signature_with_key_file_and_refuses_wrong_key(tmp_path, capsys):
     signed = tmp_path / "signed.ckpt"
-    save_checkpoint({"weights": torch.zeros(4)}, signed, key=b"right key")
-    (tmp_path / "right").write_bytes(b"right key")
-    (tmp_path / "wrong").write_bytes(b"wrong key")
+    save_checkpoint({"weights": torch.zeros(4)}, signed, key=b"the right key, 16+ bytes")
+    (tmp_path / "right").write_bytes(b"the right key, 16+ bytes")
+    (tmp_path / "wrong").write_bytes(b"the wrong key, 16+ bytes")
 
     assert main(["inspect", str(signed), "--key-file", str(tmp_path / "right")]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -132,7 +132,7 @@ def test_a_rank_killed_during_the_pause_leaves_the_previous_committed_pause(
         "continue_after_pause": True,
         "kill": kill,
     }
-    codes = launch(WORLD, job, tmp_path, timeout=60)
+    codes = launch(WORLD, job, tmp_path)
     report = describe_exits(codes, "kill", tmp_path)
     assert codes[kill[0]] == -9, report  # the victim died by SIGKILL
     assert codes[1 - kill[0]] != 0, report  # the survivor did not finish the run

@@ -1,7 +1,7 @@
 """Verified checkpoint files: layout, round trip, integrity, safety and signing.
 
-The header is built here from the documented layout (not from the library's own
-helpers), so these tests pin the file format as well as the behaviour.
+The headers are built here from the documented layout and algorithms (not from the
+library's own helpers), so these tests pin the file formats as well as the behaviour.
 """
 
 from __future__ import annotations
@@ -11,19 +11,23 @@ import hmac
 import io
 import pickle
 import struct
+import threading
 import zlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 import torch
+from torch.utils.serialization import config as serialization_config
 
 from trainer_resume.durable import (
     CheckpointHeader,
     load_checkpoint,
     read_checkpoint_header,
     save_checkpoint,
+    validate_key,
 )
 from trainer_resume.errors import (
     CheckpointCorruptedError,
@@ -32,33 +36,45 @@ from trainer_resume.errors import (
     UnsafeCheckpointError,
 )
 
-# The documented v1 layout: marker, version, flags, header CRC-32, payload length,
-# payload SHA-256, HMAC slot; 88 bytes, little-endian.
+# The documented layout: marker, version, flags, header CRC-32, payload length,
+# payload digest, signature slot; 88 bytes, little-endian.
 MARKER = b"\x89TRCKPT\n"
 LAYOUT = struct.Struct("<8sHHIQ32s32s")
 HEADER_SIZE = 88
 SIGNED = 1
+KEY = b"0123456789abcdef-signing-key"
+KEY_CONTEXT = "trainer-resume 2026-11 checkpoint signing key for format version 2"
+
+
+def digest_of(payload: bytes, version: int) -> bytes:
+    """The documented payload digest: BLAKE3 in version 2, SHA-256 in version 1."""
+    return blake3.blake3(payload).digest() if version == 2 else hashlib.sha256(payload).digest()
 
 
 def frame(
     payload: bytes,
     *,
-    version: int = 1,
+    version: int = 2,
     flags: int = 0,
     digest: bytes | None = None,
     signature: bytes = bytes(32),
 ) -> bytes:
-    """Wrap ``payload`` in a v1 header with a correct header CRC."""
-    digest = hashlib.sha256(payload).digest() if digest is None else digest
+    """Wrap ``payload`` in a header with a correct header CRC."""
+    digest = digest_of(payload, min(version, 2)) if digest is None else digest
     header = bytearray(LAYOUT.pack(MARKER, version, flags, 0, len(payload), digest, signature))
     header[12:16] = struct.pack("<I", zlib.crc32(header))
     return bytes(header) + payload
 
 
-def sign(key: bytes, payload: bytes) -> bytes:
-    """The documented signature: HMAC-SHA256 over marker, version, flags, length, SHA-256."""
-    message = MARKER + struct.pack("<HHQ", 1, SIGNED, len(payload)) + hashlib.sha256(payload).digest()
-    return hmac.new(key, message, hashlib.sha256).digest()
+def sign(key: bytes, payload: bytes, version: int = 2) -> bytes:
+    """The documented signature over marker, version, flags, length and digest:
+    keyed BLAKE3 with a key derived by BLAKE3's derive_key mode (v2), HMAC-SHA256 (v1)."""
+    fields = struct.pack("<HHQ", version, SIGNED, len(payload))
+    message = MARKER + fields + digest_of(payload, version)
+    if version == 1:
+        return hmac.new(key, message, hashlib.sha256).digest()
+    derived = blake3.blake3(key, derive_key_context=KEY_CONTEXT).digest()
+    return blake3.blake3(message, key=derived).digest()
 
 
 def torch_payload(obj: Any) -> bytes:
@@ -148,20 +164,73 @@ def test_saved_file_is_documented_header_followed_by_plain_torch_payload(saved: 
     data = saved.read_bytes()
     marker, version, flags, crc, length, digest, signature = LAYOUT.unpack(data[:HEADER_SIZE])
     payload = data[HEADER_SIZE:]
-    assert (marker, version, flags, length) == (MARKER, 1, 0, len(payload))
+    assert (marker, version, flags, length) == (MARKER, 2, 0, len(payload))
     assert crc == zlib.crc32(data[:12] + bytes(4) + data[16:HEADER_SIZE])
-    assert digest == hashlib.sha256(payload).digest()
+    assert digest == blake3.blake3(payload).digest()
     assert signature == bytes(32)
     assert_same(torch.load(io.BytesIO(payload), weights_only=True), nested_state())
 
 
-def test_signed_file_carries_documented_hmac(tmp_path: Path) -> None:
+def test_signed_file_carries_documented_keyed_blake3_signature(tmp_path: Path) -> None:
     path = tmp_path / "signed.pt"
-    save_checkpoint(nested_state(), path, key=b"secret")
+    save_checkpoint(nested_state(), path, key=KEY)
     data = path.read_bytes()
     _, _, flags, _, _, _, signature = LAYOUT.unpack(data[:HEADER_SIZE])
     assert flags == SIGNED
-    assert signature == sign(b"secret", data[HEADER_SIZE:])
+    assert signature == sign(KEY, data[HEADER_SIZE:])
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_version_1_files_stay_readable(tmp_path: Path, signed: bool) -> None:
+    payload = torch_payload(nested_state())
+    path = tmp_path / "v1.pt"
+    signature = sign(KEY, payload, version=1) if signed else bytes(32)
+    path.write_bytes(frame(payload, version=1, flags=SIGNED if signed else 0, signature=signature))
+    assert_same(load_checkpoint(path, key=KEY if signed else None), nested_state())
+    header = read_checkpoint_header(path)
+    assert (header.format_version, header.algorithm) == (1, "SHA-256")
+    assert header.digest == hashlib.sha256(payload).hexdigest()
+
+
+def test_version_1_file_with_altered_payload_is_refused(tmp_path: Path) -> None:
+    payload = bytearray(torch_payload(nested_state()))
+    path = tmp_path / "v1.pt"
+    framed = bytearray(frame(bytes(payload), version=1))
+    framed[-30] ^= 0x04
+    path.write_bytes(bytes(framed))
+    with pytest.raises(CheckpointCorruptedError):
+        load_checkpoint(path)
+
+
+def test_torch_crc32_is_skipped_while_writing_and_restored_per_thread(tmp_path: Path) -> None:
+    # The zip's per-record CRC fields stay zero: torch computed none (the digest covers the bytes).
+    save_checkpoint({"w": torch.arange(1000.0)}, tmp_path / "c.pt")
+    payload = (tmp_path / "c.pt").read_bytes()[HEADER_SIZE:]
+    records = payload.count(b"PK\x01\x02")
+    starts = [i for i in range(len(payload)) if payload.startswith(b"PK\x01\x02", i)]
+    crcs = [payload[i + 16 : i + 20] for i in starts]
+    assert records >= 2 and all(crc == bytes(4) for crc in crcs)
+    # This thread's setting is back, and a writer thread never changes another thread's.
+    assert serialization_config.save.compute_crc32 is True
+    seen: list[bool] = []
+    inside = threading.Event()
+    release = threading.Event()
+
+    class Slow:
+        def __reduce__(self) -> Any:
+            inside.set()
+            release.wait(30)
+            return (int, (1,))
+
+    writer = threading.Thread(target=save_checkpoint, args=({"x": Slow()}, tmp_path / "t.pt"))
+    writer.start()
+    assert inside.wait(30)
+    seen.append(serialization_config.save.compute_crc32)  # while the writer is in torch.save
+    release.set()
+    writer.join(30)
+    assert seen == [True]
+    plain = torch.load(io.BytesIO(torch_payload({"w": torch.ones(2)})), weights_only=True)
+    assert plain["w"].sum() == 2
 
 
 def test_large_tensors_round_trip_and_match_their_digest(tmp_path: Path) -> None:
@@ -170,18 +239,19 @@ def test_large_tensors_round_trip_and_match_their_digest(tmp_path: Path) -> None
     path = tmp_path / "big.pt"
     save_checkpoint(state, path)
     payload = path.read_bytes()[HEADER_SIZE:]
-    assert read_checkpoint_header(path).sha256 == hashlib.sha256(payload).hexdigest()
+    assert read_checkpoint_header(path).digest == blake3.blake3(payload).hexdigest()
     assert_same(load_checkpoint(path), state)
 
 
 def test_read_checkpoint_header_reports_fields_checked_against_bytes(tmp_path: Path) -> None:
     save_checkpoint(nested_state(), tmp_path / "plain.pt")
-    save_checkpoint(nested_state(), tmp_path / "signed.pt", key=b"k")
+    save_checkpoint(nested_state(), tmp_path / "signed.pt", key=KEY)
     for name, signed in (("plain.pt", False), ("signed.pt", True)):
         payload = (tmp_path / name).read_bytes()[HEADER_SIZE:]
-        expected = CheckpointHeader(1, len(payload), hashlib.sha256(payload).hexdigest(), signed)
+        digest = blake3.blake3(payload).hexdigest()
+        expected = CheckpointHeader(2, len(payload), digest, signed, "BLAKE3")
         assert read_checkpoint_header(tmp_path / name) == expected
-    assert read_checkpoint_header(tmp_path / "signed.pt", key=b"k").signed
+    assert read_checkpoint_header(tmp_path / "signed.pt", key=KEY).signed
 
 
 def test_map_location_is_applied_to_loaded_tensors(saved: Path) -> None:
@@ -204,7 +274,10 @@ def test_missing_file_raises_file_not_found(tmp_path: Path, reader: Any) -> None
         pytest.param(torch_payload({"w": torch.ones(2)}), id="plain-torch-save"),
         pytest.param(b"step: 10\nlr: 0.1\n", id="text"),
         pytest.param(b"\x00" * 200, id="zeros"),
-        pytest.param(frame(torch_payload({"w": 1}), version=2), id="unknown-version"),
+        pytest.param(frame(torch_payload({"w": 1}), version=3), id="unknown-version"),
+        pytest.param(
+            frame(torch_payload({"w": 1}), signature=b"\x01" * 32), id="unsigned-with-signature"
+        ),
         pytest.param(frame(torch_payload({"w": 1}), flags=0x8000), id="unknown-flag"),
         pytest.param(frame(pickle.dumps({"w": 1})), id="payload-not-a-torch-archive"),
     ],
@@ -312,7 +385,7 @@ def test_altered_unsafe_payload_is_rejected_before_unpickling(tmp_path: Path) ->
     marker = tmp_path / "code-ran"
     payload = torch_payload({"x": _CreatesFile(marker)})
     path = tmp_path / "evil.pt"
-    path.write_bytes(frame(payload, digest=hashlib.sha256(b"something else").digest()))
+    path.write_bytes(frame(payload, digest=blake3.blake3(b"something else").digest()))
     with pytest.raises(CheckpointCorruptedError):
         load_checkpoint(path)
     assert not marker.exists()
@@ -322,37 +395,37 @@ def test_altered_unsafe_payload_is_rejected_before_unpickling(tmp_path: Path) ->
 
 
 def test_signed_file_loads_with_its_key(tmp_path: Path) -> None:
-    save_checkpoint(nested_state(), tmp_path / "s.pt", key=b"secret")
-    assert_same(load_checkpoint(tmp_path / "s.pt", key=b"secret"), nested_state())
+    save_checkpoint(nested_state(), tmp_path / "s.pt", key=KEY)
+    assert_same(load_checkpoint(tmp_path / "s.pt", key=KEY), nested_state())
 
 
 def test_signed_file_loads_without_key_after_digest_check(tmp_path: Path) -> None:
-    save_checkpoint(nested_state(), tmp_path / "s.pt", key=b"secret")
+    save_checkpoint(nested_state(), tmp_path / "s.pt", key=KEY)
     assert_same(load_checkpoint(tmp_path / "s.pt"), nested_state())
 
 
 def test_wrong_key_raises_signature_error(tmp_path: Path) -> None:
-    save_checkpoint(nested_state(), tmp_path / "s.pt", key=b"secret")
+    save_checkpoint(nested_state(), tmp_path / "s.pt", key=KEY)
     with pytest.raises(CheckpointSignatureError):
-        load_checkpoint(tmp_path / "s.pt", key=b"secreT")
+        load_checkpoint(tmp_path / "s.pt", key=KEY[:-1] + b"!")
     with pytest.raises(CheckpointSignatureError):
-        read_checkpoint_header(tmp_path / "s.pt", key=b"secreT")
+        read_checkpoint_header(tmp_path / "s.pt", key=KEY[:-1] + b"!")
 
 
 def test_unsigned_file_raises_signature_error_when_key_given(saved: Path) -> None:
     with pytest.raises(CheckpointSignatureError):
-        load_checkpoint(saved, key=b"secret")
+        load_checkpoint(saved, key=KEY)
 
 
 def test_payload_swapped_with_recomputed_digest_is_caught_only_by_key(tmp_path: Path) -> None:
     path = tmp_path / "s.pt"
-    save_checkpoint({"lr": 0.1}, path, key=b"secret")
+    save_checkpoint({"lr": 0.1}, path, key=KEY)
     original_signature = LAYOUT.unpack(path.read_bytes()[:HEADER_SIZE])[6]
     forged = torch_payload({"lr": 100.0})
     path.write_bytes(frame(forged, flags=SIGNED, signature=original_signature))
     assert load_checkpoint(path) == {"lr": 100.0}  # the digest alone cannot tell
     with pytest.raises(CheckpointSignatureError):
-        load_checkpoint(path, key=b"secret")
+        load_checkpoint(path, key=KEY)
 
 
 def test_forged_signature_is_rejected_before_unpickling(tmp_path: Path) -> None:
@@ -360,12 +433,15 @@ def test_forged_signature_is_rejected_before_unpickling(tmp_path: Path) -> None:
     path = tmp_path / "evil.pt"
     path.write_bytes(frame(torch_payload({"x": _CreatesFile(marker)}), flags=SIGNED, signature=b"\x01" * 32))
     with pytest.raises(CheckpointSignatureError):
-        load_checkpoint(path, key=b"secret")
+        load_checkpoint(path, key=KEY)
     assert not marker.exists()
 
 
-@pytest.mark.parametrize(("key", "error"), [("secret", TypeError), (b"", ValueError)])
-def test_key_that_is_not_non_empty_bytes_is_an_argument_error(
+@pytest.mark.parametrize(
+    ("key", "error"),
+    [("0123456789abcdef-str", TypeError), (b"", ValueError), (b"15-bytes-short!", ValueError)],
+)
+def test_key_that_is_not_bytes_of_at_least_16_is_an_argument_error(
     tmp_path: Path, key: Any, error: type[Exception]
 ) -> None:
     with pytest.raises(error):
@@ -373,3 +449,13 @@ def test_key_that_is_not_non_empty_bytes_is_an_argument_error(
     assert not (tmp_path / "x.pt").exists()
     with pytest.raises(error):
         load_checkpoint(tmp_path / "x.pt", key=key)
+    with pytest.raises(error):
+        validate_key(key)
+
+
+def test_key_of_16_bytes_or_more_signs_and_any_other_key_is_refused(tmp_path: Path) -> None:
+    assert validate_key(bytearray(16)) == bytes(16)
+    save_checkpoint({"a": 1}, tmp_path / "x.pt", key=bytes(16))
+    assert load_checkpoint(tmp_path / "x.pt", key=bytes(16)) == {"a": 1}
+    with pytest.raises(CheckpointSignatureError):
+        load_checkpoint(tmp_path / "x.pt", key=bytes(15) + b"\x01")

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from trainer_resume.durable import load_checkpoint, save_checkpoint
-from trainer_resume.errors import CheckpointWriteError
+from trainer_resume.errors import CheckpointNotDurableError, CheckpointWriteError
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="needs fork, signals and rlimits")
 # The writer children are forked from the test process: starting a fresh interpreter
@@ -170,10 +170,14 @@ def test_failed_directory_fsync_raises_write_error_after_complete_replace(
     previous: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     error = OSError(errno.EIO, os.strerror(errno.EIO))
-    with monkeypatch.context() as patch, pytest.raises(CheckpointWriteError) as raised:
+    with monkeypatch.context() as patch, pytest.raises(CheckpointNotDurableError) as raised:
         patch.setattr(os, "fsync", _failing_after(os.fsync, 2, error))
         save_checkpoint(versioned_state(2), previous)
     assert raised.value.__cause__ is error
+    assert isinstance(raised.value, CheckpointWriteError)  # callers that retry writes retry this
+    # The message tells the truth: the new file is in place, the previous one is not intact.
+    assert "new checkpoint is in place" in str(raised.value)
+    assert "previous checkpoint is intact" not in str(raised.value)
     # The rename happened; the path holds one complete checkpoint and no temp is left.
     assert sorted(os.listdir(previous.parent)) == [previous.name]
     assert_state_equal(load_checkpoint(previous), versioned_state(2))

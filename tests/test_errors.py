@@ -49,6 +49,11 @@ FROZEN_CODES = {
         "the run is finished: there is nothing to resume (trainer_resume.run_finished "
         "tells; a requeued job can exit 0)",
     ),
+    341: (
+        "CheckpointNotDurableError",
+        "the new checkpoint is in place, but its directory could not be synced; "
+        "after a crash the previous checkpoint may reappear",
+    ),
     351: ("ResumableSamplerGeneratorError", "sampler RNG state corrupted"),
 }
 
@@ -84,7 +89,7 @@ def test_get_error_message_returns_the_fixed_message(code):
     assert get_error_message(code) == FROZEN_CODES[code][1]
 
 
-@pytest.mark.parametrize("code", [0, 320, 337, 341, 352])
+@pytest.mark.parametrize("code", [0, 320, 337, 342, 352])
 def test_get_error_message_refuses_an_unknown_code(code):
     with pytest.raises(KeyError, match=str(code)):
         get_error_message(code)

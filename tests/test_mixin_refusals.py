@@ -165,20 +165,20 @@ def test_malformed_rng_state_is_refused_before_any_object_is_restored(trainer, g
 
 
 def test_file_written_without_the_signing_key_is_refused_when_a_key_is_set(good_file):
-    trainer = TinyTrainer(key=b"secret")
+    trainer = TinyTrainer(key=b"secret-key-of-16+bytes")
     trainer.train_step()
     assert_refused_unchanged(trainer, good_file, CheckpointSignatureError)
 
 
 def test_signed_pause_file_resumes_with_the_same_key(tmp_path):
-    source = TinyTrainer(key=b"secret")
+    source = TinyTrainer(key=b"secret-key-of-16+bytes")
     source.train_step()
     source.pause(tmp_path / "pause.ckpt")
-    trainer = TinyTrainer(key=b"secret")
+    trainer = TinyTrainer(key=b"secret-key-of-16+bytes")
     trainer.resume(tmp_path / "pause.ckpt")
     assert trainer.completed_steps == 1
     with pytest.raises(CheckpointSignatureError):
-        TinyTrainer(key=b"other").resume(tmp_path / "pause.ckpt")
+        TinyTrainer(key=b"other-key-of-16+bytes").resume(tmp_path / "pause.ckpt")
 
 
 def test_refused_resume_on_a_paused_trainer_keeps_it_paused(tmp_path, good_file):

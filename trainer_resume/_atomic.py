@@ -9,16 +9,16 @@ crosses a filesystem), write, fsync, close, ``os.replace``, fsync the directory
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import secrets
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from .errors import CheckpointWriteError
+from .errors import CheckpointNotDurableError, CheckpointWriteError
 
 __all__ = ["DigestingWriter", "TempFile", "replace_atomically", "save_plain_torch_file"]
 
@@ -68,21 +68,25 @@ class DigestingWriter:
 
     A large record (a tensor's storage) is hashed on a helper thread while it is
     written: both release the GIL, so the digest costs little extra time.
+
+    Args:
+        out: Where the bytes go.
+        hasher: Fed every byte, in order (``update``).
     """
 
-    def __init__(self, out: TempFile) -> None:
+    def __init__(self, out: TempFile, hasher: Any) -> None:
         self._out = out
-        self.sha256 = hashlib.sha256()
+        self.hasher = hasher
         self.length = 0
         self._error: BaseException | None = None
-        self._hasher: ThreadPoolExecutor | None = None
+        self._helper: ThreadPoolExecutor | None = None
 
     def __enter__(self) -> DigestingWriter:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
-        if self._hasher is not None:
-            self._hasher.shutdown()
+    def __exit__(self, *exc_info: object) -> None:
+        if self._helper is not None:
+            self._helper.shutdown()
 
     def write(self, data: bytes | memoryview) -> int:
         if self._error is not None:
@@ -90,11 +94,11 @@ class DigestingWriter:
         try:
             if memoryview(data).nbytes < PARALLEL_HASH_MIN:
                 written = self._out.write(data)
-                self.sha256.update(data)
+                self.hasher.update(data)
             else:
-                if self._hasher is None:
-                    self._hasher = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-sha256")
-                hashing = self._hasher.submit(self.sha256.update, data)
+                if self._helper is None:
+                    self._helper = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-digest")
+                hashing = self._helper.submit(self.hasher.update, data)
                 try:
                     written = self._out.write(data)
                 finally:
@@ -127,8 +131,10 @@ def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
         fill: Writes the complete new content into the temp file it is given.
 
     Raises:
-        CheckpointWriteError: Anything failed; the previous file at ``path`` is
-            intact and no temp file is left. The cause is chained.
+        CheckpointWriteError: Anything up to the rename failed; the previous file
+            at ``path`` is intact and no temp file is left. The cause is chained.
+        CheckpointNotDurableError: The new file is in place, complete, but syncing
+            its directory failed, so a crash may bring the previous one back.
     """
     directory, name = os.path.split(os.path.abspath(path))
     temp = os.path.join(directory, _temp_name(name))
@@ -157,10 +163,7 @@ def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
     try:
         fsync_directory(directory)
     except OSError as exc:
-        raise CheckpointWriteError(
-            f"{path} was replaced but its directory could not be synced ({exc!r}); "
-            "after a crash the previous version may reappear"
-        ) from exc
+        raise CheckpointNotDurableError(f"{path}: syncing {directory} failed: {exc!r}") from exc
     remove_stale_temps(directory, name)
 
 

@@ -11,6 +11,7 @@ import torch
 from ._weights_only import refused_entry
 from .errors import CheckpointFormatError, ResumeStateMismatchError
 from .rng import validate_random_state
+from .signature import canonical_config
 from .state import PAUSE_FORMAT, map_tensors
 
 __all__ = ["check_layout", "check_names", "check_random_state", "check_saveable", "object_states", "to_cpu"]
@@ -76,8 +77,14 @@ def check_layout(checkpoint: Any, path: str) -> None:
     if not isinstance(shared, (list, tuple)) or not all(isinstance(name, str) for name in shared):
         raise CheckpointFormatError(f"{path}: entry 'shared_keys' is not a list of names")
     config = checkpoint.get("config")
-    if config is not None and not isinstance(config, (dict, list)):
-        raise CheckpointFormatError(f"{path}: entry 'config' is not a canonical config")
+    if config is not None:
+        try:
+            if not isinstance(config, (dict, list)):
+                raise TypeError(f"it is a {type(config).__name__}")
+            # Checked now, so that describing a config mismatch later cannot fail.
+            canonical_config(config, exclude=())
+        except (TypeError, ValueError) as error:
+            raise CheckpointFormatError(f"{path}: entry 'config' is not a canonical config: {error}") from error
 
 
 def object_states(checkpoint: Mapping[str, Any]) -> dict[str, Any]:

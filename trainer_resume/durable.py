@@ -1,61 +1,57 @@
 """Durable, verified checkpoint files.
 
-A checkpoint file is a fixed 88-byte header followed by an ordinary ``torch.save``
-zip payload. All integers are little-endian:
+A checkpoint file is a fixed 88-byte header (marker, format version, flags,
+header CRC, payload length, payload digest, signature) followed by an ordinary
+``torch.save`` zip payload; :mod:`trainer_resume._checkpoint_format` documents the
+layout, the algorithms of each format version and what the digest protects
+against with and without a key. Files are written in format version 2 (BLAKE3);
+version 1 files (SHA-256) are still read.
 
-======  ====  ==========================================================
-offset  size  field
-======  ====  ==========================================================
-0       8     format marker ``b"\\x89TRCKPT\\n"``
-8       2     format version (1)
-10      2     flags (bit 0: signed)
-12      4     CRC-32 of the 88 header bytes with this field zeroed
-16      8     payload length in bytes
-24      32    SHA-256 of the payload
-56      32    HMAC-SHA256 signature, all zeros when unsigned
-======  ====  ==========================================================
-
-The signature is HMAC-SHA256, keyed with the caller's key, over the marker, the
-version, the flags, the payload length and the payload's SHA-256 (one pass over
-the payload serves both checks). Everything is verified before a single byte is
-unpickled, and unpickling is weights-only.
+Loading copies the payload once into private memory that nothing else can change
+(:mod:`trainer_resume._sealed_copy`), verifies that copy and unpickles that copy,
+weights-only: a file rewritten while it is loaded is either refused or loaded
+exactly as verified. Every malformed file is refused with a catalogue error.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import io
+import contextlib
 import os
-import pickle
-import struct
-import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
+from ._archive_check import check_archive
 from ._atomic import DigestingWriter, TempFile, replace_atomically
-from ._weights_only import refusal_reason
-from .errors import (
-    CheckpointCorruptedError,
-    CheckpointFormatError,
-    CheckpointSignatureError,
-    UnsafeCheckpointError,
+from ._checkpoint_format import (
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    MIN_KEY_BYTES,
+    THREADED_HASH_MIN,
+    Header,
+    check_key,
+    new_hasher,
+    pack_header,
+    parse_header,
+    verify_signature,
 )
+from ._sealed_copy import SealedCopy
+from ._torch_io import check_nesting, crc32_skipped, load_payload
+from .errors import CheckpointCorruptedError, CheckpointFormatError
 
-__all__ = ["CheckpointHeader", "save_checkpoint", "load_checkpoint", "read_checkpoint_header"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MIN_KEY_BYTES",
+    "CheckpointHeader",
+    "load_checkpoint",
+    "read_checkpoint_header",
+    "save_checkpoint",
+    "validate_key",
+]
 
-MARKER = b"\x89TRCKPT\n"  # the non-ASCII first byte keeps text tools from taking it for text
-FORMAT_VERSION = 1
-FLAG_SIGNED = 1
-_KNOWN_FLAGS = FLAG_SIGNED
-_HEADER = struct.Struct("<8sHHIQ32s32s")
-HEADER_SIZE = _HEADER.size
-_CRC_SLICE = slice(12, 16)
 _ZIP_MAGIC = b"PK\x03\x04"
-_NO_SIGNATURE = bytes(32)
-_CHUNK = 1 << 20
 
 MapLocation = Any  # whatever torch.load accepts: str, torch.device, dict or callable
 
@@ -65,52 +61,79 @@ class CheckpointHeader:
     """What a checkpoint file's verified header says about it.
 
     Attributes:
-        format_version: Version of the file layout.
+        format_version: Version of the file layout (1 or 2).
         payload_length: Size in bytes of the ``torch.save`` payload.
-        sha256: Hex SHA-256 of the payload (checked against the bytes).
-        signed: Whether the file carries an HMAC signature.
+        digest: Hex digest of the payload (checked against the bytes).
+        signed: Whether the file carries a signature.
+        algorithm: The digest's algorithm: ``"BLAKE3"`` (version 2) or ``"SHA-256"`` (1).
     """
 
     format_version: int
     payload_length: int
-    sha256: str
+    digest: str
     signed: bool
+    algorithm: str
+
+
+def validate_key(key: Any) -> bytes | None:
+    """Check a signing key where it is given, long before it is used.
+
+    Args:
+        key: None (no signing) or bytes of at least :data:`MIN_KEY_BYTES` length.
+            Keep the key outside the checkpoint directory: whoever can write a
+            checkpoint and read the key can forge signed checkpoints.
+
+    Returns:
+        The key as ``bytes`` (or None).
+
+    Raises:
+        TypeError: ``key`` is not bytes (a ``str`` is refused: encode it yourself).
+        ValueError: ``key`` is shorter than :data:`MIN_KEY_BYTES` bytes.
+    """
+    return check_key(key)
 
 
 def save_checkpoint(obj: Any, path: str | os.PathLike[str], *, key: bytes | None = None) -> None:
     """Write ``obj`` to ``path`` durably, replacing the previous file atomically.
 
-    The payload is streamed to a temp file next to ``path`` while it is hashed,
-    so no second serialized copy is held in memory. ``obj`` should hold only
-    weights-only-safe values (tensors, numbers, str, None, lists, tuples, dicts);
-    anything else is written but :func:`load_checkpoint` refuses it.
+    The payload is streamed to a temp file next to ``path`` through its own file
+    descriptor while it is hashed, so no second serialized copy is held in memory;
+    torch's per-record CRC-32 is skipped (the file's digest covers every byte).
+    ``obj`` should hold only weights-only-safe values (tensors, numbers, str, None,
+    lists, tuples, dicts); anything else is written but :func:`load_checkpoint`
+    refuses it.
 
     Args:
         obj: The state to save.
         path: Target file. Its directory must exist.
-        key: Optional HMAC key; the file is then signed so that
-            ``load_checkpoint(..., key=key)`` detects tampering.
+        key: Optional signing key (bytes, at least :data:`MIN_KEY_BYTES`); the file is
+            then signed so that ``load_checkpoint(..., key=key)`` detects tampering.
 
     Raises:
-        CheckpointWriteError: Serialization or any write step failed (the cause
-            is chained). The previous file at ``path`` is intact and no temp
-            file is left; a retry may succeed.
-        TypeError, ValueError: ``key`` is not non-empty bytes.
+        CheckpointWriteError: Serialization or any write step before the rename
+            failed (the cause is chained). The previous file at ``path`` is intact
+            and no temp file is left; a retry may succeed.
+        CheckpointNotDurableError: The new file is in place but its directory
+            could not be synced (a subclass of ``CheckpointWriteError``).
+        TypeError, ValueError: ``key`` is not valid (see :func:`validate_key`), or
+            ``obj`` nests containers deeper than 200 levels; nothing was written.
     """
-    key = _check_key(key)
+    key = check_key(key)
+    check_nesting(obj, "the checkpoint")
     target = os.fsdecode(path)
 
     def fill(out: TempFile) -> None:
         out.write(bytes(HEADER_SIZE))  # placeholder: the digest is known only at the end
-        with DigestingWriter(out) as sink:
+        with DigestingWriter(out, new_hasher(FORMAT_VERSION, threaded=True)) as sink:
             try:
-                torch.save(obj, sink)
+                with crc32_skipped():
+                    torch.save(obj, sink)
             except Exception:
                 sink.raise_write_error()
                 raise
             sink.raise_write_error()
         out.seek(0)
-        out.write(_pack_header(sink.length, sink.sha256.digest(), key))
+        out.write(pack_header(sink.length, sink.hasher.digest(), key))
 
     replace_atomically(target, fill)
 
@@ -120,8 +143,12 @@ def load_checkpoint(
 ) -> Any:
     """Verify and load a file written by :func:`save_checkpoint`.
 
-    Marker, version, length, SHA-256 and (with ``key``) the signature are checked
-    before anything is unpickled; unpickling is ``torch.load(weights_only=True)``.
+    The payload is copied once into sealed memory; marker, version, length, digest,
+    (with ``key``) the signature and the archive's structure are checked on that
+    copy before anything is unpickled, and that same copy is unpickled with
+    ``torch.load(weights_only=True)``. Peak memory is about 2x the payload (the
+    copy plus the loaded tensors, see :mod:`trainer_resume._sealed_copy`); the copy
+    is released before this returns.
 
     Args:
         path: The checkpoint file.
@@ -133,21 +160,18 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CheckpointFormatError: Not a checkpoint of this format (321).
+        CheckpointFormatError: Not a checkpoint of a readable format, or a payload
+            that is no readable torch archive or nests too deeply (321).
         CheckpointCorruptedError: Truncated or altered bytes (322).
         CheckpointSignatureError: ``key`` given and the signature is missing or wrong (339).
         UnsafeCheckpointError: The payload needs objects outside the weights-only set (328);
             none of its code ran.
+        TypeError, ValueError: ``key`` is not valid (see :func:`validate_key`).
     """
-    key = _check_key(key)
+    key = check_key(key)
     where = os.fsdecode(path)
-    with open(where, "rb", buffering=0) as raw:
-        header = _verify(raw, where, key)
-        payload = _PayloadReader(raw, HEADER_SIZE, header.payload_length)
-        try:
-            return torch.load(payload, map_location=map_location, weights_only=True)
-        except pickle.UnpicklingError as exc:
-            raise UnsafeCheckpointError(f"{where}: {refusal_reason(exc)}") from exc
+    with _verified_copy(where, key) as (_, copy):
+        return load_payload(copy, map_location, where)
 
 
 def read_checkpoint_header(
@@ -164,131 +188,43 @@ def read_checkpoint_header(
 
     Raises:
         FileNotFoundError, CheckpointFormatError, CheckpointCorruptedError,
-        CheckpointSignatureError: As for :func:`load_checkpoint`.
+        CheckpointSignatureError, TypeError, ValueError: As for :func:`load_checkpoint`.
     """
-    key = _check_key(key)
+    key = check_key(key)
     where = os.fsdecode(path)
-    with open(where, "rb", buffering=0) as raw:
-        return _verify(raw, where, key)
-
-
-def _check_key(key: Any) -> bytes | None:
-    if key is None:
-        return None
-    if not isinstance(key, (bytes, bytearray)):
-        raise TypeError(f"key must be bytes, got {type(key).__name__}")
-    if not key:
-        raise ValueError("key must not be empty")
-    return bytes(key)
-
-
-def _signature(key: bytes, flags: int, length: int, digest: bytes) -> bytes:
-    message = MARKER + struct.pack("<HHQ", FORMAT_VERSION, flags, length) + digest
-    return hmac.new(key, message, hashlib.sha256).digest()
-
-
-def _pack_header(length: int, digest: bytes, key: bytes | None) -> bytes:
-    flags = FLAG_SIGNED if key is not None else 0
-    signature = _signature(key, flags, length, digest) if key is not None else _NO_SIGNATURE
-    header = bytearray(_HEADER.pack(MARKER, FORMAT_VERSION, flags, 0, length, digest, signature))
-    header[_CRC_SLICE] = struct.pack("<I", zlib.crc32(header))
-    return bytes(header)
-
-
-def _verify(raw: BinaryIO, path: str, key: bytes | None) -> CheckpointHeader:
-    size = os.fstat(raw.fileno()).st_size
-    head = raw.read(HEADER_SIZE) or b""
-    marker = head[: len(MARKER)]
-    if marker != MARKER:
-        if MARKER.startswith(marker):
-            raise CheckpointCorruptedError(f"{path} is truncated ({size} bytes)")
-        if sum(a != b for a, b in zip(marker, MARKER)) == 1:
-            # One damaged byte of the marker is damage, not some other kind of file.
-            raise CheckpointCorruptedError(f"{path}: format marker is damaged")
-        raise CheckpointFormatError(f"{path} does not start with the trainer-resume marker")
-    if len(head) < HEADER_SIZE:
-        raise CheckpointCorruptedError(f"{path} is truncated inside the header ({size} bytes)")
-    _, version, flags, crc, length, digest, signature = _HEADER.unpack(head)
-    unsummed = bytearray(head)
-    unsummed[_CRC_SLICE] = bytes(4)
-    if zlib.crc32(unsummed) != crc:
-        raise CheckpointCorruptedError(f"{path}: header checksum mismatch")
-    if version != FORMAT_VERSION:
-        raise CheckpointFormatError(
-            f"{path} has format version {version}; this version reads {FORMAT_VERSION}"
+    with _verified_copy(where, key) as (header, _):
+        return CheckpointHeader(
+            header.version, header.length, header.digest.hex(), header.signed, header.algorithm
         )
-    if flags & ~_KNOWN_FLAGS:
-        raise CheckpointFormatError(f"{path} has unknown flags {flags:#06x}")
-    if HEADER_SIZE + length != size:
-        raise CheckpointCorruptedError(
-            f"{path}: header announces a {length}-byte payload, file holds {size - HEADER_SIZE}"
-        )
-    signed = bool(flags & FLAG_SIGNED)
-    if key is not None and not signed:
-        raise CheckpointSignatureError(f"{path} is not signed")
-    if _payload_sha256(raw, length) != digest:
-        raise CheckpointCorruptedError(f"{path}: payload SHA-256 mismatch")
-    if key is not None and not hmac.compare_digest(
-        signature, _signature(key, flags, length, digest)
-    ):
-        raise CheckpointSignatureError(f"{path}: signature does not match the key")
-    raw.seek(HEADER_SIZE)
-    if raw.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
-        raise CheckpointFormatError(f"{path}: payload is not a torch.save archive")
-    return CheckpointHeader(FORMAT_VERSION, length, digest.hex(), signed)
 
 
-def _payload_sha256(raw: BinaryIO, length: int) -> bytes:
-    sha = hashlib.sha256()
-    buffer = memoryview(bytearray(min(_CHUNK, max(length, 1))))
-    raw.seek(HEADER_SIZE)
-    remaining = length
-    while remaining:
-        got = raw.readinto(buffer[: min(len(buffer), remaining)])
+@contextlib.contextmanager
+def _verified_copy(path: str, key: bytes | None) -> Iterator[tuple[Header, SealedCopy]]:
+    """Check ``path``'s header, then copy its payload once, hash the copy and check it."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        header = parse_header(_read_head(fd), size, path)
+        copy = SealedCopy(fd, HEADER_SIZE, header.length, path)
+    finally:
+        os.close(fd)
+    with copy:
+        hasher = new_hasher(header.version, threaded=header.length >= THREADED_HASH_MIN)
+        hasher.update(copy.view)
+        if hasher.digest() != header.digest:
+            raise CheckpointCorruptedError(f"{path}: payload {header.algorithm} mismatch")
+        verify_signature(header, key, path)
+        if copy.view[: len(_ZIP_MAGIC)] != _ZIP_MAGIC:
+            raise CheckpointFormatError(f"{path}: payload is not a torch.save archive")
+        check_archive(copy, path)
+        yield header, copy
+
+
+def _read_head(fd: int) -> bytes:
+    head = b""
+    while len(head) < HEADER_SIZE:
+        got = os.read(fd, HEADER_SIZE - len(head))
         if not got:
-            break  # shrank while being read: the digest cannot match
-        sha.update(buffer[:got])
-        remaining -= got
-    return sha.digest()
-
-
-class _PayloadReader(io.RawIOBase):
-    """Read-only view of ``length`` bytes of ``raw`` from ``offset``, for ``torch.load``."""
-
-    def __init__(self, raw: BinaryIO, offset: int, length: int) -> None:
-        super().__init__()
-        self._raw = raw
-        self._offset = offset
-        self._length = length
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
-        if base + pos < 0:
-            raise ValueError(f"negative seek position {base + pos}")
-        self._pos = base + pos
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        wanted = min(len(view), self._length - self._pos)
-        if wanted <= 0:
-            return 0
-        self._raw.seek(self._offset + self._pos)
-        done = 0
-        while done < wanted:
-            got = self._raw.readinto(view[done:wanted])
-            if not got:
-                break
-            done += got
-        self._pos += done
-        return done
+            break
+        head += got
+    return head

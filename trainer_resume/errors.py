@@ -20,6 +20,7 @@ __all__ = [
     "TrainerLockedError",
     "PauseBlockedError",
     "CheckpointWriteError",
+    "CheckpointNotDurableError",
     "UnsafeCheckpointError",
     "VersionMismatchError",
     "ResumeStateMismatchError",
@@ -96,6 +97,15 @@ class PauseBlockedError(ResumeError):
 class CheckpointWriteError(ResumeError):
     code = 327
     message = "writing failed; the previous checkpoint is intact"
+
+
+class CheckpointNotDurableError(CheckpointWriteError):
+    # A CheckpointWriteError, so callers that retry failed writes retry this one too.
+    code = 341
+    message = (
+        "the new checkpoint is in place, but its directory could not be synced; "
+        "after a crash the previous checkpoint may reappear"
+    )
 
 
 class UnsafeCheckpointError(ResumeError):
@@ -179,6 +189,7 @@ ERRORS_BY_CODE: dict[int, type[ResumeError]] = {
         TrainerLockedError,
         PauseBlockedError,
         CheckpointWriteError,
+        CheckpointNotDurableError,
         UnsafeCheckpointError,
         VersionMismatchError,
         ResumeStateMismatchError,

@@ -38,7 +38,7 @@ from ._hook_audit import audit_trainer, name_stale_iterators, stale_iterators, w
 from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
 from ._state_match import check_object_states
 from .amp import restore_grad_scaler_state
-from .durable import load_checkpoint, save_checkpoint
+from .durable import load_checkpoint, save_checkpoint, validate_key
 from .finished import finished_marker_path, mark_finished, refuse_if_finished
 from .errors import (
     ConfigSignatureMismatchError,
@@ -127,17 +127,22 @@ class TrainingResumeMixin:
             config: The trainer's config (mapping, OmegaConf config, dataclass...).
             version: The version of the training module; a pause file of another
                 version is refused (``VersionMismatchError``).
-            key: Optional HMAC key: pause files are signed with it and ``resume``
-                refuses files without a valid signature.
+            key: Optional signing key (bytes, at least 16): pause files are signed
+                with it and ``resume`` refuses files without a valid signature.
             resume_points: Take periodic, asynchronous resume points
                 (:class:`~trainer_resume.ResumePoints`); ``resume_latest`` continues
                 from the newest after a crash.
             excluded_attributes: Names of attributes holding stateful objects that
                 are deliberately not saved (a validation loader, a metrics
                 object): the first step does not warn about them.
+
+        Raises:
+            TypeError, ValueError: ``version`` is not a non-empty str, or ``key`` is
+                not bytes of at least 16 (checked here, not at the first pause).
         """
         if not isinstance(version, str) or not version:
             raise TypeError(f"version must be a non-empty str, got {version!r}")
+        key = validate_key(key)
         excluded = frozenset(excluded_attributes)
         if isinstance(excluded_attributes, str) or not all(isinstance(name, str) for name in excluded):
             raise TypeError(f"excluded_attributes must be attribute names, got {excluded_attributes!r}")
@@ -152,7 +157,7 @@ class TrainingResumeMixin:
             resume_points.attach(self)
         self.__dict__[GUARD_ATTRIBUTE].points = resume_points
         self.__dict__[GUARD_ATTRIBUTE].audit = lambda trainer: audit_trainer(trainer, excluded, TrainingResumeMixin)
-        record_boundary(self, self.__dict__[GUARD_ATTRIBUTE], initial=True)
+        record_boundary(self, self.__dict__[GUARD_ATTRIBUTE])
 
     # ------------------------------------------------------------ state flags
     @property
@@ -592,11 +597,11 @@ def _pause_checkpoint(
         "regular": regular,
         "shared_keys": shared,
         "objects": object_states,
-        # Loader positions and RNG as of the last step boundary: a batch fetched since
-        # (outside the step) is delivered again, and no fetch is caught half-way.
+        # Loader positions as of the last step boundary: a batch fetched since (outside
+        # the step) is delivered again. The RNG is never caught inside a fetch.
         "loaders": boundary_loader_states(trainer, guard),
         "extra": copy(dict(trainer._resume_extra_state()), memo),
-        "rng": boundary_random_state(guard),
+        "rng": boundary_random_state(),
     }
     refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)

@@ -56,6 +56,9 @@ _STRING_TAGS = frozenset({_PATH, _ENUM, _DTYPE, _DEVICE})
 _TAGS = _STRING_TAGS | {_GENERATOR, _FLOAT, _DATACLASS}
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _ROOT = "<root>"
+# Deeper configs are refused: the walks here recurse, and Python's recursion limit
+# must not turn a deep (or maliciously nested) config into a RecursionError.
+MAX_CONFIG_DEPTH = 100
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*\Z")
 
 _ACCEPTED = (
@@ -91,7 +94,8 @@ def canonical_config(config: Any, *, exclude: Collection[str] = ("load",)) -> An
             names its path (e.g. ``model.layers[1].act``).
         ValueError: an OmegaConf value is missing (``???``) or its interpolation
             cannot be resolved, a reserved key is misused, or the config contains
-            itself; the message names the path.
+            itself or nests mappings and lists deeper than ``MAX_CONFIG_DEPTH`` (100)
+            levels; the message names the path.
     """
     return _canonical(config, "", _exclude_keys(exclude), set())
 
@@ -191,6 +195,8 @@ def _canonical(value: Any, path: str, exclude: frozenset[str], active: set[int])
 
     if id(value) in active:
         raise ValueError(f"config value at {_where(path)} contains itself")
+    if len(active) >= MAX_CONFIG_DEPTH:  # ``active`` holds the containers above this one
+        raise ValueError(f"config value at {_where(path)[:200]} nests deeper than {MAX_CONFIG_DEPTH} levels")
     active.add(id(value))
     try:
         if isinstance(value, DictConfig):

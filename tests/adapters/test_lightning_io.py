@@ -137,11 +137,12 @@ def test_a_trainer_resume_file_that_does_not_hold_a_dict_is_refused(tmp_path: Pa
 
 
 def test_signed_files_need_the_key(tmp_path: Path) -> None:
-    io = DurableCheckpointIO(key=b"secret")
+    io = DurableCheckpointIO(key=b"secret-key-of-16+bytes")
     io.save_checkpoint({"pytorch-lightning_version": "2.6.6", "x": torch.ones(1)}, tmp_path / "sub" / "s.ckpt")
     assert torch.equal(io.load_checkpoint(tmp_path / "sub" / "s.ckpt")["x"], torch.ones(1))
     with pytest.raises(CheckpointSignatureError):
-        DurableCheckpointIO(key=b"other").load_checkpoint(tmp_path / "sub" / "s.ckpt")
+        other = DurableCheckpointIO(key=b"other-key-of-16+bytes")
+        other.load_checkpoint(tmp_path / "sub" / "s.ckpt")
 
 
 def test_remote_paths_are_refused(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_fabric.utilities.cloud_io import get_filesystem
 
-from ..durable import load_checkpoint, save_checkpoint
 from .._weights_only import refused_entry
+from ..durable import load_checkpoint, save_checkpoint, validate_key
 from ..errors import CheckpointFormatError, UnsafeCheckpointError
 from .lightning_hparams import plain_hyperparameters, rebuilt_hyperparameters
 
@@ -46,13 +46,17 @@ class DurableCheckpointIO(CheckpointIO):
     operations.
 
     Args:
-        key: Optional HMAC key. Every file is then signed and loading verifies the
-            signature, so tampering is detected, not only accidental damage.
+        key: Optional signing key (bytes, at least 16). Every file is then signed
+            and loading verifies the signature, so tampering is detected, not only
+            accidental damage.
+
+    Raises:
+        TypeError, ValueError: ``key`` is not bytes of at least 16.
     """
 
     def __init__(self, *, key: bytes | None = None) -> None:
         super().__init__()
-        self._key = key
+        self._key = validate_key(key)
 
     @property
     def key(self) -> bytes | None:

@@ -74,9 +74,8 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
         summary["integrity"] = {
             "file_format_version": file.header.format_version,
             "payload_bytes": file.header.payload_length,
-            # Format 1 headers carry a SHA-256 digest; later formats name their algorithm.
-            "digest_algorithm": getattr(file.header, "algorithm", "SHA-256"),
-            "digest": getattr(file.header, "digest", None) or getattr(file.header, "sha256", ""),
+            "digest_algorithm": file.header.algorithm,
+            "digest": file.header.digest,
             "signed": file.header.signed,
             "signature_verified": signature_verified,
         }

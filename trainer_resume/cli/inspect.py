@@ -14,7 +14,8 @@ import os
 from typing import Any, TextIO
 
 from ..checkpoint_files import read_checkpoint_file
-from ._common import EXIT_OK, format_bytes, format_table, read_key_file
+from ..durable import validate_key
+from ._common import EXIT_OK, UsageError, format_bytes, format_table, read_key_file
 from .describe import describe_directory, describe_file
 
 __all__ = ["run_inspect", "summarize"]
@@ -43,8 +44,10 @@ def _integrity_lines(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     return [
         (
             "integrity",
-            f"ok: marker, length and {integrity['digest_algorithm']} digest "
-            f"{integrity['digest'][:16]}... verified",
+            (
+                f"ok: marker, length and {integrity['digest_algorithm']} digest "
+                f"{integrity['digest'][:16]}... verified"
+            ),
         ),
         ("signature", signature),
         ("file format", f"version {integrity['file_format_version']}"),
@@ -215,7 +218,12 @@ def _print_directory(summary: dict[str, Any], out: TextIO) -> None:
 
 def run_inspect(path: str, *, as_json: bool, key_file: str | None, out: TextIO) -> int:
     """Print the summary of ``path``; errors propagate to the command line's handler."""
-    key = read_key_file(key_file) if key_file is not None else None
+    key = None
+    if key_file is not None:
+        try:
+            key = validate_key(read_key_file(key_file))
+        except ValueError as error:
+            raise UsageError(f"the key file {key_file}: {error}") from error
     summary = summarize(path, key=key)
     if as_json:
         print(json.dumps(summary, indent=2, default=str), file=out)

@@ -298,11 +298,13 @@ class ResumableBatchSampler(ResumableCursor[BatchSamplerState], Sampler[list[int
         """Hook: ``count`` more batches delivered by this rank."""
         moved = count * self.num_replicas
         cycle, offset = divmod(self._cycle * self._batches_per_cycle + self._offset + moved, self._batches_per_cycle)
-        if self.consumed_at(cycle, offset) >= keys.SEED_LIMIT:
-            raise ValueError(f"advancing by {count} batches would move the cursor past 2**63 samples")
-        self._commit(cycle, offset)
+        self.commit(cycle, offset)
 
-    def _commit(self, cycle: int, offset: int) -> None:
+    def _samples_at(self, cycle: int, offset: int) -> int:  # type: ignore[override]
+        """Hook: global samples delivered at ``(cycle, offset)``."""
+        return self.consumed_at(cycle, offset)
+
+    def _commit(self, cycle: int, offset: int) -> None:  # type: ignore[override]
         """Hook: set the delivered cursor."""
         self._cycle, self._offset = cycle, offset
 

@@ -18,9 +18,11 @@ class ResumableCursor(Generic[StateT]):
 
     The guards check the mode and the input, and ``load_state_dict`` validates
     completely (``validate_state_dict``) before any hook runs; the subclass
-    implements the hooks ``_state``, ``_apply_state`` and ``_advance``. Overriding a
-    guard would let a rejected state reach the cursor half-applied, so subclasses
-    override hooks only.
+    implements the hooks ``_state``, ``_apply_state``, ``_advance``, ``_samples_at``
+    and ``_commit``. Overriding a guard would let a rejected state reach the cursor
+    half-applied, so subclasses override hooks only. Every move of the cursor
+    (``advance``, a loader's commit) goes through :meth:`commit`, so no path can
+    record a position that ``load_state_dict`` would later refuse.
     """
 
     resumable: bool
@@ -63,6 +65,23 @@ class ResumableCursor(Generic[StateT]):
             raise ValueError(f"count must be >= 0, got {count}")
         self._advance(count)
 
+    def commit(self, *position: int) -> None:
+        """Set the delivered cursor to ``position`` (the loader calls this when it
+        hands out a batch; ``_advance`` hooks call it too).
+
+        Raises:
+            ResumableModeRequiredError: built with ``resumable=False``.
+            ValueError: ``position`` is at or past 2**63 samples, the limit every
+                saved cursor must stay below; the cursor is unchanged.
+        """
+        self._require_resumable("commit")
+        samples = self._samples_at(*position)
+        if samples >= keys.SEED_LIMIT:
+            raise ValueError(
+                f"the cursor would move to sample {samples}, past the limit of 2**63 samples"
+            )
+        self._commit(*position)
+
     def _state(self) -> StateT:
         """Hook: the current cursor as plain data."""
         raise NotImplementedError
@@ -72,7 +91,16 @@ class ResumableCursor(Generic[StateT]):
         raise NotImplementedError
 
     def _advance(self, count: int) -> None:
-        """Hook: move the cursor by ``count`` delivered items of this rank (``count >= 0``)."""
+        """Hook: move the cursor by ``count`` delivered items of this rank (``count >= 0``)
+        through :meth:`commit`."""
+        raise NotImplementedError
+
+    def _samples_at(self, *position: int) -> int:
+        """Hook: the global number of samples delivered at cursor ``position``."""
+        raise NotImplementedError
+
+    def _commit(self, *position: int) -> None:
+        """Hook: set the cursor to an already checked ``position``."""
         raise NotImplementedError
 
     def _require_resumable(self, method: str) -> None:

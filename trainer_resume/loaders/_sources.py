@@ -109,7 +109,7 @@ class SamplerSource(_StreamSource):
 
     def commit(self, before: int, after: int) -> None:
         _check_contiguous(before, self.sampler.consumed, "stream position")
-        self.sampler._commit(after)
+        self.sampler.commit(after)
 
     def state(self) -> SamplerState:
         return self.sampler._state()
@@ -156,7 +156,7 @@ class BatchSamplerSource(_StreamSource):
 
     def commit(self, before: tuple[int, int], after: tuple[int, int]) -> None:
         _check_contiguous(before, self.batch_sampler.cursor, "(cycle, batch)")
-        self.batch_sampler._commit(*after)
+        self.batch_sampler.commit(*after)
 
     def state(self) -> BatchSamplerState:
         return self.batch_sampler._state()

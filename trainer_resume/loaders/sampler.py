@@ -177,11 +177,13 @@ class InfiniteRandomSampler(ResumableCursor[SamplerState], Sampler[int]):
 
     def _advance(self, count: int) -> None:
         """Hook: ``count`` more samples delivered by this rank."""
-        if self._consumed + count * self.num_replicas >= keys.SEED_LIMIT:
-            raise ValueError(f"advancing by {count} would move the cursor past 2**63 samples")
-        self._commit(self._consumed + count * self.num_replicas)
+        self.commit(self._consumed + count * self.num_replicas)
 
-    def _commit(self, consumed: int) -> None:
+    def _samples_at(self, consumed: int) -> int:  # type: ignore[override]
+        """Hook: the cursor is the global sample count itself."""
+        return consumed
+
+    def _commit(self, consumed: int) -> None:  # type: ignore[override]
         """Hook: set the delivered-samples cursor."""
         self._consumed = consumed
 

@@ -1,0 +1,143 @@
+"""How the checkpoint code calls ``torch.save`` and ``torch.load``.
+
+Writing skips torch's per-record CRC-32 (the checkpoint's own digest covers every
+byte, and torch reads such archives). Loading is weights-only, from a verified
+sealed copy, and every way a payload can fail to load becomes a catalogue error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ._sealed_copy import SealedCopy
+from ._weights_only import refusal_reason
+from .errors import CheckpointFormatError, UnsafeCheckpointError
+
+__all__ = ["MAX_NESTING", "check_nesting", "crc32_skipped", "load_payload"]
+
+# Deeper nesting than this is refused on save and on load: code that walks a
+# state recursively (Python's recursion limit is 1000 frames) must not fail on a
+# file that passed verification. Real checkpoints nest a handful of levels.
+MAX_NESTING = 200
+
+# Words of torch's weights-only refusals that mean "needs objects outside the safe
+# set" (as opposed to a malformed pickle).
+_UNSAFE_WORDS = ("GLOBAL", "allowlisted", "unrecognized function", "must be imported")
+
+_crc_per_thread: bool | None = None
+
+
+def _serialization_config() -> Any:
+    try:
+        from torch.utils.serialization import config
+    except ImportError:  # torch before 2.5 has no such switch
+        return None
+    return config if hasattr(config.save, "compute_crc32") else None
+
+
+def _config_is_per_thread(config: Any) -> bool:
+    """Whether a value set in one thread stays invisible to the others (a ContextVar)."""
+    global _crc_per_thread
+    if _crc_per_thread is None:
+        seen: list[bool] = []
+
+        def probe() -> None:
+            before = config.save.compute_crc32
+            config.save.compute_crc32 = not before
+            seen.append(before)
+
+        main_value = config.save.compute_crc32
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+        changed_here = config.save.compute_crc32 != main_value
+        if changed_here:  # a global switch: undo the probe's change
+            config.save.compute_crc32 = main_value
+        _crc_per_thread = not changed_here
+    return _crc_per_thread
+
+
+@contextlib.contextmanager
+def crc32_skipped() -> Iterator[None]:
+    """Let ``torch.save`` in this thread skip its per-record CRC-32; restored on exit.
+
+    torch keeps the switch per thread (a ContextVar) in recent versions; with an
+    older, process-wide switch nothing is changed, so other threads' saves are
+    never affected.
+    """
+    config = _serialization_config()
+    if config is None or not _config_is_per_thread(config):
+        yield
+        return
+    previous = config.save.compute_crc32
+    config.save.compute_crc32 = False
+    try:
+        yield
+    finally:
+        config.save.compute_crc32 = previous
+
+
+def check_nesting(obj: Any, where: str, *, error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` if containers in ``obj`` nest deeper than :data:`MAX_NESTING`.
+
+    Iterative, so any depth is measured without recursion.
+    """
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    seen: set[int] = set()
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, (list, tuple)):
+            children = value
+        else:
+            continue
+        if depth >= MAX_NESTING:
+            raise error(f"{where} nests containers deeper than {MAX_NESTING} levels")
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        stack.extend((child, depth + 1) for child in children)
+
+
+def load_payload(copy: SealedCopy, map_location: Any, where: str) -> Any:
+    """``torch.load`` the verified payload in ``copy``, weights-only.
+
+    Raises:
+        CheckpointFormatError: The payload is no readable torch archive, a malformed
+            pickle, or nested too deeply (321).
+        UnsafeCheckpointError: It needs objects outside the weights-only set (328).
+    """
+    # Not mmap=True: the tensors would then share the copy's pages, and whatever
+    # keeps one of them (an optimizer adopts its loaded state as is) would pin the
+    # whole copy for the rest of the run. Reading copies each record once instead.
+    source: Any = copy.path if copy.path is not None else copy.reader()
+    try:
+        obj = torch.load(source, map_location=map_location, weights_only=True, mmap=False)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        if any(word in text for word in _UNSAFE_WORDS):
+            raise UnsafeCheckpointError(f"{where}: {refusal_reason(exc)}") from exc
+        raise CheckpointFormatError(f"{where}: the payload's pickle is malformed") from exc
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        # torch's zip reader, a truncated pickle, a record that does not exist...:
+        # the digest matched, so the file was written this way, not damaged later.
+        raise CheckpointFormatError(
+            f"{where}: the payload is not a readable torch.save archive "
+            f"({type(exc).__name__}: {_first_line(str(exc))})"
+        ) from exc
+    check_nesting(obj, where, error=CheckpointFormatError)
+    return obj
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0][:200] if lines else ""
