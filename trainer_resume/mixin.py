@@ -158,7 +158,7 @@ class TrainingResumeMixin:
             resume_points.attach(self)
         self.__dict__[GUARD_ATTRIBUTE].points = resume_points
         self.__dict__[GUARD_ATTRIBUTE].audit = lambda trainer: audit_trainer(trainer, excluded, TrainingResumeMixin)
-        record_boundary(self, self.__dict__[GUARD_ATTRIBUTE], initial=True)
+        record_boundary(self, self.__dict__[GUARD_ATTRIBUTE])
 
     # ------------------------------------------------------------ state flags
     @property
@@ -647,11 +647,11 @@ def _pause_checkpoint(
         "regular": regular,
         "shared_keys": shared,
         "objects": object_states,
-        # Loader positions and RNG as of the last step boundary: a batch fetched since
-        # (outside the step) is delivered again, and no fetch is caught half-way.
+        # Loader positions as of the last step boundary: a batch fetched since (outside
+        # the step) is delivered again. The RNG is never caught inside a fetch.
         "loaders": boundary_loader_states(trainer, guard),
         "extra": copy(dict(trainer._resume_extra_state()), memo),
-        "rng": boundary_random_state(guard),
+        "rng": boundary_random_state(),
     }
     _sharded.refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)
