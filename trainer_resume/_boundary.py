@@ -1,34 +1,29 @@
-"""The last step boundary: what a pause saves of the state that moves between steps.
+"""The last step boundary: where a pause takes the loader positions from.
 
 A training loop often fetches the next batch outside the step
 (``trainer.step(next(batches))``), and a pause may come from another thread at
 any moment. Read live, such a pause would count a batch fetched after the last
-step as delivered (it would never be trained on after the resume) and could catch
-the main-process generators in the middle of a fetch. So the loader positions
-and the main-process RNG are recorded at every boundary, and a pause saves those:
+step as delivered, and it would never be trained on after the resume. So the
+loader positions are recorded at every boundary, at the end of
+``_initialize_training_resume()`` (the boundary before the first step), of every
+outermost ``@training_step`` and of ``resume()``, and a pause saves those: a batch
+delivered after the boundary is delivered again after the resume.
 
-- loader positions: at the end of ``_initialize_training_resume()`` (the boundary
-  before the first step), of every outermost ``@training_step`` and of ``resume()``;
-  a batch delivered after that is delivered again after the resume;
-- main-process RNG: at the end of every outermost ``@training_step``, of
-  ``resume()`` and of every outermost ``@serialized_training`` call (work between
-  steps, such as an evaluation that draws random numbers, is not repeated after a
-  resume). Before the first step it is read live (the rest of ``__init__`` may
-  still draw from it), never in the middle of an ``rng_scope``.
-
-Everything else a pause saves (objects, extra state, step count) changes only
-inside steps and serialized calls, under the training lock, so it is read live.
-Recording costs a few microseconds per loader plus a raw copy of the generators.
+The main-process RNG is read at the pause itself: a resumable loader's fetch
+leaves the generators as it found them, and a capture never sees the middle of a
+fetch (``random_state`` waits for any ``rng_scope`` in progress). Objects, extra
+state and the step count change only inside steps and serialized calls, under the
+training lock, so they are read live too. Recording costs one ``state_dict()`` per
+loader per step (a few microseconds for a resumable loader).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .rng import random_state, random_state_snapshot
+from .rng import random_state
 from .state import RandomState, cpu_state
 
 __all__ = [
@@ -36,20 +31,17 @@ __all__ = [
     "boundary_loader_states",
     "boundary_random_state",
     "record_boundary",
-    "record_random_state",
     "rng_device",
 ]
 
 
 class Boundary:
-    """Loader states and a deferred RNG state, as of one step boundary."""
+    """The loader states of one step boundary."""
 
-    __slots__ = ("loaders", "random")
+    __slots__ = ("loaders",)
 
-    def __init__(self, loaders: dict[str, Any] | None, random: Callable[[], RandomState] | None) -> None:
-        # None: not known at this boundary, read live by a pause.
-        self.loaders = loaders
-        self.random = random
+    def __init__(self, loaders: dict[str, Any] | None) -> None:
+        self.loaders = loaders  # None: not known at this boundary, read live by a pause
 
 
 def rng_device() -> int | None:
@@ -57,14 +49,12 @@ def rng_device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
-def record_boundary(trainer: Any, guard: Any, *, initial: bool = False) -> None:
-    """Record the trainer's loader positions and RNG as the last step boundary.
+def record_boundary(trainer: Any, guard: Any) -> None:
+    """Record the trainer's loader positions as the last step boundary.
 
     Args:
         trainer: The trainer (its ``_resume_loaders()`` hook is called).
         guard: Its ``StepGuard``; ``guard.boundary`` is replaced.
-        initial: The boundary before the first step, recorded at initialisation:
-            the RNG is left to be read live.
     """
     states: dict[str, Any] | None
     try:
@@ -74,13 +64,7 @@ def record_boundary(trainer: Any, guard: Any, *, initial: bool = False) -> None:
         # yet at initialisation, a loader that is not resumable) answers the same at
         # pause(), which then reports it; training itself goes on as before.
         states = None
-    guard.boundary = Boundary(states, None if initial else random_state_snapshot(rng_device()))
-
-
-def record_random_state(guard: Any) -> None:
-    """Move the boundary's RNG to now (after work between steps), keeping its loader positions."""
-    if guard.boundary is not None:
-        guard.boundary.random = random_state_snapshot(rng_device())
+    guard.boundary = Boundary(states)
 
 
 def boundary_loader_states(trainer: Any, guard: Any) -> dict[str, Any]:
@@ -91,9 +75,6 @@ def boundary_loader_states(trainer: Any, guard: Any) -> dict[str, Any]:
     return {name: cpu_state(loader.state_dict()) for name, loader in trainer._resume_loaders().items()}
 
 
-def boundary_random_state(guard: Any) -> RandomState:
-    """The main-process RNG state a pause saves: the last boundary's, else the live one."""
-    boundary = guard.boundary
-    if boundary is not None and boundary.random is not None:
-        return boundary.random()
+def boundary_random_state() -> RandomState:
+    """The main-process RNG state a pause saves: now, never inside another thread's ``rng_scope``."""
     return random_state(rng_device())

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from ._boundary import record_boundary, record_random_state
+from ._boundary import record_boundary
 from .distributed import is_distributed
 from .errors import TrainerLockedError, TrainingPausedError
 
@@ -41,7 +41,7 @@ class StepGuard:
         self.failed = False
         self.paused = False
         self.locked_reason: str | None = None
-        # The loader positions and RNG of the last step boundary (see _boundary).
+        # The loader positions of the last step boundary (see _boundary).
         self.boundary: Any = None
         # Outermost steps started plus pause_if_requested() calls: places a pause lands.
         self.landings = 0
@@ -171,9 +171,6 @@ def serialized_training(method: _Method) -> _Method:
         if guard.exclusive_waiters:
             guard.yield_to_exclusive()
         with guard.lock:
-            result = method(self, *args, **kwargs)
-            if not guard.depth:  # between steps: a new boundary for the RNG
-                record_random_state(guard)
-            return result
+            return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -27,9 +27,9 @@ from .state import RandomState
 
 __all__ = [
     "random_state",
-    "random_state_snapshot",
     "restore_random_state",
     "rng_scope",
+    "hold_generators",
     "derive_seed",
     "derive_seeds",
     "seed_cpu_generators",
@@ -58,6 +58,17 @@ def _new_lock_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
+def hold_generators() -> threading.RLock:
+    """The lock to hold while the global generators hold a temporary state.
+
+    Code that seeds the generators and puts the caller's states back afterwards
+    (``rng_scope``, a loader's fetch in the main process) holds it for that time;
+    :func:`random_state` and :func:`restore_random_state` take it too, so another
+    thread never captures or overwrites a temporary state. Re-entrant.
+    """
+    return _GENERATORS_LOCK
 
 
 def _splitmix64(value: int) -> int:
@@ -178,28 +189,13 @@ def random_state(device: torch.device | str | int | None = None) -> RandomState:
         CPU and optionally one CUDA generator, made of tensors, ints, floats, str and
         ``None`` only (NumPy's key is stored as an int64 tensor, not an ndarray).
     """
-    return random_state_snapshot(device)()
-
-
-def random_state_snapshot(device: torch.device | str | int | None = None) -> Callable[[], RandomState]:
-    """Capture the main-process generators now; build the :class:`RandomState` later.
-
-    The capture copies the generators' raw states only (several times cheaper than
-    :func:`random_state`), for code that captures often and saves rarely.
-
-    Args:
-        device: As for :func:`random_state`.
-
-    Returns:
-        A function returning the :class:`RandomState` of the moment of this call.
-    """
     index = _cuda_index(device) if device is not None else None
-    with _GENERATORS_LOCK:
+    with _GENERATORS_LOCK:  # never the seeded state of another thread's rng_scope
         python = random.getstate()
         numpy_state = np.random.get_state()
         torch_state = torch.get_rng_state()
         cuda = torch.cuda.get_rng_state(index) if index is not None and torch.cuda.is_available() else None
-    return lambda: _packed(python, numpy_state, torch_state, cuda, index)
+    return _packed(python, numpy_state, torch_state, cuda, index)
 
 
 def _packed(python: Any, numpy_state: Any, torch_state: torch.Tensor, cuda: Any, index: int | None) -> RandomState:

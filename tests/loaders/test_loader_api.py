@@ -110,8 +110,9 @@ def test_a_resumable_sampler_in_a_plain_loader_raises_resumable_mode_required(ar
 )
 def test_a_resumable_loader_with_a_plain_sampler_of_this_package_raises_resumable_mode_required(arguments):
     dataset = streams.AugmentedDataset()
-    with pytest.raises(ResumableModeRequiredError):
+    with pytest.raises(ResumableModeRequiredError) as caught:
         ResumableDataLoader(dataset, resumable=True, **arguments(dataset))
+    assert caught.value.code == 331 and "build it with resumable=True" in str(caught.value)
 
 
 class _Stream(IterableDataset):

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from ..rng import seed_cpu_generators
+from ..rng import hold_generators, seed_cpu_generators
 
 __all__ = ["CallerGenerators", "seed_batch"]
 
@@ -135,6 +135,11 @@ class CallerGenerators:
 
     def run(self, seed: Callable[[], None], fetch: Callable[[], T]) -> T:
         """``seed()`` then ``fetch()``; the caller's Python, NumPy and torch CPU states come back."""
+        # Another thread capturing the generators (a pause) waits until they are back.
+        with hold_generators():
+            return self._run(seed, fetch)
+
+    def _run(self, seed: Callable[[], None], fetch: Callable[[], T]) -> T:
         python_address, numpy_address = self._process.python, self._process.numpy
         if python_address is not None:
             python: Any = ctypes.string_at(python_address, _MT_BYTES)
