@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +27,22 @@ def busy_wait_cpu(microseconds: float) -> None:
     end = time.thread_time_ns() + int(microseconds * 1000)
     while time.thread_time_ns() < end:
         pass
+
+
+def reset_peak_rss() -> bool:
+    """Make ``ru_maxrss`` restart from the current RSS (Linux); False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as file:
+            file.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak RSS (since the last ``reset_peak_rss``) in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def median(values: Sequence[float]) -> float:

@@ -40,7 +40,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -51,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import print_table, write_json
+from benchmarks._common import peak_rss_bytes, print_table, reset_peak_rss, write_json
 
 # name -> (width, layers): the shapes benchmarks/pause.py uses for --quick and the full run.
 SIZES = {"10M": (1024, 10), "100M": (2048, 24)}
@@ -77,25 +76,10 @@ LR = 1e-4
 # ----------------------------------------------------------------------------- child
 
 
-def _reset_peak_rss() -> bool:
-    """Make ``ru_maxrss`` restart from the current RSS (Linux); False where unsupported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as file:
-            file.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
-
-
 def _baseline() -> tuple[int, bool]:
     gc.collect()
-    reset = _reset_peak_rss()
-    return _peak_rss_bytes(), reset
+    reset = reset_peak_rss()
+    return peak_rss_bytes(), reset
 
 
 def tensor_bytes(*states: Any) -> int:
@@ -153,7 +137,7 @@ def _timed_with_peak(action: Callable[[], Any]) -> dict[str, Any]:
     return {
         "seconds": seconds,
         "baseline_rss_bytes": baseline,
-        "peak_rss_above_baseline_bytes": _peak_rss_bytes() - baseline,
+        "peak_rss_above_baseline_bytes": peak_rss_bytes() - baseline,
         "peak_reset": reset,
     }
 

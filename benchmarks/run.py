@@ -70,6 +70,7 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("durable_save", "durable_save", ("--size-mib", "128", "--repeats", "3")),
     Benchmark("pause", "pause", ("--quick",)),
     Benchmark("checkpointing", "checkpointing", ("--quick",)),
+    Benchmark("sharded_pause", "sharded_pause", ("--quick",)),
     Benchmark("profile_pause", "_profile_pause", ("--quick",)),
     Benchmark("profile_loader", "_profile_loader", ("--quick",)),
     Benchmark("profile_resume", "_profile_resume", ("--quick",)),

@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -293,16 +294,22 @@ def _exit_now() -> None:
 
 
 def launch(
-    world: int, job: dict[str, Any], out: Path, *, timeout: float = JOIN_TIMEOUT_S
+    world: int,
+    job: dict[str, Any],
+    out: Path,
+    *,
+    timeout: float = JOIN_TIMEOUT_S,
+    main: Callable[[int, int, str, dict[str, Any], str], None] | None = None,
 ) -> list[int | None]:
     """Run ``world`` ranks of ``job``; returns their exit codes (killed ranks: negative).
 
     Every rank is joined with a deadline; ranks still alive after it (e.g. blocked in
-    a collective after a peer died) are killed.
+    a collective after a peer died) are killed. ``main`` (default: this module's
+    ``rank_main``) is a module-level function the spawned ranks import by name.
     """
     init_file = out / f"init_{job['tag']}"
     context = mp.start_processes(
-        rank_main,
+        rank_main if main is None else main,
         args=(world, str(init_file), job, str(out)),
         nprocs=world,
         join=False,

@@ -211,6 +211,19 @@ def test_inspect_of_a_lightning_pause_file_shows_global_step_loader_rng_and_conf
     assert summary["config"] == {"lr": 0.01}
 
 
+def test_inspect_of_a_directory_holding_a_lightning_pause_file_describes_it(
+    tmp_path_factory, tmp_path, capsys
+):
+    path, _ = lightning_pause(tmp_path_factory)
+    (tmp_path / "pause.ckpt").write_bytes(path.read_bytes())
+    output = inspect_text(tmp_path, capsys)
+    blank = output.index("")
+    lines, newest = output[:blank], output[blank + 1 :]
+    assert field(lines, "pause files") == f"pause.ckpt (step {LIGHTNING_PAUSE_STEP})"
+    assert field(lines, "resume points") == "none"
+    assert field(newest, "kind") == "Lightning pause file (ResumeCallback)"
+
+
 def test_inspect_of_plain_and_durable_lightning_checkpoints(tmp_path_factory, capsys):
     plain, durable = lightning_checkpoints(tmp_path_factory)
     lines = inspect_text(plain, capsys)

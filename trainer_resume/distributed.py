@@ -35,8 +35,10 @@ import torch.distributed as dist
 
 from .difference import first_difference
 from .errors import (
+    ERRORS_BY_CODE,
     CheckpointFormatError,
     CheckpointWriteError,
+    ResumeError,
     ResumeStateMismatchError,
 )
 from .rng import derive_seed, random_state, restore_random_state, seed_cpu_generators
@@ -51,8 +53,10 @@ __all__ = [
     "agree",
     "any_rank",
     "any_ranks",
+    "combined_pause",
     "commit",
     "converted_steps",
+    "exchange",
     "gather_pause",
     "is_distributed",
     "pause_path_agreed",
@@ -103,19 +107,63 @@ def any_ranks(flags: Sequence[bool]) -> list[bool]:
     return [bool(item) for item in value.tolist()]
 
 
-def agree(local_error: str | None, action: str) -> None:
+def _described(error: BaseException | str | None) -> tuple[int | None, str] | None:
+    if error is None:
+        return None
+    if isinstance(error, ResumeError):
+        return error.code, error.detail or error.message
+    if isinstance(error, BaseException):
+        return None, f"{type(error).__name__}: {error}"
+    return None, error
+
+
+def _refusal(action: str, rank: int, described: tuple[int | None, str]) -> Exception:
+    # Another rank's refusal, as the same catalogue error when it was one, naming that rank.
+    code, text = described
+    detail = f"{action} refused on rank {rank}: {text}"
+    if code in ERRORS_BY_CODE:
+        return ERRORS_BY_CODE[code](detail)
+    return RuntimeError(detail)
+
+
+def exchange(payload: Any, action: str, error: BaseException | None = None) -> list[Any]:
+    """All-gather ``payload``, or fail on every rank when any rank has an ``error``.
+
+    Returns:
+        Every rank's payload, by rank.
+
+    Raises:
+        BaseException: this rank's own ``error``; on the other ranks the same
+            catalogue error (a ``ResumeError``) or a ``RuntimeError``, saying which
+            rank refused and why.
+    """
+    entries, failed = _gathered(error, payload)
+    if failed:
+        if error is not None:
+            raise error
+        raise _refusal(action, *failed[0])
+    return [entry[1] for entry in entries]
+
+
+def _gathered(error: BaseException | str | None, payload: Any) -> tuple[list[Any], list[Any]]:
+    # One entry shape for agree() and exchange(): a rank that failed early and agrees
+    # while the others exchange still reads as a refusal, never as a payload.
+    entries: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(entries, (_described(error), payload))
+    return entries, [(rank, entry[0]) for rank, entry in enumerate(entries) if entry[0] is not None]
+
+
+def agree(local_error: BaseException | str | None, action: str) -> None:
     """Raise on every rank when any rank reports an error (so none waits in a later collective).
 
     Raises:
-        RuntimeError: another rank reported ``local_error``; the caller raises its own
-            error first when it has one.
+        ResumeError: another rank refused with a catalogue error: the same class,
+            naming that rank (the caller raises its own error first when it has one).
+        RuntimeError: another rank reported any other ``local_error``.
     """
-    errors: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, local_error)
-    failed = [(rank, error) for rank, error in enumerate(errors) if error is not None]
+    _, failed = _gathered(local_error, None)
     if failed:
-        rank, error = failed[0]
-        raise RuntimeError(f"{action} refused on rank {rank}: {error}")
+        raise _refusal(action, *failed[0])
 
 
 def rank_zero_result(compute: Callable[[], Any]) -> Any:
@@ -178,12 +226,17 @@ def gather_pause(checkpoint: PauseCheckpoint) -> PauseCheckpoint | None:
         )
     if rank != 0:
         return None
+    return combined_pause(checkpoint, [entry[1] for entry in gathered])
+
+
+def combined_pause(checkpoint: PauseCheckpoint, ranks: list[RankPauseState]) -> PauseCheckpoint:
+    """Rank 0's checkpoint with every rank's loader, extra and RNG state under ``"distributed"``."""
     combined = checkpoint.copy()
     combined["distributed"] = {
         "format": DISTRIBUTED_FORMAT,
-        "world_size": size,
+        "world_size": len(ranks),
         "rng_base_seed": _rng_base_seed(checkpoint["rng"]),
-        "ranks": [entry[1] for entry in gathered],
+        "ranks": ranks,
     }
     return combined
 

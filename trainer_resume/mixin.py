@@ -26,6 +26,7 @@ from ._pause_checks import (
     to_cpu,
 )
 from . import distributed as _distributed
+from . import sharded as _sharded
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
 from ._step_guard import (
     GUARD_ATTRIBUTE,
@@ -45,12 +46,12 @@ from .errors import (
     PauseBlockedError,
     ResumeStateMismatchError,
     TrainerLockedError,
+    UnsupportedResumeConfigurationError,
     VersionMismatchError,
 )
 from .point_files import latest_checkpoint
 from .resume_points import ResumePoint, ResumePoints
 from .rng import restore_random_state
-from .sharded import refuse_dtensors
 from .signature import canonical_config, config_difference, config_signature
 from .state import PAUSE_FORMAT, PauseCheckpoint
 
@@ -82,8 +83,8 @@ class _Settings:
 def _refuse_on_every_rank(error: BaseException, action: str) -> None:
     # Tell the other ranks (they raise too); this rank then raises its own error.
     try:
-        _distributed.agree(f"{type(error).__name__}: {error}", action)
-    except RuntimeError:
+        _distributed.agree(error, action)
+    except Exception:  # noqa: BLE001 - every rank failed; this one raises its own error
         pass
 
 
@@ -244,15 +245,20 @@ class TrainingResumeMixin:
                 continue or retry.
             TypeError: the state holds a value ``torch.load(weights_only=True)``
                 would refuse (named by its path); nothing was written.
+            UnsupportedResumeConfigurationError: a DTensor outside the sharded
+                model/optimizer pairs (see :mod:`trainer_resume.sharded`).
             RuntimeError: called inside a training step (use ``request_pause``); or,
-                under a process group of several ranks, another rank refused or the
-                ranks are not at the same completed step (then every rank raises and
-                nothing is written).
+                under a process group of several ranks, the ranks are not at the same
+                completed step (then every rank raises and nothing is written). When
+                another rank refused with a ``ResumeError``, this rank raises the same
+                class, naming that rank.
 
         Under a ``torch.distributed`` process group of several ranks, call it on every
         rank at the same completed step (or use ``request_pause`` / signals on any
         rank): rank 0 writes one file with every rank's state, see
-        :mod:`trainer_resume.distributed`.
+        :mod:`trainer_resume.distributed`. A model with DTensor parameters (FSDP2
+        ``fully_shard``) makes ``path`` a directory that every rank writes its own
+        shards to, see :mod:`trainer_resume.sharded`.
         """
         guard = guard_of(self, "pause()")
         with guard.exclusive():
@@ -268,13 +274,18 @@ class TrainingResumeMixin:
                     raise TrainerLockedError(guard.locked_reason)
                 if guard.failed:
                     raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
-                checkpoint = _pause_checkpoint(self, guard)
+                sharded = _sharded.sharded_objects(self._resume_objects())
+                checkpoint = _pause_checkpoint(self, guard, sharded=sharded)
             except Exception as error:
                 if collective:
                     _refuse_on_every_rank(error, "pause()")
                 raise
             if collective:
                 _distributed.agree(None, "pause()")
+            if sharded:
+                key = _settings(self, "pause()").key
+                _sharded.write_pause(path, checkpoint, self._resume_objects(), sharded, key=key)
+            elif collective:
                 combined = _distributed.gather_pause(checkpoint)
                 _distributed.commit(lambda: self._save_pause_checkpoint(combined, path), os.fspath(path))
             else:
@@ -294,7 +305,8 @@ class TrainingResumeMixin:
         restored, the main-process RNG last.
 
         Args:
-            path: A file written by ``pause()``.
+            path: A file written by ``pause()``, or the directory of a sharded pause
+                (see :mod:`trainer_resume.sharded`).
 
         Raises:
             FileNotFoundError: ``path`` does not exist.
@@ -306,8 +318,10 @@ class TrainingResumeMixin:
                 raises); nothing changed and the trainer is not locked.
             TrainerLockedError: restoring failed part-way; the trainer refuses steps
                 and pauses until a later ``resume()`` succeeds.
-            RuntimeError: called inside a training step; or, under a process group
-                of several ranks, another rank refused the file (nothing changed).
+            RuntimeError: called inside a training step. Under a process group of
+                several ranks, when another rank refused (nothing changed anywhere),
+                this rank raises the same ``ResumeError`` class naming that rank
+                (``RuntimeError`` for any other failure there).
 
         Under a process group every rank calls it with the same file and takes its own
         part; with another world size than the paused run the loaders re-shard from
@@ -319,16 +333,26 @@ class TrainingResumeMixin:
             location = os.fspath(path)
             collective = _distributed.is_distributed()
             try:
-                refuse_if_finished(location, key=_settings(self, "resume()").key)
-                checkpoint = _rank_checkpoint(self, self._load_pause_checkpoint(path), location)
-                states = _check_pause_checkpoint(self, checkpoint, location)
+                key = _settings(self, "resume()").key
+                refuse_if_finished(location, key=key)
+                opened = None
+                if _sharded.is_pause_directory(path):
+                    opened = _sharded.open_pause(path, key=key)
+                    loaded: Any = opened.checkpoint
+                else:
+                    loaded = self._load_pause_checkpoint(path)
+                _check_sharded(self, opened, location)
+                checkpoint = _rank_checkpoint(self, loaded, location)
+                states = _check_pause_checkpoint(
+                    self, checkpoint, location, sharded=opened.names if opened is not None else ()
+                )
             except Exception as error:
                 if collective:
                     _refuse_on_every_rank(error, "resume()")
                 raise
             if collective:  # every rank checked the file: restore everywhere or nowhere
                 _distributed.agree(None, "resume()")
-            _restore(self, guard, checkpoint, states, location)
+            _restore(self, guard, checkpoint, states, location, opened)
 
     def finish(self, path: StrPath) -> str:
         """Mark the run that pauses to ``path`` finished, once training is complete.
@@ -566,16 +590,39 @@ def _require_step_boundary(guard: StepGuard, action: str) -> None:
         raise RuntimeError(f"{action}() was called inside a training step;{hint}")
 
 
+def _check_sharded(
+    trainer: TrainingResumeMixin, opened: _sharded.ShardedPause | None, location: str
+) -> None:
+    if opened is not None:
+        opened.check_objects(trainer._resume_objects())
+    elif _sharded.sharded_objects(trainer._resume_objects()):
+        raise UnsupportedResumeConfigurationError(
+            f"{location} is a pause file of unsharded states; a trainer whose model has "
+            "DTensor parameters (fully_shard) resumes from a sharded pause directory"
+        )
+
+
 def _pause_checkpoint(
-    trainer: TrainingResumeMixin, guard: StepGuard, copy: Callable[[Any, dict], Any] = to_cpu
+    trainer: TrainingResumeMixin,
+    guard: StepGuard,
+    copy: Callable[[Any, dict], Any] = to_cpu,
+    sharded: _sharded.ShardedObjects | None = None,
 ) -> PauseCheckpoint:
     # copy: to_cpu for a pause (written under the lock); for a resume point, a copy in
-    # host memory (written while training changes the live tensors).
+    # host memory (written while training changes the live tensors). sharded: the
+    # objects every rank writes through DCP (a pause only; resume points refuse DTensors).
+    sharded = sharded if sharded is not None else _sharded.ShardedObjects()
     settings = _settings(trainer, "pause()")
     objects = dict(trainer._resume_objects())
     shared = list(trainer._resume_shared_keys())
     regular_source = trainer._regular_checkpoint()
     for name in shared:
+        if name in sharded.names:
+            raise UnsupportedResumeConfigurationError(
+                f"shared key {name!r} names a sharded object (DTensor parameters): its "
+                "state is written through torch.distributed.checkpoint, not taken from the "
+                "regular checkpoint"
+            )
         if name not in objects or regular_source is None or name not in regular_source:
             where = "the resume objects" if name not in objects else "the regular checkpoint"
             raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
@@ -583,6 +630,9 @@ def _pause_checkpoint(
     regular = None if regular_source is None else copy(dict(regular_source), memo)
     object_states: dict[str, Any] = {}
     for name, obj in objects.items():
+        if name in sharded.names:  # written by every rank for its shards, see write_pause
+            object_states[name] = dict(_sharded.SHARDED_STATE)
+            continue
         # A shared key references the regular snapshot: no second state_dict() call,
         # and torch.save writes the object once because it is the same object.
         object_states[name] = (
@@ -603,12 +653,14 @@ def _pause_checkpoint(
         "extra": copy(dict(trainer._resume_extra_state()), memo),
         "rng": boundary_random_state(),
     }
-    refuse_dtensors(checkpoint, "checkpoint")
+    _sharded.refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)
     return checkpoint
 
 
-def _check_pause_checkpoint(trainer: TrainingResumeMixin, checkpoint: Any, location: str) -> dict[str, Any]:
+def _check_pause_checkpoint(
+    trainer: TrainingResumeMixin, checkpoint: Any, location: str, *, sharded: Iterable[str] = ()
+) -> dict[str, Any]:
     settings = _settings(trainer, "resume()")
     check_layout(checkpoint, location)
     if checkpoint["module_version"] != settings.version:
@@ -632,7 +684,10 @@ def _check_pause_checkpoint(trainer: TrainingResumeMixin, checkpoint: Any, locat
             f"the checkpoint holds extra state {sorted(checkpoint['extra'])} but "
             f"{type(trainer).__name__} does not implement _load_resume_extra_state(state) to restore it"
         )
-    check_object_states(objects, states, _GRAD_SCALERS)
+    # Sharded states are in the DCP files; ShardedPause.check_objects checks those.
+    skipped = set(sharded)
+    unsharded = {name: obj for name, obj in objects.items() if name not in skipped}
+    check_object_states(unsharded, states, _GRAD_SCALERS)
     for name, loader in loaders.items():
         loader.validate_state_dict(checkpoint["loaders"][name])
     trainer._validate_resume(checkpoint)
@@ -646,15 +701,21 @@ def _restore(
     checkpoint: PauseCheckpoint,
     states: dict[str, Any],
     location: str,
+    opened: _sharded.ShardedPause | None = None,
 ) -> None:
     objects = trainer._resume_objects()
     scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]
     optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
+    sharded = opened.names if opened is not None else []
     stage = "objects"
     iterators = stale_iterators(trainer)  # live now; restoring the loaders ends them
     try:
+        if opened is not None:
+            # First, on every rank alike: DCP's load is a collective.
+            stage = "sharded objects"
+            opened.restore(objects)
         for name, obj in objects.items():
-            if name not in scalers:
+            if name not in scalers and name not in sharded:
                 stage = f"object {name!r}"
                 obj.load_state_dict(states[name])
         # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.

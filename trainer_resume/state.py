@@ -40,9 +40,13 @@ __all__ = [
     "EPOCH_SAMPLER_FORMAT",
     "LOADER_FORMAT",
     "STATEFUL_SAMPLER_FORMAT",
+    "SHARDED_FORMAT",
+    "ShardedFileEntry",
+    "ShardedManifest",
 ]
 
 PAUSE_FORMAT = "trainer_resume.pause/1"
+SHARDED_FORMAT = "trainer_resume.sharded/1"
 # The "format" entries of the loader states below.
 SAMPLER_FORMAT = "trainer_resume.sampler/1"
 BATCH_SAMPLER_FORMAT = "trainer_resume.batch_sampler/1"
@@ -341,3 +345,25 @@ class FinishedMarker(TypedDict):
     format: str  # trainer_resume.finished.FINISHED_FORMAT
     completed_steps: int
     finished_at: float  # time.time() when the marker was written
+
+
+class ShardedFileEntry(TypedDict):
+    """Size and BLAKE3 digest (hex) of one file of a sharded pause's generation."""
+
+    size: int
+    blake3: str
+
+
+class ShardedManifest(TypedDict):
+    """The commit record of a sharded pause directory (``manifest.ckpt``).
+
+    Each ``rank-<r>.ckpt`` it names is a :class:`PauseCheckpoint` whose sharded
+    objects' entries only mark them as written through DCP.
+    """
+
+    format: str  # SHARDED_FORMAT
+    generation: str  # directory name of the committed generation
+    world_size: int  # ranks that paused
+    completed_steps: int
+    models: dict[str, list[str]]  # sharded model name -> its optimizers written through DCP
+    files: dict[str, ShardedFileEntry]  # path relative to the generation -> size, digest

@@ -35,6 +35,7 @@ from ..checkpoint_files import (
     SAFETENSORS,
     TORCH,
     CheckpointFile,
+    kind_of,
     tensor_totals,
 )
 from ..errors import CheckpointCorruptedError, CheckpointFormatError
@@ -89,6 +90,9 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
             summary["description"] = "resume point (TrainingResumeMixin)"
     elif file.kind in (LIGHTNING, LIGHTNING_PAUSE):
         summary.update(_lightning(content))
+        steps = summary["steps"]["global_step"]
+        if isinstance(steps, int) and os.path.basename(file.path) == point_name(steps):
+            summary["description"] = "Lightning resume point"
     elif file.kind == SAFETENSORS:
         summary.update(_safetensors(content))
     elif file.kind == FINISHED:
@@ -330,6 +334,17 @@ def _entries(content: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------- directories
 
 
+def _pause_steps(content: Any) -> int:
+    """The step a mixin or Lightning pause file (or point) was written at."""
+    kind = kind_of(content)
+    steps = content.get("completed_steps") if kind == PAUSE else None
+    if kind == LIGHTNING_PAUSE:
+        steps = _number(content.get("global_step"))
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise CheckpointFormatError("neither a pause file nor a Lightning pause file")
+    return steps
+
+
 def describe_directory(
     path: str, *, key: bytes | None = None, read: Callable[[str], CheckpointFile]
 ) -> dict[str, Any]:
@@ -343,7 +358,7 @@ def describe_directory(
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SkippedCheckpointWarning)
-        found = candidates(path, key=key)
+        found = candidates(path, key=key, steps_of=_pause_steps)
     skipped = [str(w.message) for w in caught if issubclass(w.category, SkippedCheckpointWarning)]
     marker = finished_marker_path(path)
     finished = os.path.isfile(marker)
