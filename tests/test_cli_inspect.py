@@ -353,3 +353,100 @@ def test_inspect_verifies_signature_with_key_file_and_refuses_wrong_key(tmp_path
     assert row(lines, "weights")[:5] == ["weights", "Tensor", "1", "16", "B"]
     assert main(["inspect", str(signed), "--key-file", str(tmp_path / "wrong")]) == 3
     assert capsys.readouterr().err.startswith("error [339]: ")
+
+
+# ---------------------------------------------------------------------- sharded pauses
+
+
+SHARDED_STEPS = 3
+
+
+@pytest.fixture
+def sharded_pause(tmp_path):
+    """A sharded pause directory of an FSDP2 model, paused by a one-rank gloo group."""
+    import torch.distributed as dist
+    from _fsdp_workers import BATCH, FSDPTrainer
+
+    from trainer_resume.rng import random_state, restore_random_state
+
+    caller_rng = random_state()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        trainer = FSDPTrainer()
+        for _ in range(SHARDED_STEPS):
+            trainer.step()
+        trainer.pause(tmp_path / "pause")
+        trainer.loader.close()
+    finally:
+        dist.destroy_process_group()
+        restore_random_state(caller_rng)
+    return tmp_path / "pause", BATCH
+
+
+def test_inspect_of_a_sharded_pause_directory_verifies_every_file_and_shows_its_state(
+    sharded_pause, capsys
+):
+    path, batch = sharded_pause
+    lines = inspect_text(path, capsys)
+    assert field(lines, "kind") == "sharded pause directory (FSDP2/DCP)"
+    assert field(lines, "integrity").startswith("ok: marker, length and BLAKE3 digest ")
+    assert field(lines, "steps") == f"completed_steps {SHARDED_STEPS}"
+    assert field(lines, "processes") == "1"
+    assert field(lines, "files").startswith("3 files, ")
+    assert field(lines, "files").endswith("every file matches its BLAKE3 digest in the manifest")
+    assert field(lines, "sharded") == "model (optimizer)"
+    assert len(field(lines, "config signature")) == 64
+    assert row(lines, "model")[1:4] == ["in", "DCP", "shards"]
+    assert row(lines, "train")[1] == str(SHARDED_STEPS * batch)
+    assert row(lines, "train")[4] == "samples"
+    assert "  python       Mersenne Twister, position 624" in lines
+    summary = inspect_json(path, capsys)
+    assert (summary["kind"], summary["verified"]) == ("sharded pause", True)
+    assert summary["steps"] == {"completed_steps": SHARDED_STEPS}
+    assert summary["world_size"] == 1
+    assert sorted(summary["files"]) == ["dcp/.metadata", "dcp/__0_0.distcp", "rank-0.ckpt"]
+    on_disk = sum(
+        os.path.getsize(os.path.join(path, summary["generation"], name))
+        for name in summary["files"]
+    )
+    assert summary["files_bytes"] == on_disk
+    assert summary["file_bytes"] == on_disk + os.path.getsize(path / "manifest.ckpt")
+    assert summary["loaders"]["train"]["consumed"] == SHARDED_STEPS * batch
+    assert summary["loaders"]["train"]["delivered_batches"] == SHARDED_STEPS
+    assert summary["rng"]["saved"] is True and summary["rng"]["processes"] == 1
+    assert summary["objects"]["model"]["tensors"] is None
+
+
+def test_inspect_of_a_lone_sharded_manifest_says_what_it_is(sharded_pause, capsys):
+    path, _ = sharded_pause
+    lines = inspect_text(path / "manifest.ckpt", capsys)
+    assert field(lines, "kind").startswith("sharded-pause manifest")
+    assert field(lines, "steps") == f"completed_steps {SHARDED_STEPS}"
+    assert field(lines, "processes") == "1"
+    assert field(lines, "files").endswith("not checked: the manifest alone was given")
+    summary = inspect_json(path / "manifest.ckpt", capsys)
+    assert (summary["kind"], summary["world_size"]) == ("sharded manifest", 1)
+
+
+def test_inspect_of_a_sharded_pause_with_a_tampered_shard_fails_with_code_322(
+    sharded_pause, capsys
+):
+    path, _ = sharded_pause
+    (generation,) = [entry for entry in os.listdir(path) if entry.startswith("gen-")]
+    shard = path / generation / "dcp" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert main(["inspect", str(path)]) == 3
+    error = capsys.readouterr().err
+    assert error.startswith("error [322]: ") and "__0_0.distcp" in error
+
+
+def test_inspect_of_a_sharded_pause_without_its_manifest_fails_with_code_321(
+    sharded_pause, capsys
+):
+    path, _ = sharded_pause
+    os.remove(path / "manifest.ckpt")
+    assert main(["inspect", str(path), "--json"]) == 3
+    error = capsys.readouterr().err
+    assert error.startswith("error [321]: ") and "did not complete" in error

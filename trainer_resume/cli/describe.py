@@ -41,13 +41,23 @@ from ..checkpoint_files import (
 from ..errors import CheckpointCorruptedError, CheckpointFormatError
 from ..finished import finished_marker_path
 from ..point_files import SkippedCheckpointWarning, candidates, point_name
-from ..state import BATCH_SAMPLER_FORMAT, EPOCH_SAMPLER_FORMAT, SAMPLER_FORMAT
+from ..state import BATCH_SAMPLER_FORMAT, EPOCH_SAMPLER_FORMAT, SAMPLER_FORMAT, SHARDED_FORMAT
 
-__all__ = ["NOT_VERIFIED", "describe_directory", "describe_file", "loader_position", "rng_summary"]
+__all__ = [
+    "NOT_VERIFIED",
+    "SHARDED_MANIFEST",
+    "describe_directory",
+    "describe_file",
+    "loader_position",
+    "manifest_summary",
+    "pause_summary",
+    "rng_summary",
+]
 
 NOT_VERIFIED = "not verified: no trainer-resume header"
 
 DIRECTORY = "directory"
+SHARDED_MANIFEST = "sharded manifest"
 _DESCRIPTIONS = {
     PAUSE: "pause file (TrainingResumeMixin)",
     LIGHTNING_PAUSE: "Lightning pause file (ResumeCallback)",
@@ -84,7 +94,7 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
         summary["not_verified"] = NOT_VERIFIED
     content = file.content
     if file.kind == PAUSE:
-        summary.update(_pause(content))
+        summary.update(pause_summary(content))
         steps = content.get("completed_steps")
         if isinstance(steps, int) and os.path.basename(file.path) == point_name(steps):
             summary["description"] = "resume point (TrainingResumeMixin)"
@@ -103,6 +113,8 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
             rng={"saved": False},
             config_signature=None,
         )
+    elif isinstance(content, Mapping) and content.get("format") == SHARDED_FORMAT:
+        summary.update(manifest_summary(content))
     else:
         summary.update(_entries(content))
     return summary
@@ -111,7 +123,8 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
 # ---------------------------------------------------------------------- pause files
 
 
-def _pause(content: Mapping[str, Any]) -> dict[str, Any]:
+def pause_summary(content: Mapping[str, Any]) -> dict[str, Any]:
+    """Steps, objects, loaders, RNG and extra keys of a mixin pause checkpoint."""
     distributed = (
         content.get("distributed") if isinstance(content.get("distributed"), Mapping) else {}
     )
@@ -181,6 +194,27 @@ def loader_position(state: Any) -> dict[str, Any]:
     if sampler_format is not None:
         position["sampler_format"] = sampler_format
     return position
+
+
+def manifest_summary(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The facts of a sharded pause's manifest (a lone ``manifest.ckpt`` is described by these)."""
+    files = manifest.get("files") if isinstance(manifest.get("files"), Mapping) else {}
+    return {
+        "kind": SHARDED_MANIFEST,
+        "description": "sharded-pause manifest (the commit record of a sharded pause directory)",
+        "format": manifest.get("format"),
+        "generation": manifest.get("generation"),
+        "completed_steps": manifest.get("completed_steps"),
+        "steps": {"completed_steps": manifest.get("completed_steps")},
+        "epoch": None,
+        "world_size": manifest.get("world_size"),
+        "sharded_models": manifest.get("models"),
+        "files": dict(files),
+        "files_bytes": sum(e.get("size", 0) for e in files.values() if isinstance(e, Mapping)),
+        "rng": {"saved": False},
+        "config_signature": None,
+    }
+
 
 
 # ---------------------------------------------------------------------- RNG

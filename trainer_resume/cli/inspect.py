@@ -16,18 +16,22 @@ from typing import Any, TextIO
 from ..checkpoint_files import read_checkpoint_file
 from ..durable import validate_key
 from ._common import EXIT_OK, UsageError, format_bytes, format_table, read_key_file
-from .describe import describe_directory, describe_file
+from .describe import SHARDED_MANIFEST, describe_directory, describe_file
+from .describe_sharded import SHARDED_DIRECTORY, describe_sharded, is_sharded_pause
 
 __all__ = ["run_inspect", "summarize"]
 
 
 def summarize(path: str, *, key: bytes | None = None) -> dict[str, Any]:
     """Verify (when it is ours) and load ``path`` weights-only, and describe it; a
-    resume-point directory is described with its newest valid file.
+    resume-point directory is described with its newest valid file, a sharded pause
+    directory after every file is checked against its manifest.
 
     Raises:
         FileNotFoundError, ResumeError: as ``read_checkpoint_file`` (321, 322, 328, 339).
     """
+    if is_sharded_pause(path):
+        return describe_sharded(path, key=key)
     if os.path.isdir(path):
         return describe_directory(path, key=key, read=lambda p: read_checkpoint_file(p, key=key))
     return describe_file(read_checkpoint_file(path, key=key), signature_verified=key is not None)
@@ -60,12 +64,15 @@ def _steps_text(steps: dict[str, Any]) -> str:
 
 
 def _header_lines(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    where = "directory" if summary["kind"] == SHARDED_DIRECTORY else "file"
     lines: list[tuple[str, Any]] = [
-        ("file", f"{summary['path']}, {format_bytes(summary['file_bytes'])}"),
+        (where, f"{summary['path']}, {format_bytes(summary['file_bytes'])}"),
         ("kind", summary["description"]),
         *_integrity_lines(summary),
     ]
-    if "format" in summary:
+    if summary["kind"] in (SHARDED_DIRECTORY, SHARDED_MANIFEST):
+        lines.extend(_sharded_lines(summary))
+    if "format" in summary and summary["kind"] != SHARDED_MANIFEST:
         lines.append(("pause format", summary["format"]))
     if "module_version" in summary:
         lines.append(("module version", summary["module_version"]))
@@ -81,6 +88,21 @@ def _header_lines(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     if "objects" in summary or summary.get("config_signature"):
         lines.append(("config signature", summary.get("config_signature") or "none saved"))
     return lines
+
+
+def _sharded_lines(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    files = f"{len(summary['files'])} files, {format_bytes(summary['files_bytes'])}"
+    checked = summary.get("files_verified", "not checked: the manifest alone was given")
+    models = ", ".join(
+        f"{model} ({', '.join(optimizers)})" if optimizers else model
+        for model, optimizers in (summary["sharded_models"] or {}).items()
+    )
+    return [
+        ("manifest format", summary.get("manifest_format", summary.get("format"))),
+        ("generation", summary["generation"]),
+        ("files", f"{files}; {checked}"),
+        ("sharded", models or "none"),
+    ]
 
 
 def _cycle(position: dict[str, Any]) -> str:
@@ -138,7 +160,12 @@ def _print_rng(rng: dict[str, Any], out: TextIO) -> None:
 
 def _print_objects(summary: dict[str, Any], out: TextIO) -> None:
     rows = [
-        (name, e["tensors"], format_bytes(e["bytes"]), "yes" if e["shared"] else "")
+        (
+            name,
+            "in DCP shards" if e["tensors"] is None else e["tensors"],
+            "" if e["bytes"] is None else format_bytes(e["bytes"]),
+            "yes" if e["shared"] else "",
+        )
         for name, e in summary["objects"].items()
     ]
     header = ("object", "tensors", "bytes", "shared with regular checkpoint")
