@@ -130,3 +130,34 @@ def test_a_forkserver_started_inside_the_block_is_not_warned_about(monkeypatch):
     finally:
         protected.kill()
         protected.wait()
+
+
+EXIT_WITH_LIVE_WORKERS = """
+import torch
+from trainer_resume.loaders import ResumableDataLoader
+
+if __name__ == "__main__":
+    loader = ResumableDataLoader(
+        torch.arange(64.0), batch_size=4, shuffle=True, num_workers=2, resumable=True,
+        multiprocessing_context={method!r},
+    )
+    batches = iter(loader)  # a global, still alive at exit: its workers are running then
+    next(batches)
+    print("fetched", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_interpreter_exit_with_workers_still_running_does_not_hang(tmp_path, method):
+    # multiprocessing's exit handler stops daemon children with SIGTERM, which these
+    # workers ignore; it would then wait for them forever.
+    script = tmp_path / "child.py"
+    script.write_text(EXIT_WITH_LIVE_WORKERS.format(method=method))
+    environment = dict(os.environ, PYTHONPATH=ROOT)
+    finished = subprocess.run(
+        [sys.executable, str(script)], env=environment, capture_output=True, text=True, timeout=120,
+        start_new_session=True,
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip() == "fetched"

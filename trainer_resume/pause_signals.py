@@ -16,14 +16,24 @@ the moment the block ends: none is lost. ``ResumableDataLoader`` starts its
 workers this way; do the same for your own subprocesses (or plain DataLoaders:
 ``with pause_signals_blocked(): batches = iter(loader)``). A process started so
 is stopped by ``SIGKILL``, not by ``SIGTERM``.
+
+That includes multiprocessing's own clean-up: at interpreter exit it sends
+``SIGTERM`` to every daemon child still running (a DataLoader iterator still alive
+at exit keeps its workers) and then joins them, which would wait forever for a
+child that keeps ``SIGTERM`` blocked. So the multiprocessing children started
+inside the block are remembered, and an exit handler that runs before
+multiprocessing's stops the ones still running with ``SIGKILL``.
 """
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
+import multiprocessing.util  # registers its exit handler first: ours must run before it
 import os
 import signal
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -41,6 +51,8 @@ __all__ = [
 # Forkserver processes known to have been started with the pause signals blocked.
 _PROTECTED_SERVERS: set[int] = set()
 _WARNED: set[str] = set()
+# multiprocessing children started inside the block: they ignore multiprocessing's SIGTERM.
+_SHIELDED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class PauseSignalWarning(UserWarning):
@@ -91,10 +103,12 @@ def pause_signals_blocked(context: Any = None) -> Iterator[None]:
     server_before = _forkserver_pid() if method == "forkserver" else None
     if server_before is not None:
         _check_forkserver(server_before)
+    children_before = set(multiprocessing.active_children())
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, pause_signals())
     try:
         yield
     finally:
+        _SHIELDED.update(set(multiprocessing.active_children()) - children_before)
         if server_before is None and method == "forkserver":
             started = _forkserver_pid()
             if started is not None:  # it started here, with the signals blocked
@@ -167,9 +181,23 @@ def _warn_once(key: str, message: str) -> None:
     warnings.warn(message, PauseSignalWarning, stacklevel=4)
 
 
+def _kill_shielded_children() -> None:
+    # Runs before multiprocessing's exit handler, whose SIGTERM these children ignore.
+    for child in list(_SHIELDED):
+        try:
+            if child.is_alive():
+                child.kill()
+        except (AssertionError, ValueError, OSError):
+            pass  # not our child (a forked copy of this registry) or already closed
+
+
 def _forget_after_fork() -> None:
-    # A forked child starts its own forkserver, if it ever uses one.
+    # A forked child starts its own forkserver, if it ever uses one, and has no children yet.
     _PROTECTED_SERVERS.clear()
+    _SHIELDED.clear()
+
+
+atexit.register(_kill_shielded_children)
 
 
 if hasattr(os, "register_at_fork"):
