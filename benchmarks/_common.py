@@ -78,5 +78,7 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     """Write ``payload`` (plus the environment) to ``benchmarks/out/<name>.json``."""
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{name}.json"
-    path.write_text(json.dumps({"environment": environment(), **payload}, indent=2, default=str) + "\n")
+    path.write_text(
+        json.dumps({"environment": environment(), **payload}, indent=2, default=str) + "\n"
+    )
     return path

@@ -28,13 +28,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import print_table, write_json
-from benchmarks.loader_throughput import BATCH, SpinDataset
 from torch.utils.data import DataLoader
 
+from benchmarks._common import print_table, write_json
+from benchmarks.loader_throughput import BATCH, SpinDataset
 from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
 
-CATEGORIES = ("dataset", "RNG seeding and restoring", "collate", "sampler", "loader bookkeeping", "other")
+CATEGORIES = (
+    "dataset",
+    "RNG seeding and restoring",
+    "collate",
+    "sampler",
+    "loader bookkeeping",
+    "other",
+)
 LOADERS = ("DataLoader", "ResumableDataLoader")
 
 
@@ -53,15 +60,31 @@ def categorise(where: tuple[str, int, str]) -> str:
     name = Path(path).name
     if name in ("loader_throughput.py", "_common.py") or "thread_time" in function:
         return "dataset"
-    if name == "rng.py" or function in ("_reseed", "sample_seeds", "collate_seed", "_splitmix64",
-                                         "_splitmix64_array") or any(
-        part in function for part in ("seed", "getstate", "setstate", "set_state", "get_state", "get_rng_state",
-                                      "set_rng_state")
+    if (
+        name == "rng.py"
+        or function
+        in ("_reseed", "sample_seeds", "collate_seed", "_splitmix64", "_splitmix64_array")
+        or any(
+            part in function
+            for part in (
+                "seed",
+                "getstate",
+                "setstate",
+                "set_state",
+                "get_state",
+                "get_rng_state",
+                "set_rng_state",
+            )
+        )
     ):
         return "RNG seeding and restoring"
     if "collate" in path or "collate" in function:
         return "collate"
-    if "sampler" in path or name in ("_cycles.py", "_batching.py", "keyed_permutation.py") or "randperm" in function:
+    if (
+        "sampler" in path
+        or name in ("_cycles.py", "_batching.py", "keyed_permutation.py")
+        or "randperm" in function
+    ):
         return "sampler"
     if "/trainer_resume/" in path:
         return "loader bookkeeping"
@@ -98,8 +121,15 @@ def profile(kind: str, cost_us: float, batches: int) -> dict[str, Any]:
     top = []
     for where, (_, calls, own, cumulative, _) in stats.items():
         categories[categorise(where)] += own / samples * 1e6
-        top.append({"function": _describe(where), "category": categorise(where), "calls": calls,
-                    "own_us_per_sample": own / samples * 1e6, "cumulative_us_per_sample": cumulative / samples * 1e6})
+        top.append(
+            {
+                "function": _describe(where),
+                "category": categorise(where),
+                "calls": calls,
+                "own_us_per_sample": own / samples * 1e6,
+                "cumulative_us_per_sample": cumulative / samples * 1e6,
+            }
+        )
     top.sort(key=lambda entry: entry["own_us_per_sample"], reverse=True)
     return {"categories_us_per_sample": categories, "top": top[:12]}
 
@@ -111,15 +141,21 @@ def _describe(where: tuple[str, int, str]) -> str:
     parts = Path(filename).parts
     for anchor in ("trainer_resume", "torch", "numpy"):
         if anchor in parts:
-            return f"{'/'.join(parts[parts.index(anchor):])}:{line}({function})"
+            return f"{'/'.join(parts[parts.index(anchor) :])}:{line}({function})"
     return f"{Path(filename).name}:{line}({function})"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer batches and repeats")
-    parser.add_argument("--cost-us", type=float, default=200.0, help="CPU µs per sample (default 200)")
-    parser.add_argument("--profile-cost-us", type=float, default=0.0, help="spin per sample while profiling")
+    parser.add_argument(
+        "--cost-us", type=float, default=200.0, help="CPU µs per sample (default 200)"
+    )
+    parser.add_argument(
+        "--profile-cost-us", type=float, default=0.0, help="spin per sample while profiling"
+    )
     parser.add_argument("--batches", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
@@ -137,17 +173,29 @@ def main(argv: list[str] | None = None) -> None:
         f"CPU per sample in one process (num_workers=0), {args.cost_us:.0f} µs spin per sample, batch_size={BATCH}, "
         f"{batches} batches, median of {repeats}",
         ["loader", "CPU µs/sample", "all runs", "throughput ratio if CPU-bound"],
-        [[kind, f"{medians[kind]:.1f}", " ".join(f"{value:.1f}" for value in timed[kind]),
-          f"{medians['DataLoader'] / medians[kind]:.3f}"] for kind in LOADERS],
+        [
+            [
+                kind,
+                f"{medians[kind]:.1f}",
+                " ".join(f"{value:.1f}" for value in timed[kind]),
+                f"{medians['DataLoader'] / medians[kind]:.3f}",
+            ]
+            for kind in LOADERS
+        ],
     )
     per_sample = {kind: profiles[kind]["categories_us_per_sample"] for kind in LOADERS}
     print_table(
         f"cProfile own time per sample by category, {args.profile_cost_us:.0f} µs spin (µs; the profiler inflates "
         "Python-level code)",
         ["category", *LOADERS, "difference"],
-        [[category, *(f"{per_sample[kind][category]:.1f}" for kind in LOADERS),
-          f"{per_sample['ResumableDataLoader'][category] - per_sample['DataLoader'][category]:+.1f}"]
-         for category in CATEGORIES],
+        [
+            [
+                category,
+                *(f"{per_sample[kind][category]:.1f}" for kind in LOADERS),
+                f"{per_sample['ResumableDataLoader'][category] - per_sample['DataLoader'][category]:+.1f}",
+            ]
+            for category in CATEGORIES
+        ],
     )
     path = write_json(
         "profile_loader",

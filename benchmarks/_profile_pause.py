@@ -40,7 +40,14 @@ CATEGORIES = (
     "collecting state",
     "other",
 )
-_STATE_FUNCTIONS = {"state_dict", "to_cpu", "check_saveable", "random_state", "_pause_checkpoint", "cpu_state"}
+_STATE_FUNCTIONS = {
+    "state_dict",
+    "to_cpu",
+    "check_saveable",
+    "random_state",
+    "_pause_checkpoint",
+    "cpu_state",
+}
 
 
 def categorise(where: tuple[str, int, str], caller_names: set[str]) -> str:
@@ -53,7 +60,11 @@ def categorise(where: tuple[str, int, str], caller_names: set[str]) -> str:
     """
     filename, _, function = where
     if "fsync" in function:
-        return "fsync (directory)" if any("directory" in name for name in caller_names) else "fsync (file)"
+        return (
+            "fsync (directory)"
+            if any("directory" in name for name in caller_names)
+            else "fsync (file)"
+        )
     if "posix.replace" in function:
         return "rename (os.replace)"
     if "_hashlib.HASH" in function or "openssl_sha256" in function:
@@ -91,15 +102,22 @@ def profile(action: Callable[[], Any]) -> dict[str, Any]:
                 categories[categorise(where, {caller[2]})] += caller_stats[2]
         else:
             categories[categorise(where, caller_names)] += own
-        top.append({
-            "function": _describe(where),
-            "category": "fsync" if "fsync" in where[2] else categorise(where, caller_names),
-            "calls": calls,
-            "tottime_s": own,
-            "cumtime_s": cumulative,
-        })
+        top.append(
+            {
+                "function": _describe(where),
+                "category": "fsync" if "fsync" in where[2] else categorise(where, caller_names),
+                "calls": calls,
+                "tottime_s": own,
+                "cumtime_s": cumulative,
+            }
+        )
     top.sort(key=lambda entry: entry["tottime_s"], reverse=True)
-    return {"wall_s": total, "profiled_s": sum(categories.values()), "categories": categories, "top": top[:12]}
+    return {
+        "wall_s": total,
+        "profiled_s": sum(categories.values()),
+        "categories": categories,
+        "top": top[:12],
+    }
 
 
 def _describe(where: tuple[str, int, str]) -> str:
@@ -109,16 +127,22 @@ def _describe(where: tuple[str, int, str]) -> str:
     parts = Path(filename).parts
     for anchor in ("trainer_resume", "torch", "concurrent", "threading.py"):
         if anchor in parts:
-            return f"{'/'.join(parts[parts.index(anchor):])}:{line}({function})"
+            return f"{'/'.join(parts[parts.index(anchor) :])}:{line}({function})"
     return f"{Path(filename).name}:{line}({function})"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="~10M parameters instead of ~100M")
     parser.add_argument("--size", choices=sorted(SIZES), default=None)
-    parser.add_argument("--runs", type=int, default=3, help="profiled runs per writer; the fastest is kept")
-    parser.add_argument("--dir", type=Path, default=None, help="where the files are written (default: a temp dir)")
+    parser.add_argument(
+        "--runs", type=int, default=3, help="profiled runs per writer; the fastest is kept"
+    )
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the files are written (default: a temp dir)"
+    )
     args = parser.parse_args(argv)
 
     from pause import BenchTrainer, torch_save_fsync
@@ -138,17 +162,26 @@ def main(argv: list[str] | None = None) -> None:
                     runs[writer].append(profile(lambda: trainer.pause(directory / "pause.ckpt")))
                     trainer.resume(directory / "pause.ckpt")  # unpause for the next run
                 else:
-                    runs[writer].append(profile(lambda: torch_save_fsync(model, optimizer, directory / "torch.pt")))
-    fastest = {writer: min(measured, key=lambda item: item["wall_s"]) for writer, measured in runs.items()}
+                    runs[writer].append(
+                        profile(lambda: torch_save_fsync(model, optimizer, directory / "torch.pt"))
+                    )
+    fastest = {
+        writer: min(measured, key=lambda item: item["wall_s"]) for writer, measured in runs.items()
+    }
 
     rows = []
     for category in CATEGORIES:
         ours = fastest["pause()"]["categories"][category]
         theirs = fastest["torch.save + fsync"]["categories"][category]
         rows.append([category, f"{ours:.3f}", f"{theirs:.3f}", f"{ours - theirs:+.3f}"])
-    rows.append(["total (profiled)", f"{fastest['pause()']['profiled_s']:.3f}",
-                 f"{fastest['torch.save + fsync']['profiled_s']:.3f}",
-                 f"{fastest['pause()']['profiled_s'] - fastest['torch.save + fsync']['profiled_s']:+.3f}"])
+    rows.append(
+        [
+            "total (profiled)",
+            f"{fastest['pause()']['profiled_s']:.3f}",
+            f"{fastest['torch.save + fsync']['profiled_s']:.3f}",
+            f"{fastest['pause()']['profiled_s'] - fastest['torch.save + fsync']['profiled_s']:+.3f}",
+        ]
+    )
     print_table(
         f"Where the time goes (cProfile, own time per category, fastest of {args.runs}): "
         f"{layers * (width * width + width) / 1e6:.1f}M parameters + AdamW, {state_bytes / (1 << 20):.1f} MiB",
@@ -158,8 +191,16 @@ def main(argv: list[str] | None = None) -> None:
     print_table(
         "pause(): functions with the most own time",
         ["function", "category", "calls", "own s", "cumulative s"],
-        [[e["function"], e["category"], e["calls"], f"{e['tottime_s']:.3f}", f"{e['cumtime_s']:.3f}"]
-         for e in fastest["pause()"]["top"][:8]],
+        [
+            [
+                e["function"],
+                e["category"],
+                e["calls"],
+                f"{e['tottime_s']:.3f}",
+                f"{e['cumtime_s']:.3f}",
+            ]
+            for e in fastest["pause()"]["top"][:8]
+        ],
     )
     path = write_json(
         "profile_pause",
@@ -170,7 +211,9 @@ def main(argv: list[str] | None = None) -> None:
             "runs": args.runs,
             "categories": list(CATEGORIES),
             "writers": fastest,
-            "all_wall_s": {writer: [item["wall_s"] for item in measured] for writer, measured in runs.items()},
+            "all_wall_s": {
+                writer: [item["wall_s"] for item in measured] for writer, measured in runs.items()
+            },
         },
     )
     print(f"wrote {path}")

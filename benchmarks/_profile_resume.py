@@ -29,17 +29,20 @@ from typing import Any
 
 from benchmarks._common import print_table, write_json
 from benchmarks.loader_resume import BATCH, POSITIONS, WORKERS, IndexDataset, resumable_state
-
 from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
 
 
 def make_loader(workers: int) -> ResumableDataLoader:
     dataset = IndexDataset()
     sampler = InfiniteRandomSampler(dataset, resumable=True)
-    return ResumableDataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=workers, resumable=True)
+    return ResumableDataLoader(
+        dataset, batch_size=BATCH, sampler=sampler, num_workers=workers, resumable=True
+    )
 
 
-def first_batch_seconds(state: dict[str, Any] | None, workers: int, profiler: cProfile.Profile | None = None) -> float:
+def first_batch_seconds(
+    state: dict[str, Any] | None, workers: int, profiler: cProfile.Profile | None = None
+) -> float:
     loader = make_loader(workers)
     start = time.perf_counter()
     if profiler is not None:
@@ -61,7 +64,7 @@ def _describe(where: tuple[str, int, str]) -> str:
     parts = Path(filename).parts
     for anchor in ("trainer_resume", "torch"):
         if anchor in parts:
-            return f"{'/'.join(parts[parts.index(anchor):])}:{line}({function})"
+            return f"{'/'.join(parts[parts.index(anchor) :])}:{line}({function})"
     return f"{Path(filename).name}:{line}({function})"
 
 
@@ -72,14 +75,20 @@ def profile_position(state: dict[str, Any]) -> dict[str, Any]:
     total = sum(entry[2] for entry in stats.values())
     permutation = sum(entry[2] for where, entry in stats.items() if "randperm" in where[2])
     top = sorted(
-        ({"function": _describe(where), "calls": entry[1], "tottime_s": entry[2]} for where, entry in stats.items()),
-        key=lambda item: item["tottime_s"], reverse=True,
+        (
+            {"function": _describe(where), "calls": entry[1], "tottime_s": entry[2]}
+            for where, entry in stats.items()
+        ),
+        key=lambda item: item["tottime_s"],
+        reverse=True,
     )
     return {"wall_s": wall, "profiled_s": total, "randperm_s": permutation, "top": top[:6]}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="3 repeats instead of 7")
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
@@ -98,12 +107,23 @@ def main(argv: list[str] | None = None) -> None:
     print_table(
         f"First batch after load_state_dict in one process (num_workers=0), median of {repeats} (ms); "
         f"max/min {max(medians.values()) / min(medians.values()):.2f}",
-        ["position", "median ms", "all runs", "cProfile: randperm share", "top function (own time)"],
-        [[f"{position:,}", f"{medians[position] * 1e3:.1f}",
-          " ".join(f"{t * 1e3:.1f}" for t in in_process[position]),
-          f"{profiles[position]['randperm_s'] / profiles[position]['profiled_s']:.0%}",
-          f"{profiles[position]['top'][0]['function']} {profiles[position]['top'][0]['tottime_s'] * 1e3:.1f} ms"]
-         for position in POSITIONS],
+        [
+            "position",
+            "median ms",
+            "all runs",
+            "cProfile: randperm share",
+            "top function (own time)",
+        ],
+        [
+            [
+                f"{position:,}",
+                f"{medians[position] * 1e3:.1f}",
+                " ".join(f"{t * 1e3:.1f}" for t in in_process[position]),
+                f"{profiles[position]['randperm_s'] / profiles[position]['profiled_s']:.0%}",
+                f"{profiles[position]['top'][0]['function']} {profiles[position]['top'][0]['tottime_s'] * 1e3:.1f} ms",
+            ]
+            for position in POSITIONS
+        ],
     )
     print_table(
         f"Fixed cost of the workers: a fresh num_workers={WORKERS} loader's first batch, no state loaded",

@@ -68,16 +68,25 @@ def throughput_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
             ratio = ours / theirs
             workers = entry.get("num_workers", default_workers)
             setting = f"num_workers={workers}: " if workers is not None else ""
-            checks.append(TargetCheck(
-                target, _status(ratio >= THROUGHPUT_TARGET),
-                f"{setting}{ratio:.3f} ({ours:,.0f} vs {theirs:,.0f} samples/s, medians)", source,
-            ))
+            checks.append(
+                TargetCheck(
+                    target,
+                    _status(ratio >= THROUGHPUT_TARGET),
+                    f"{setting}{ratio:.3f} ({ours:,.0f} vs {theirs:,.0f} samples/s, medians)",
+                    source,
+                )
+            )
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
-        return [_missing(target, source, f"unexpected JSON layout ({type(error).__name__}: {error})")]
+        return [
+            _missing(target, source, f"unexpected JSON layout ({type(error).__name__}: {error})")
+        ]
     return checks or [_missing(target, source, f"no run at {THROUGHPUT_COST_US:.0f} µs/sample")]
 
 
-CPU_RATIO_TARGETS = ((200.0, None, 0.97), (0.0, 0, 0.85))  # (µs/sample, num_workers or any, minimum)
+CPU_RATIO_TARGETS = (
+    (200.0, None, 0.97),
+    (0.0, 0, 0.85),
+)  # (µs/sample, num_workers or any, minimum)
 STATEFUL_SLACK = 0.02  # the noise of these machines, for "at least StatefulDataLoader's"
 
 
@@ -96,19 +105,29 @@ def cpu_ratio_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
             setting = f"num_workers={workers}, {cost:.0f} µs/sample: "
             for at_cost, at_workers, minimum in CPU_RATIO_TARGETS:
                 if abs(cost - at_cost) < 1e-9 and at_workers in (None, workers):
-                    checks.append(TargetCheck(
-                        f"{target} >= {minimum} at {at_cost:.0f} µs/sample"
-                        + (f", num_workers={at_workers}" if at_workers is not None else ""),
-                        _status(ours >= minimum), f"{setting}{ours:.3f}", source,
-                    ))
+                    checks.append(
+                        TargetCheck(
+                            f"{target} >= {minimum} at {at_cost:.0f} µs/sample"
+                            + (f", num_workers={at_workers}" if at_workers is not None else ""),
+                            _status(ours >= minimum),
+                            f"{setting}{ours:.3f}",
+                            source,
+                        )
+                    )
             if "stateful_cpu_ratio" in entry:
                 theirs = float(entry["stateful_cpu_ratio"])
-                checks.append(TargetCheck(
-                    f"{target} >= StatefulDataLoader's - {STATEFUL_SLACK}",
-                    _status(ours >= theirs - STATEFUL_SLACK), f"{setting}{ours:.3f} vs {theirs:.3f}", source,
-                ))
+                checks.append(
+                    TargetCheck(
+                        f"{target} >= StatefulDataLoader's - {STATEFUL_SLACK}",
+                        _status(ours >= theirs - STATEFUL_SLACK),
+                        f"{setting}{ours:.3f} vs {theirs:.3f}",
+                        source,
+                    )
+                )
     except (KeyError, TypeError, ValueError) as error:
-        return [_missing(target, source, f"unexpected JSON layout ({type(error).__name__}: {error})")]
+        return [
+            _missing(target, source, f"unexpected JSON layout ({type(error).__name__}: {error})")
+        ]
     return checks or [_missing(target, source, "no run at a target setting")]
 
 
@@ -122,37 +141,65 @@ def resume_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
     grows = f"StatefulDataLoader resume time grows with position (max/min > {RESUME_FLAT_TARGET})"
     source = "loader_resume.json"
     if data is None:
-        return [_missing(flat, source, "no result from this run"), _missing(grows, source, "no result from this run")]
+        return [
+            _missing(flat, source, "no result from this run"),
+            _missing(grows, source, "no result from this run"),
+        ]
     checks = []
     try:
         ours = _medians(data["resumable"])
         spread = max(ours.values()) / min(ours.values())
         reached = max(ours)
-        figures = ", ".join(f"{position:,}: {seconds * 1e3:.1f} ms" for position, seconds in sorted(ours.items()))
+        figures = ", ".join(
+            f"{position:,}: {seconds * 1e3:.1f} ms" for position, seconds in sorted(ours.items())
+        )
         if reached < RESUME_FAR_POSITION:
-            checks.append(TargetCheck(flat, MISS, f"max/min {spread:.2f}, but positions only up to {reached:,}",
-                                      source))
+            checks.append(
+                TargetCheck(
+                    flat,
+                    MISS,
+                    f"max/min {spread:.2f}, but positions only up to {reached:,}",
+                    source,
+                )
+            )
         else:
-            checks.append(TargetCheck(flat, _status(spread <= RESUME_FLAT_TARGET),
-                                      f"max/min {spread:.2f} ({figures})", source))
+            checks.append(
+                TargetCheck(
+                    flat,
+                    _status(spread <= RESUME_FLAT_TARGET),
+                    f"max/min {spread:.2f} ({figures})",
+                    source,
+                )
+            )
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
-        checks.append(_missing(flat, source, f"unexpected JSON layout ({type(error).__name__}: {error})"))
+        checks.append(
+            _missing(flat, source, f"unexpected JSON layout ({type(error).__name__}: {error})")
+        )
     try:
         theirs = _medians(data.get("stateful_dataloader") or {})
         if len(theirs) < 2:
             skipped = data.get("stateful_dataloader_skipped") or {}
-            why = "; ".join(f"{position}: {reason}" for position, reason in skipped.items()) or "not run"
+            why = (
+                "; ".join(f"{position}: {reason}" for position, reason in skipped.items())
+                or "not run"
+            )
             checks.append(_missing(grows, source, f"fewer than two positions measured ({why})"))
         else:
             first, last = min(theirs), max(theirs)
             growth = theirs[last] / theirs[first]
-            checks.append(TargetCheck(
-                grows, _status(growth > RESUME_FLAT_TARGET),
-                f"x{growth:.2f} from position {first:,} ({theirs[first] * 1e3:.1f} ms) to {last:,} "
-                f"({theirs[last] * 1e3:.1f} ms)", source,
-            ))
+            checks.append(
+                TargetCheck(
+                    grows,
+                    _status(growth > RESUME_FLAT_TARGET),
+                    f"x{growth:.2f} from position {first:,} ({theirs[first] * 1e3:.1f} ms) to {last:,} "
+                    f"({theirs[last] * 1e3:.1f} ms)",
+                    source,
+                )
+            )
     except (TypeError, ValueError, ZeroDivisionError) as error:
-        checks.append(_missing(grows, source, f"unexpected JSON layout ({type(error).__name__}: {error})"))
+        checks.append(
+            _missing(grows, source, f"unexpected JSON layout ({type(error).__name__}: {error})")
+        )
     return checks
 
 
@@ -160,7 +207,9 @@ def _params(size: Mapping[str, Any]) -> str:
     return f"{size['parameters'] / 1e6:.1f}M params"
 
 
-def pause_time_checks(checkpointing: Mapping[str, Any] | None, pause: Mapping[str, Any] | None) -> list[TargetCheck]:
+def pause_time_checks(
+    checkpointing: Mapping[str, Any] | None, pause: Mapping[str, Any] | None
+) -> list[TargetCheck]:
     """pause() <= 1.15 x torch.save + fsync: each state size of checkpointing.py, and pause.py."""
     target = f"pause() <= {PAUSE_TIME_TARGET} x torch.save + fsync"
     checks = []
@@ -171,26 +220,44 @@ def pause_time_checks(checkpointing: Mapping[str, Any] | None, pause: Mapping[st
             for size in checkpointing["sizes"]:
                 ours, reference = size["save"]["pause()"], size["save"]["torch.save + fsync"]
                 ratio = ours["median_seconds"] / reference["median_seconds"]
-                checks.append(TargetCheck(
-                    target, _status(ratio <= PAUSE_TIME_TARGET),
-                    f"{_params(size)}, fresh process per run: {ratio:.2f}x ({ours['median_seconds']:.3f} s vs "
-                    f"{reference['median_seconds']:.3f} s, medians)", "checkpointing.json",
-                ))
+                checks.append(
+                    TargetCheck(
+                        target,
+                        _status(ratio <= PAUSE_TIME_TARGET),
+                        f"{_params(size)}, fresh process per run: {ratio:.2f}x ({ours['median_seconds']:.3f} s vs "
+                        f"{reference['median_seconds']:.3f} s, medians)",
+                        "checkpointing.json",
+                    )
+                )
         except (KeyError, TypeError, ZeroDivisionError) as error:
-            checks.append(_missing(target, "checkpointing.json",
-                                   f"unexpected JSON layout ({type(error).__name__}: {error})"))
+            checks.append(
+                _missing(
+                    target,
+                    "checkpointing.json",
+                    f"unexpected JSON layout ({type(error).__name__}: {error})",
+                )
+            )
     if pause is not None:
         try:
             blocking = pause["blocking"]
             ratio = blocking["pause_median_s"] / blocking["torch_save_fsync_median_s"]
-            checks.append(TargetCheck(
-                target, _status(ratio <= PAUSE_TIME_TARGET),
-                f"{pause['parameters'] / 1e6:.1f}M params, same process: {ratio:.2f}x "
-                f"({blocking['pause_median_s']:.3f} s vs {blocking['torch_save_fsync_median_s']:.3f} s, medians)",
-                "pause.json",
-            ))
+            checks.append(
+                TargetCheck(
+                    target,
+                    _status(ratio <= PAUSE_TIME_TARGET),
+                    f"{pause['parameters'] / 1e6:.1f}M params, same process: {ratio:.2f}x "
+                    f"({blocking['pause_median_s']:.3f} s vs {blocking['torch_save_fsync_median_s']:.3f} s, medians)",
+                    "pause.json",
+                )
+            )
         except (KeyError, TypeError, ZeroDivisionError) as error:
-            checks.append(_missing(target, "pause.json", f"unexpected JSON layout ({type(error).__name__}: {error})"))
+            checks.append(
+                _missing(
+                    target,
+                    "pause.json",
+                    f"unexpected JSON layout ({type(error).__name__}: {error})",
+                )
+            )
     return checks
 
 
@@ -199,7 +266,10 @@ def worst_pause_size(checkpointing: Mapping[str, Any] | None) -> str | None:
     worst: tuple[float, str] | None = None
     try:
         for size in (checkpointing or {}).get("sizes", []):
-            ratio = size["save"]["pause()"]["median_seconds"] / size["save"]["torch.save + fsync"]["median_seconds"]
+            ratio = (
+                size["save"]["pause()"]["median_seconds"]
+                / size["save"]["torch.save + fsync"]["median_seconds"]
+            )
             if ratio > PAUSE_TIME_TARGET and (worst is None or ratio > worst[0]):
                 worst = (ratio, size["label"])
     except (KeyError, TypeError, ZeroDivisionError):
@@ -219,13 +289,19 @@ def pause_memory_checks(checkpointing: Mapping[str, Any] | None) -> list[TargetC
             peak = size["save"]["pause()"]["max_peak_rss_above_baseline_bytes"]
             state = size["state_bytes"]
             ratio = peak / state
-            checks.append(TargetCheck(
-                target, _status(ratio <= PAUSE_RSS_TARGET),
-                f"{_params(size)}: {ratio:.2f}x ({peak / (1 << 20):,.1f} MiB above baseline for "
-                f"{state / (1 << 20):,.1f} MiB of state, worst run)", source,
-            ))
+            checks.append(
+                TargetCheck(
+                    target,
+                    _status(ratio <= PAUSE_RSS_TARGET),
+                    f"{_params(size)}: {ratio:.2f}x ({peak / (1 << 20):,.1f} MiB above baseline for "
+                    f"{state / (1 << 20):,.1f} MiB of state, worst run)",
+                    source,
+                )
+            )
     except (KeyError, TypeError, ZeroDivisionError) as error:
-        return [_missing(target, source, f"unexpected JSON layout ({type(error).__name__}: {error})")]
+        return [
+            _missing(target, source, f"unexpected JSON layout ({type(error).__name__}: {error})")
+        ]
     return checks
 
 
@@ -253,48 +329,95 @@ def checkpoint_summary(results: Results) -> list[Section]:
             for size in checkpointing["sizes"]:
                 state = size["state_bytes"]
                 for name, result in size["save"].items():
-                    rows.append([
-                        _params(size), name, f"{result['median_seconds']:.3f}", f"{result['ratio_to_reference']:.2f}",
-                        f"{result['max_peak_rss_above_baseline_bytes'] / state:.2f}",
-                        f"{result['file_bytes'] / (1 << 20):,.1f}",
-                    ])
-            sections.append((
-                "Checkpoint save (checkpointing.py, fresh process per run)",
-                ["state", "method", "median s", "x torch.save + fsync", "peak RSS above baseline / state",
-                 "file MiB"],
-                rows,
-            ))
+                    rows.append(
+                        [
+                            _params(size),
+                            name,
+                            f"{result['median_seconds']:.3f}",
+                            f"{result['ratio_to_reference']:.2f}",
+                            f"{result['max_peak_rss_above_baseline_bytes'] / state:.2f}",
+                            f"{result['file_bytes'] / (1 << 20):,.1f}",
+                        ]
+                    )
+            sections.append(
+                (
+                    "Checkpoint save (checkpointing.py, fresh process per run)",
+                    [
+                        "state",
+                        "method",
+                        "median s",
+                        "x torch.save + fsync",
+                        "peak RSS above baseline / state",
+                        "file MiB",
+                    ],
+                    rows,
+                )
+            )
             rows = [
-                [_params(size), name, f"{result['median_seconds']:.3f}", f"{result['ratio_to_reference']:.2f}",
-                 f"{result['max_peak_rss_above_baseline_bytes'] / size['state_bytes']:.2f}"]
-                for size in checkpointing["sizes"] for name, result in size["load"].items()
+                [
+                    _params(size),
+                    name,
+                    f"{result['median_seconds']:.3f}",
+                    f"{result['ratio_to_reference']:.2f}",
+                    f"{result['max_peak_rss_above_baseline_bytes'] / size['state_bytes']:.2f}",
+                ]
+                for size in checkpointing["sizes"]
+                for name, result in size["load"].items()
             ]
-            sections.append((
-                "Resume (checkpointing.py, the file just written)",
-                ["state", "method", "median s", "x torch.load + load_state_dict", "peak RSS above baseline / state"],
-                rows,
-            ))
+            sections.append(
+                (
+                    "Resume (checkpointing.py, the file just written)",
+                    [
+                        "state",
+                        "method",
+                        "median s",
+                        "x torch.load + load_state_dict",
+                        "peak RSS above baseline / state",
+                    ],
+                    rows,
+                )
+            )
         rows = []
         if pause is not None:
             sizes = pause["file_size"]
             rows += [
-                ["pause file, shared keys (pause.py)", f"{sizes['shared_bytes'] / (1 << 20):,.1f} MiB",
-                 f"{sizes['shared_bytes'] / sizes['separate_bytes']:.3f} x separate copies"],
-                ["pause file, separate copies (pause.py)", f"{sizes['separate_bytes'] / (1 << 20):,.1f} MiB", ""],
+                [
+                    "pause file, shared keys (pause.py)",
+                    f"{sizes['shared_bytes'] / (1 << 20):,.1f} MiB",
+                    f"{sizes['shared_bytes'] / sizes['separate_bytes']:.3f} x separate copies",
+                ],
+                [
+                    "pause file, separate copies (pause.py)",
+                    f"{sizes['separate_bytes'] / (1 << 20):,.1f} MiB",
+                    "",
+                ],
             ]
         overhead = (checkpointing or {}).get("step_overhead") or (pause or {}).get("overhead")
         if overhead is not None:
             rows += [
-                ["@training_step overhead per call", f"{overhead['training_step_overhead_us']:.3f} µs",
-                 f"{overhead['training_step_call_us']:.3f} µs wrapped vs {overhead['plain_call_us']:.3f} µs plain"],
-                ["@serialized_training overhead per call", f"{overhead['serialized_training_overhead_us']:.3f} µs",
-                 ""],
+                [
+                    "@training_step overhead per call",
+                    f"{overhead['training_step_overhead_us']:.3f} µs",
+                    f"{overhead['training_step_call_us']:.3f} µs wrapped vs {overhead['plain_call_us']:.3f} µs plain",
+                ],
+                [
+                    "@serialized_training overhead per call",
+                    f"{overhead['serialized_training_overhead_us']:.3f} µs",
+                    "",
+                ],
             ]
         if rows:
-            sections.append(("Shared keys and step overhead", ["what", "measured", "context"], rows))
+            sections.append(
+                ("Shared keys and step overhead", ["what", "measured", "context"], rows)
+            )
     except (KeyError, TypeError, ZeroDivisionError) as error:
-        sections.append(("Checkpoint summary", ["problem"],
-                         [[f"unexpected JSON layout ({type(error).__name__}: {error})"]]))
+        sections.append(
+            (
+                "Checkpoint summary",
+                ["problem"],
+                [[f"unexpected JSON layout ({type(error).__name__}: {error})"]],
+            )
+        )
     return sections
 
 
@@ -312,12 +435,18 @@ def where_pause_time_goes(profile: Mapping[str, Any] | None) -> str | None:
             if seconds >= 0.0005
         ]
         differences = sorted(
-            ((category, ours["categories"][category] - theirs["categories"].get(category, 0.0))
-             for category in ours["categories"]),
+            (
+                (category, ours["categories"][category] - theirs["categories"].get(category, 0.0))
+                for category in ours["categories"]
+            ),
             key=lambda item: -item[1],
         )
-        extra = [f"{category} {delta:+.3f} s" for category, delta in differences if delta >= 0.0005][:3]
-        top = ", ".join(f"`{entry['function']}` {entry['tottime_s']:.3f} s" for entry in ours["top"][:4])
+        extra = [
+            f"{category} {delta:+.3f} s" for category, delta in differences if delta >= 0.0005
+        ][:3]
+        top = ", ".join(
+            f"`{entry['function']}` {entry['tottime_s']:.3f} s" for entry in ours["top"][:4]
+        )
     except (KeyError, TypeError, ZeroDivisionError) as error:
         return f"profile_pause.json has an unexpected layout ({type(error).__name__}: {error})."
     return (
@@ -339,11 +468,17 @@ def where_loader_time_goes(profile: Mapping[str, Any] | None) -> str | None:
         ours, theirs = medians["ResumableDataLoader"], medians["DataLoader"]
         extra = profile["profiles"]["ResumableDataLoader"]["categories_us_per_sample"]
         base = profile["profiles"]["DataLoader"]["categories_us_per_sample"]
-        differences = sorted(((category, extra[category] - base[category]) for category in extra),
-                             key=lambda item: -item[1])
-        added = ", ".join(f"{category} {delta:+.1f} µs" for category, delta in differences if delta >= 0.05)
-        top = ", ".join(f"`{entry['function']}` {entry['own_us_per_sample']:.1f} µs"
-                        for entry in profile["profiles"]["ResumableDataLoader"]["top"][:4])
+        differences = sorted(
+            ((category, extra[category] - base[category]) for category in extra),
+            key=lambda item: -item[1],
+        )
+        added = ", ".join(
+            f"{category} {delta:+.1f} µs" for category, delta in differences if delta >= 0.05
+        )
+        top = ", ".join(
+            f"`{entry['function']}` {entry['own_us_per_sample']:.1f} µs"
+            for entry in profile["profiles"]["ResumableDataLoader"]["top"][:4]
+        )
     except (KeyError, TypeError) as error:
         return f"profile_loader.json has an unexpected layout ({type(error).__name__}: {error})."
     return (
@@ -363,16 +498,22 @@ def where_resume_time_goes(profile: Mapping[str, Any] | None) -> str | None:
     try:
         medians = _medians(profile["in_process_seconds"])
         startup = statistics.median(profile["worker_startup_seconds"])
-        shares = {int(position): item["randperm_s"] / item["profiled_s"]
-                  for position, item in profile["profiles"].items()}
+        shares = {
+            int(position): item["randperm_s"] / item["profiled_s"]
+            for position, item in profile["profiles"].items()
+        }
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
         return f"profile_resume.json has an unexpected layout ({type(error).__name__}: {error})."
-    figures = ", ".join(f"{position:,}: {seconds * 1e3:.1f} ms" for position, seconds in sorted(medians.items()))
+    figures = ", ".join(
+        f"{position:,}: {seconds * 1e3:.1f} ms" for position, seconds in sorted(medians.items())
+    )
     low, high = f"{min(shares.values()):.0%}", f"{max(shares.values()):.0%}"
     share = low if low == high else f"{low}-{high}"
     dominated = (
         " With workers the first batch is therefore mostly worker start-up, a cost that does not depend on the "
-        "position." if startup > max(medians.values()) else ""
+        "position."
+        if startup > max(medians.values())
+        else ""
     )
     return (
         f"In one process (num_workers=0, median of {profile['repeats']}), load_state_dict + the first batch takes "
@@ -406,8 +547,10 @@ def render_results(
     lines = [
         "# Benchmark results",
         "",
-        (f"Generated by `{command}` on {generated}. This file is written by the benchmark runner "
-         "(`benchmarks/run.py`); rerun the command to refresh it rather than editing it."),
+        (
+            f"Generated by `{command}` on {generated}. This file is written by the benchmark runner "
+            "(`benchmarks/run.py`); rerun the command to refresh it rather than editing it."
+        ),
         "",
         "## Machine",
         "",
@@ -416,18 +559,35 @@ def render_results(
         "## Targets",
         "",
     ]
-    lines += _markdown_table(["target", "status", "measured", "from"],
-                             [[c.target, f"**{c.status}**", c.measured, c.source] for c in checks])
-    counts = {status: sum(c.status == status for c in checks) for status in (PASS, MISS, NOT_MEASURED)}
-    lines += ["", f"{counts[PASS]} passed, {counts[MISS]} missed, {counts[NOT_MEASURED]} not measured.", ""]
+    lines += _markdown_table(
+        ["target", "status", "measured", "from"],
+        [[c.target, f"**{c.status}**", c.measured, c.source] for c in checks],
+    )
+    counts = {
+        status: sum(c.status == status for c in checks) for status in (PASS, MISS, NOT_MEASURED)
+    }
+    lines += [
+        "",
+        f"{counts[PASS]} passed, {counts[MISS]} missed, {counts[NOT_MEASURED]} not measured.",
+        "",
+    ]
     if sections:
         lines += ["## Summary", ""]
         for title, headers, rows in sections:
             lines += [f"### {title}", "", *_markdown_table(headers, rows), ""]
     lines += ["## Runs", ""]
-    lines += _markdown_table(["benchmark", "command", "status", "wall s"],
-                             [[run.name, f"`{run.command}`", run.status,
-                               "" if run.seconds is None else f"{run.seconds:.0f}"] for run in runs])
+    lines += _markdown_table(
+        ["benchmark", "command", "status", "wall s"],
+        [
+            [
+                run.name,
+                f"`{run.command}`",
+                run.status,
+                "" if run.seconds is None else f"{run.seconds:.0f}",
+            ]
+            for run in runs
+        ],
+    )
     lines.append("")
     for run in runs:
         lines += [f"### {run.name}", "", f"`{run.command}` ({run.status})", ""]

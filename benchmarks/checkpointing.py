@@ -166,7 +166,9 @@ def _child_torch(width: int, layers: int, directory: Path, *, fsync: bool) -> di
     def plain_save() -> None:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
 
-    save = _timed_with_peak((lambda: torch_save_fsync(model, optimizer, path)) if fsync else plain_save)
+    save = _timed_with_peak(
+        (lambda: torch_save_fsync(model, optimizer, path)) if fsync else plain_save
+    )
     save["file_bytes"] = _path_bytes(path)
     result: dict[str, Any] = {"state_bytes": state_bytes, "save": save}
     if fsync:
@@ -209,9 +211,17 @@ def _child_lightning(width: int, layers: int, directory: Path) -> dict[str, Any]
 
     module = Module()
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=1, limit_train_batches=1, limit_val_batches=0,
-        num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=str(directory),
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        limit_train_batches=1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(directory),
     )
     trainer.fit(module, train_dataloaders=DataLoader(torch.randn(2, width), batch_size=2))
     optimizer = trainer.optimizers[0]
@@ -258,9 +268,15 @@ def _child_interleaved(width: int, layers: int, directory: Path, rounds: int) ->
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
 
-    saves = {"pause()": lambda: trainer.pause(pause_path), REFERENCE: lambda: torch_save_fsync(model, optimizer, torch_path)}
+    saves = {
+        "pause()": lambda: trainer.pause(pause_path),
+        REFERENCE: lambda: torch_save_fsync(model, optimizer, torch_path),
+    }
     loads = {"resume()": lambda: trainer.resume(pause_path), LOAD_REFERENCE: torch_load}
-    result: dict[str, Any] = {"save": {name: [] for name in saves}, "load": {name: [] for name in loads}}
+    result: dict[str, Any] = {
+        "save": {name: [] for name in saves},
+        "load": {name: [] for name in loads},
+    }
     for number in range(rounds):
         for kind, actions in (("save", saves), ("load", loads)):
             names = list(actions) if number % 2 == 0 else list(reversed(actions))
@@ -269,7 +285,9 @@ def _child_interleaved(width: int, layers: int, directory: Path, rounds: int) ->
     return result
 
 
-def _child(method: str, width: int, layers: int, directory: Path, rounds: int = 0) -> dict[str, Any]:
+def _child(
+    method: str, width: int, layers: int, directory: Path, rounds: int = 0
+) -> dict[str, Any]:
     if method == INTERLEAVED:
         return _child_interleaved(width, layers, directory, rounds)
     if method == "pause":
@@ -299,14 +317,29 @@ def _run_child(
     method: str, width: int, layers: int, directory: Path, timeout: float, rounds: int = 0
 ) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=directory))
-    command = [sys.executable, "-m", "benchmarks.checkpointing", "--child", method, "--width", str(width), "--layers", str(layers),
-               "--dir", str(workdir), "--rounds", str(rounds)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.checkpointing",
+        "--child",
+        method,
+        "--width",
+        str(width),
+        "--layers",
+        str(layers),
+        "--dir",
+        str(workdir),
+        "--rounds",
+        str(rounds),
+    ]
     try:
         done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout)
         results = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
         if done.returncode != 0 or not results:
-            raise RuntimeError(f"{method} child failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-        return json.loads(results[-1][len(RESULT_PREFIX):])
+            raise RuntimeError(
+                f"{method} child failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
+            )
+        return json.loads(results[-1][len(RESULT_PREFIX) :])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -327,7 +360,9 @@ def _summarise(runs: list[dict[str, Any]], reference_median: float | None) -> di
     if "file_bytes" in runs[0]:
         summary["file_bytes"] = runs[0]["file_bytes"]
     if "torch_load_seconds" in runs[0]:
-        summary["torch_load_only_median_seconds"] = statistics.median(run["torch_load_seconds"] for run in runs)
+        summary["torch_load_only_median_seconds"] = statistics.median(
+            run["torch_load_seconds"] for run in runs
+        )
     return summary
 
 
@@ -337,12 +372,17 @@ def measure_size(
     width, layers = SIZES[label]
     raw: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
     for repeat in range(repeats):
-        order = list(methods) if repeat % 2 == 0 else list(reversed(methods))  # no method always goes first
+        order = (
+            list(methods) if repeat % 2 == 0 else list(reversed(methods))
+        )  # no method always goes first
         for name in order:
             print(f"  {label} run {repeat + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
             raw[name].append(_run_child(methods[name], width, layers, directory, timeout))
     save_reference = statistics.median(run["save"]["seconds"] for run in raw[REFERENCE])
-    save = {name: _summarise([run["save"] for run in runs], save_reference) for name, runs in raw.items()}
+    save = {
+        name: _summarise([run["save"] for run in runs], save_reference)
+        for name, runs in raw.items()
+    }
     load_runs = {name: [run["load"] for run in raw[child]] for name, child in LOAD_METHODS.items()}
     load_reference = statistics.median(run["seconds"] for run in load_runs[LOAD_REFERENCE])
     load = {name: _summarise(runs, load_reference) for name, runs in load_runs.items()}
@@ -351,7 +391,9 @@ def measure_size(
     same = _run_child(INTERLEAVED, width, layers, directory, timeout * 2, rounds)
     same_process = {
         kind: {
-            name: _summarise(runs, statistics.median(run["seconds"] for run in same[kind][reference]))
+            name: _summarise(
+                runs, statistics.median(run["seconds"] for run in same[kind][reference])
+            )
             for name, runs in same[kind].items()
         }
         for kind, reference in (("save", REFERENCE), ("load", LOAD_REFERENCE))
@@ -384,22 +426,33 @@ def _timing_cells(name: str, result: dict[str, Any]) -> list[str]:
     ]
 
 
-def print_tables(sizes: list[dict[str, Any]], overhead: dict[str, float], repeats: int, skipped: dict[str, str]) -> None:
+def print_tables(
+    sizes: list[dict[str, Any]], overhead: dict[str, float], repeats: int, skipped: dict[str, str]
+) -> None:
     for size in sizes:
         state = size["state_bytes"]
         rows = []
         for name, result in size["save"].items():
-            rows.append([
-                *_timing_cells(name, result),
-                f"{result['max_peak_rss_above_baseline_bytes'] / state:.2f}",
-                _mib(result["file_bytes"]),
-            ])
+            rows.append(
+                [
+                    *_timing_cells(name, result),
+                    f"{result['max_peak_rss_above_baseline_bytes'] / state:.2f}",
+                    _mib(result["file_bytes"]),
+                ]
+            )
         print_table(
             f"Checkpoint save, {size['parameters'] / 1e6:.1f}M parameters + AdamW state "
             f"({_mib(state)} MiB of tensors); fresh process per run, median of {repeats}; "
             f"ratio to {REFERENCE}.",
-            ["method", "median s", "ratio", "all runs (s)", "peak RSS above baseline MiB", "peak/state",
-             "file MiB"],
+            [
+                "method",
+                "median s",
+                "ratio",
+                "all runs (s)",
+                "peak RSS above baseline MiB",
+                "peak/state",
+                "file MiB",
+            ],
             rows,
         )
         rows = []
@@ -428,34 +481,70 @@ def print_tables(sizes: list[dict[str, Any]], overhead: dict[str, float], repeat
         ["call", "µs per call", "overhead µs"],
         [
             ["plain method", f"{overhead['plain_call_us']:.3f}", ""],
-            ["@training_step", f"{overhead['training_step_call_us']:.3f}",
-             f"{overhead['training_step_overhead_us']:.3f}"],
-            ["@serialized_training", f"{overhead['serialized_training_call_us']:.3f}",
-             f"{overhead['serialized_training_overhead_us']:.3f}"],
+            [
+                "@training_step",
+                f"{overhead['training_step_call_us']:.3f}",
+                f"{overhead['training_step_overhead_us']:.3f}",
+            ],
+            [
+                "@serialized_training",
+                f"{overhead['serialized_training_call_us']:.3f}",
+                f"{overhead['serialized_training_overhead_us']:.3f}",
+            ],
         ],
     )
     if not all(result["peak_reset"] for size in sizes for result in size["save"].values()):
-        print("note: the peak-RSS mark could not be reset on this system; the baseline is the build's own peak")
+        print(
+            "note: the peak-RSS mark could not be reset on this system; the baseline is the build's own peak"
+        )
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="3 runs per method; ~100M parameters only for pause() and torch.save + fsync")
-    parser.add_argument("--sizes", nargs="+", choices=sorted(SIZES), default=None,
-                        help="state sizes, every method for each (default: 10M and 100M)")
-    parser.add_argument("--repeats", type=int, default=None, help="fresh-process runs per method (default 5, quick 3)")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where files are written (default: a temp dir under the current directory)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="3 runs per method; ~100M parameters only for pause() and torch.save + fsync",
+    )
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        choices=sorted(SIZES),
+        default=None,
+        help="state sizes, every method for each (default: 10M and 100M)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="fresh-process runs per method (default 5, quick 3)",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where files are written (default: a temp dir under the current directory)",
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per child process")
     parser.add_argument("--overhead-calls", type=int, default=None, help="calls per timeit repeat")
-    parser.add_argument("--pair", action="store_true",
-                        help="only pause()/resume() and torch.save + fsync / torch.load, for every size")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="interleaved rounds in the one-process measurement (default: --repeats)")
-    parser.add_argument("--child", choices=sorted({*SAVE_METHODS.values(), INTERLEAVED}), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--pair",
+        action="store_true",
+        help="only pause()/resume() and torch.save + fsync / torch.load, for every size",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="interleaved rounds in the one-process measurement (default: --repeats)",
+    )
+    parser.add_argument(
+        "--child", choices=sorted({*SAVE_METHODS.values(), INTERLEAVED}), help=argparse.SUPPRESS
+    )
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -483,12 +572,17 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [label for label, _ in plan]
 
     owned = args.dir is None
-    directory = Path(tempfile.mkdtemp(prefix=".checkpointing-bench-", dir=os.getcwd())) if owned else args.dir
+    directory = (
+        Path(tempfile.mkdtemp(prefix=".checkpointing-bench-", dir=os.getcwd()))
+        if owned
+        else args.dir
+    )
     directory.mkdir(parents=True, exist_ok=True)
     try:
         rounds = args.rounds or repeats
         measured = [
-            measure_size(label, repeats, directory, chosen, args.timeout, rounds) for label, chosen in plan
+            measure_size(label, repeats, directory, chosen, args.timeout, rounds)
+            for label, chosen in plan
         ]
     finally:
         if owned:
@@ -499,14 +593,22 @@ def main(argv: list[str] | None = None) -> None:
 
     calls = args.overhead_calls or (50_000 if args.quick else 200_000)
     tiny = build_model(4, 1)
-    overhead = measure_overhead(BenchTrainer(tiny, torch.optim.SGD(tiny.parameters(), lr=LR), shared=False), calls)
+    overhead = measure_overhead(
+        BenchTrainer(tiny, torch.optim.SGD(tiny.parameters(), lr=LR), shared=False), calls
+    )
 
     print_tables(measured, overhead, repeats, skipped)
     path = write_json(
         "checkpointing",
         {
-            "settings": {"sizes": sizes, "repeats": repeats, "rounds": rounds, "reference": REFERENCE,
-                         "load_reference": LOAD_REFERENCE, "overhead_calls": calls},
+            "settings": {
+                "sizes": sizes,
+                "repeats": repeats,
+                "rounds": rounds,
+                "reference": REFERENCE,
+                "load_reference": LOAD_REFERENCE,
+                "overhead_calls": calls,
+            },
             "sizes": measured,
             "step_overhead": overhead,
             "skipped": skipped,

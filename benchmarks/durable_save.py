@@ -54,7 +54,9 @@ def _build_state(size_mib: int) -> dict[str, Any]:
     while remaining > 0:
         nbytes = min(TENSOR_MIB << 20, remaining)
         # empty + fill_ touches every page without a temporary the size of the tensor
-        state[f"layer{index}.weight"] = torch.empty(nbytes // 4, dtype=torch.float32).fill_(index + 0.5)
+        state[f"layer{index}.weight"] = torch.empty(nbytes // 4, dtype=torch.float32).fill_(
+            index + 0.5
+        )
         remaining -= nbytes
         index += 1
     return state
@@ -95,17 +97,31 @@ def _child(method: str, size_mib: int, target: str) -> None:
         raise ValueError(f"unknown method {method!r}")
     seconds = time.perf_counter() - start
     peak = _peak_rss_mib()
-    print(json.dumps({
-        "seconds": seconds,
-        "baseline_rss_mib": baseline,
-        "peak_rss_above_baseline_mib": peak - baseline,
-        "file_bytes": os.path.getsize(target),
-    }))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "baseline_rss_mib": baseline,
+                "peak_rss_above_baseline_mib": peak - baseline,
+                "file_bytes": os.path.getsize(target),
+            }
+        )
+    )
 
 
 def _measure(method: str, size_mib: int, directory: Path) -> dict[str, Any]:
     target = directory / f"bench-{method}.pt"
-    command = [sys.executable, "-m", "benchmarks.durable_save", "--child", method, "--size-mib", str(size_mib), "--dir", str(directory)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.durable_save",
+        "--child",
+        method,
+        "--size-mib",
+        str(size_mib),
+        "--dir",
+        str(directory),
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
@@ -117,10 +133,18 @@ def _measure(method: str, size_mib: int, directory: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size-mib", type=int, default=1024, help="state size in MiB (default 1024)")
-    parser.add_argument("--repeats", type=int, default=3, help="measurements per method (default 3)")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where files are written (default: a temp dir under the current directory)")
+    parser.add_argument(
+        "--size-mib", type=int, default=1024, help="state size in MiB (default 1024)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="measurements per method (default 3)"
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where files are written (default: a temp dir under the current directory)",
+    )
     parser.add_argument("--child", choices=sorted(METHODS.values()), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -129,12 +153,18 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     owned = args.dir is None
-    directory = Path(tempfile.mkdtemp(prefix=".durable-save-bench-", dir=os.getcwd())) if owned else args.dir
+    directory = (
+        Path(tempfile.mkdtemp(prefix=".durable-save-bench-", dir=os.getcwd()))
+        if owned
+        else args.dir
+    )
     directory.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in METHODS}
     try:
         for repeat in range(args.repeats):
-            order = list(METHODS) if repeat % 2 == 0 else list(reversed(METHODS))  # no method always goes first
+            order = (
+                list(METHODS) if repeat % 2 == 0 else list(reversed(METHODS))
+            )  # no method always goes first
             for name in order:
                 runs[name].append(_measure(METHODS[name], args.size_mib, directory))
     finally:
@@ -149,36 +179,48 @@ def main(argv: list[str] | None = None) -> None:
             "seconds": [run["seconds"] for run in measured],
             "median_seconds": median,
             "ratio_to_reference": median / reference,
-            "max_peak_rss_above_baseline_mib": max(run["peak_rss_above_baseline_mib"] for run in measured),
+            "max_peak_rss_above_baseline_mib": max(
+                run["peak_rss_above_baseline_mib"] for run in measured
+            ),
             "baseline_rss_mib": statistics.median(run["baseline_rss_mib"] for run in measured),
             "file_bytes": measured[0]["file_bytes"],
         }
 
-    print(f"state: {args.size_mib} MiB float32 in {TENSOR_MIB} MiB tensors; "
-          f"{args.repeats} fresh-process runs per method; files in {directory}")
+    print(
+        f"state: {args.size_mib} MiB float32 in {TENSOR_MIB} MiB tensors; "
+        f"{args.repeats} fresh-process runs per method; files in {directory}"
+    )
     header = f"{'method':<36}{'median s':>10}{'ratio':>8}{'peak RSS above baseline':>26}{'state MiB':>11}"
     print(header)
     print("-" * len(header))
     for name, result in results.items():
-        print(f"{name:<36}{result['median_seconds']:>10.2f}{result['ratio_to_reference']:>8.2f}"
-              f"{result['max_peak_rss_above_baseline_mib']:>22.1f} MiB{args.size_mib:>11}")
+        print(
+            f"{name:<36}{result['median_seconds']:>10.2f}{result['ratio_to_reference']:>8.2f}"
+            f"{result['max_peak_rss_above_baseline_mib']:>22.1f} MiB{args.size_mib:>11}"
+        )
 
     import torch
 
     out = Path(__file__).resolve().parent / "out" / "durable_save.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": "durable_save",
-        "size_mib": args.size_mib,
-        "repeats": args.repeats,
-        "reference": REFERENCE,
-        "directory": str(directory),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "results": results,
-    }, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "durable_save",
+                "size_mib": args.size_mib,
+                "repeats": args.repeats,
+                "reference": REFERENCE,
+                "directory": str(directory),
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "cpu_count": os.cpu_count(),
+                "results": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
 
 

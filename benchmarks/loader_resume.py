@@ -35,7 +35,6 @@ import torch
 from torch.utils.data import Dataset
 
 from benchmarks._common import median, print_table, write_json
-
 from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
 
 SIZE = 4_000_000
@@ -59,7 +58,9 @@ class IndexDataset(Dataset):
 def _resumable_loader() -> ResumableDataLoader:
     dataset = IndexDataset()
     sampler = InfiniteRandomSampler(dataset, resumable=True)
-    return ResumableDataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=WORKERS, resumable=True)
+    return ResumableDataLoader(
+        dataset, batch_size=BATCH, sampler=sampler, num_workers=WORKERS, resumable=True
+    )
 
 
 def resumable_state(position: int) -> dict[str, Any]:
@@ -89,7 +90,9 @@ def _stateful_loader():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return StatefulDataLoader(IndexDataset(), batch_size=BATCH, shuffle=True, num_workers=WORKERS)
+        return StatefulDataLoader(
+            IndexDataset(), batch_size=BATCH, shuffle=True, num_workers=WORKERS
+        )
 
 
 def _set_batches(state: dict[str, Any], batches: int) -> dict[str, Any]:
@@ -115,8 +118,14 @@ def stateful_states(positions: list[int]) -> dict[int, dict[str, Any]]:
     real_after_five = loader.state_dict()
     del iterator
     if not _same(_set_batches(after_one, 5), real_after_five):
-        raise RuntimeError("StatefulDataLoader's state layout changed: cannot synthesise far states")
-    return {position: _set_batches(after_one, position // BATCH) for position in positions if position > 0}
+        raise RuntimeError(
+            "StatefulDataLoader's state layout changed: cannot synthesise far states"
+        )
+    return {
+        position: _set_batches(after_one, position // BATCH)
+        for position in positions
+        if position > 0
+    }
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -140,8 +149,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (5 instead of 9)")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--stateful-max", type=int, default=1_000_000, help="largest position for StatefulDataLoader")
-    parser.add_argument("--no-stateful", action="store_true", help="skip torchdata's StatefulDataLoader")
+    parser.add_argument(
+        "--stateful-max",
+        type=int,
+        default=1_000_000,
+        help="largest position for StatefulDataLoader",
+    )
+    parser.add_argument(
+        "--no-stateful", action="store_true", help="skip torchdata's StatefulDataLoader"
+    )
     args = parser.parse_args()
     repeats = args.repeats or (5 if args.quick else 9)
 
@@ -157,7 +173,9 @@ def main() -> None:
         sampler.load_state_dict(state["sampler"])
         expected = list(itertools.islice(iter(sampler), BATCH))
         if batch[:, 0].tolist() != expected:
-            raise RuntimeError(f"the first batch after loading position {position} is not the stream there")
+            raise RuntimeError(
+                f"the first batch after loading position {position} is not the stream there"
+            )
 
     theirs: dict[int, list[float]] = {}
     skipped: dict[int, str] = {}
@@ -171,7 +189,9 @@ def main() -> None:
         for position in POSITIONS:
             if position not in theirs:
                 skipped[position] = (
-                    "n/a: beyond one epoch (would replay 25 shuffles)" if position >= SIZE else "capped"
+                    "n/a: beyond one epoch (would replay 25 shuffles)"
+                    if position >= SIZE
+                    else "capped"
                 )
 
     medians = {position: median(times) for position, times in ours.items()}
@@ -183,7 +203,9 @@ def main() -> None:
                 f"{position:,}",
                 f"{medians[position] * 1e3:.1f}",
                 " ".join(f"{t * 1e3:.1f}" for t in ours[position]),
-                f"{median(theirs[position]) * 1e3:.1f}" if position in theirs else skipped[position],
+                f"{median(theirs[position]) * 1e3:.1f}"
+                if position in theirs
+                else skipped[position],
                 " ".join(f"{t * 1e3:.1f}" for t in theirs.get(position, [])),
             ]
         )
@@ -197,7 +219,12 @@ def main() -> None:
     path = write_json(
         "loader_resume",
         {
-            "settings": {"dataset_size": SIZE, "batch_size": BATCH, "num_workers": WORKERS, "repeats": repeats},
+            "settings": {
+                "dataset_size": SIZE,
+                "batch_size": BATCH,
+                "num_workers": WORKERS,
+                "repeats": repeats,
+            },
             "target_max_over_min": TARGET,
             "resumable": {str(p): times for p, times in ours.items()},
             "resumable_max_over_min": spread,

@@ -60,7 +60,11 @@ BATCH = 32
 WORKER_COUNTS = (0, 2)
 TARGET = 0.97
 LOADERS = ("torch", "stateful", "resumable")
-LABELS = {"torch": "DataLoader", "stateful": "StatefulDataLoader", "resumable": "ResumableDataLoader"}
+LABELS = {
+    "torch": "DataLoader",
+    "stateful": "StatefulDataLoader",
+    "resumable": "ResumableDataLoader",
+}
 
 
 class SpinDataset(Dataset):
@@ -95,16 +99,23 @@ def make_loader(kind: str, cost_us: float, workers: int = 2) -> DataLoader:
         stateful, why = stateful_loader_class()
         if stateful is None:
             raise RuntimeError(why)
-        with warnings.catch_warnings():  # torchdata warns about its own deprecations on construction
+        with (
+            warnings.catch_warnings()
+        ):  # torchdata warns about its own deprecations on construction
             warnings.simplefilter("ignore")
             return stateful(dataset, batch_size=BATCH, shuffle=True, num_workers=workers)
-    return ResumableDataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers, resumable=True)
+    return ResumableDataLoader(
+        dataset, batch_size=BATCH, shuffle=True, num_workers=workers, resumable=True
+    )
 
 
 def _cpu_seconds() -> float:
     # This process plus its reaped children: the workers, once the loader joined them.
     # getrusage, not os.times: clock ticks (10 ms) are too coarse for a sub-second run.
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
@@ -119,7 +130,9 @@ def _stop_workers(loader: DataLoader, iterator: Any) -> None:
         shutdown()
 
 
-def measure(kind: str, cost_us: float, batches: int, warmup: int, workers: int = 2) -> tuple[float, float]:
+def measure(
+    kind: str, cost_us: float, batches: int, warmup: int, workers: int = 2
+) -> tuple[float, float]:
     """Samples per second after warm-up, and CPU µs per sample over the whole run
     (main process and workers, start-up and warm-up included)."""
     cpu_start = _cpu_seconds()
@@ -160,14 +173,24 @@ def _runs_text(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer batches, repeats and state_dict() calls")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer batches, repeats and state_dict() calls"
+    )
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--batches", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--costs", type=float, nargs="+", default=[0.0, 200.0], help="µs per sample")
-    parser.add_argument("--workers", type=int, nargs="+", default=list(WORKER_COUNTS), help="num_workers settings")
-    parser.add_argument("--state-calls", type=int, default=None, help="timed state_dict() calls per loader")
-    parser.add_argument("--no-stateful", action="store_true", help="leave out torchdata's StatefulDataLoader")
+    parser.add_argument(
+        "--costs", type=float, nargs="+", default=[0.0, 200.0], help="µs per sample"
+    )
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=list(WORKER_COUNTS), help="num_workers settings"
+    )
+    parser.add_argument(
+        "--state-calls", type=int, default=None, help="timed state_dict() calls per loader"
+    )
+    parser.add_argument(
+        "--no-stateful", action="store_true", help="leave out torchdata's StatefulDataLoader"
+    )
     args = parser.parse_args()
     repeats = args.repeats or (5 if args.quick else 9)
     batches = args.batches or (100 if args.quick else 400)
@@ -198,7 +221,9 @@ def main() -> None:
                 entry[f"{kind}_samples_per_s"] = rates[kind]
                 entry[f"{kind}_cpu_us_per_sample"] = cpus[kind]
                 if kind != "torch":
-                    prefix = "" if kind == "resumable" else f"{kind}_"  # "ratio" and "cpu_ratio": the resumable's
+                    prefix = (
+                        "" if kind == "resumable" else f"{kind}_"
+                    )  # "ratio" and "cpu_ratio": the resumable's
                     entry[f"{prefix}ratio"] = rates[kind] / rates["torch"]
                     entry[f"{prefix}cpu_ratio"] = cpus["torch"] / cpus[kind]
             entry["runs"] = runs
@@ -209,24 +234,34 @@ def main() -> None:
     for entry in results:
         for kind in kinds:
             prefix = "" if kind == "resumable" else f"{kind}_"
-            rows.append([
-                str(entry["num_workers"]),
-                f"{entry['cost_us']:.0f}",
-                LABELS[kind],
-                f"{entry[f'{kind}_samples_per_s']:,.0f}",
-                _runs_text(entry["runs"][kind]),
-                "1.000" if kind == "torch" else f"{entry[f'{prefix}ratio']:.3f}",
-                f"{entry[f'{kind}_cpu_us_per_sample']:.1f}",
-                "1.000" if kind == "torch" else f"{entry[f'{prefix}cpu_ratio']:.3f}",
-            ])
+            rows.append(
+                [
+                    str(entry["num_workers"]),
+                    f"{entry['cost_us']:.0f}",
+                    LABELS[kind],
+                    f"{entry[f'{kind}_samples_per_s']:,.0f}",
+                    _runs_text(entry["runs"][kind]),
+                    "1.000" if kind == "torch" else f"{entry[f'{prefix}ratio']:.3f}",
+                    f"{entry[f'{kind}_cpu_us_per_sample']:.1f}",
+                    "1.000" if kind == "torch" else f"{entry[f'{prefix}cpu_ratio']:.3f}",
+                ]
+            )
     print_table(
         f"Loader throughput: batch_size={BATCH}, {batches} batches per run after {args.warmup} warm-up, "
         f"median of {repeats} (target ResumableDataLoader/DataLoader >= {TARGET} at 200 µs).\n"
         "CPU µs/sample counts the main process and the workers over the whole run; its ratio "
         "(DataLoader's CPU / the loader's) is the throughput ratio to expect when CPU is the bottleneck, "
         "and is not disturbed by other load.",
-        ["workers", "µs/sample", "loader", "median samples/s", "all runs (samples/s)", "x DataLoader",
-         "CPU µs/sample", "CPU ratio"],
+        [
+            "workers",
+            "µs/sample",
+            "loader",
+            "median samples/s",
+            "all runs (samples/s)",
+            "x DataLoader",
+            "CPU µs/sample",
+            "CPU ratio",
+        ],
         rows,
     )
 
@@ -234,15 +269,30 @@ def main() -> None:
     for workers in args.workers:
         for kind in (kind for kind in kinds if kind != "torch"):
             times, size = state_dict_cost(kind, workers, state_calls, args.warmup)
-            state_costs.append({"loader": LABELS[kind], "num_workers": workers, "median_us": median(times),
-                                "p90_us": sorted(times)[int(0.9 * (len(times) - 1))], "calls": len(times),
-                                "pickled_bytes": size})
+            state_costs.append(
+                {
+                    "loader": LABELS[kind],
+                    "num_workers": workers,
+                    "median_us": median(times),
+                    "p90_us": sorted(times)[int(0.9 * (len(times) - 1))],
+                    "calls": len(times),
+                    "pickled_bytes": size,
+                }
+            )
     print_table(
         f"state_dict() cost per call, mid-stream: one call after each of {state_calls} batches "
         f"(after {args.warmup} warm-up), 0 µs/sample, µs per call.",
         ["loader", "workers", "median µs", "p90 µs", "pickled state bytes"],
-        [[c["loader"], str(c["num_workers"]), f"{c['median_us']:.1f}", f"{c['p90_us']:.1f}",
-          f"{c['pickled_bytes']:,}"] for c in state_costs],
+        [
+            [
+                c["loader"],
+                str(c["num_workers"]),
+                f"{c['median_us']:.1f}",
+                f"{c['p90_us']:.1f}",
+                f"{c['pickled_bytes']:,}",
+            ]
+            for c in state_costs
+        ],
     )
 
     path = write_json(

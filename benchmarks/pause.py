@@ -116,19 +116,29 @@ def measure_blocking(
     times: dict[str, list[float]] = {name: [] for name in paths}
     order = list(paths)
     for repeat in range(repeats + 1):  # round 0 warms up (first writes of a process are slow)
-        for name in order[repeat % 3 :] + order[: repeat % 3]:  # rotate: no writer always goes first
-            paths[name].unlink(missing_ok=True)  # every run writes a new file, none overwrites in place
+        for name in (
+            order[repeat % 3 :] + order[: repeat % 3]
+        ):  # rotate: no writer always goes first
+            paths[name].unlink(
+                missing_ok=True
+            )  # every run writes a new file, none overwrites in place
             os.sync()  # start each write with no other dirty data queued for the disk
             time.sleep(0.5)
             if name == "pause":
                 # A fresh trainer per run: pause() leaves its trainer paused, and a resume()
                 # between runs would fill memory and the page cache with a 1.2 GB read.
-                elapsed = timed(functools.partial(BenchTrainer(model, optimizer, shared=False).pause, paths["pause"]))
+                elapsed = timed(
+                    functools.partial(
+                        BenchTrainer(model, optimizer, shared=False).pause, paths["pause"]
+                    )
+                )
             else:
                 elapsed = timed(writers[name])
             if repeat:
                 times[name].append(elapsed)
-    BenchTrainer(model, optimizer, shared=False).resume(paths["pause"])  # the file is a good pause file
+    BenchTrainer(model, optimizer, shared=False).resume(
+        paths["pause"]
+    )  # the file is a good pause file
     baseline, durable, pause = times["baseline"], times["durable"], times["pause"]
     baseline_path, pause_path = paths["baseline"], paths["pause"]
     return {
@@ -179,10 +189,16 @@ def measure_overhead(trainer: BenchTrainer, number: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="~10M parameters instead of ~100M")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each writer (default 5)")
-    parser.add_argument("--dir", type=Path, default=None, help="where the files are written (default: a temp dir)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed runs of each writer (default 5)"
+    )
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the files are written (default: a temp dir)"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "pause.json")
     args = parser.parse_args()
 
@@ -224,7 +240,11 @@ def main() -> None:
             f"{blocking['save_checkpoint_median_s']:.3f} s",
             "durable write alone",
         ),
-        ("pause() blocking (median)", f"{blocking['pause_median_s']:.3f} s", f"{blocking['pause_bytes'] / mb:.0f} MB"),
+        (
+            "pause() blocking (median)",
+            f"{blocking['pause_median_s']:.3f} s",
+            f"{blocking['pause_bytes'] / mb:.0f} MB",
+        ),
         (
             "pause / torch.save ratio (target <= 1.15)",
             f"{blocking['ratio']:.3f}",
@@ -251,7 +271,9 @@ def main() -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-    print(f"pause / save_checkpoint ratio: {blocking['pause_vs_save_checkpoint_ratio']:.3f} (the mixin's own share)")
+    print(
+        f"pause / save_checkpoint ratio: {blocking['pause_vs_save_checkpoint_ratio']:.3f} (the mixin's own share)"
+    )
     for key in ("torch_save_fsync_s", "save_checkpoint_s", "pause_s"):
         print(f"runs {key[:-2]}: {' '.join(f'{t:.3f}' for t in blocking[key])}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -117,7 +117,9 @@ def _measure(loader: Any, counter: _Counter, epochs: int) -> dict[str, list[floa
     return {"seconds": seconds, "cpu_seconds": cpu, "builds": builds}
 
 
-def run(size: int, epochs: int, workers: int, cost_ms: float, batch_size: int) -> list[dict[str, Any]]:
+def run(
+    size: int, epochs: int, workers: int, cost_ms: float, batch_size: int
+) -> list[dict[str, Any]]:
     cost_s = cost_ms / 1000
     results = []
     counter = _Counter(workers)
@@ -135,7 +137,13 @@ def run(size: int, epochs: int, workers: int, cost_ms: float, batch_size: int) -
         common["worker_init_fn"] = counter.register
         with tempfile.TemporaryDirectory(prefix="reuse-bench-") as directory:
             loader = ReuseDataLoader(
-                ReuseBuild(cost_s, counter), size, directory, lifetime=lifetime, seed=SEED, shuffle=True, **common
+                ReuseBuild(cost_s, counter),
+                size,
+                directory,
+                lifetime=lifetime,
+                seed=SEED,
+                shuffle=True,
+                **common,
             )
             measured = _measure(loader, counter, epochs)
             del loader  # shut persistent workers down before the directory goes
@@ -179,7 +187,9 @@ def _table(results: list[dict[str, Any]], epochs: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="64 samples, 3 epochs (a smoke run)")
     parser.add_argument("--size", type=int, default=None, help="samples per epoch (default 512)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs (default 6)")

@@ -114,14 +114,17 @@ def _version(distribution: str) -> str:
 
 def machine_description() -> dict[str, str]:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    cores = f"{os.cpu_count()}" + (f" ({usable} usable by this process)" if usable is not None else "")
+    cores = f"{os.cpu_count()}" + (
+        f" ({usable} usable by this process)" if usable is not None else ""
+    )
     description = {
         "CPU": f"{_cpu_model()} ({platform.machine()})",
         "cores": cores,
         "RAM": _memory_gib(),
         "OS": platform.platform(),
         "load average at start": " ".join(f"{value:.2f}" for value in os.getloadavg())
-        if hasattr(os, "getloadavg") else "unknown",
+        if hasattr(os, "getloadavg")
+        else "unknown",
         "python": platform.python_version(),
     }
     description.update({distribution: _version(distribution) for distribution in DISTRIBUTIONS})
@@ -133,7 +136,11 @@ def machine_description() -> dict[str, str]:
 
 def sanitise(text: str) -> str:
     """Drop this machine's paths from printed output (RESULTS.md is committed)."""
-    for path, shown in ((str(ROOT), "."), (tempfile.gettempdir(), "$TMPDIR"), (str(Path.home()), "~")):
+    for path, shown in (
+        (str(ROOT), "."),
+        (tempfile.gettempdir(), "$TMPDIR"),
+        (str(Path.home()), "~"),
+    ):
         if path and path not in (".", "/"):
             text = text.replace(path, shown)
     return text
@@ -145,7 +152,10 @@ def arguments_for(benchmark: Benchmark, *, quick: bool, started: float) -> list[
     if benchmark.name == "profile_pause":
         label = worst_pause_size(load_results(["checkpointing"], since=started)["checkpointing"])
         if label is not None:
-            arguments = [argument for argument in arguments if argument != "--quick"] + ["--size", label]
+            arguments = [argument for argument in arguments if argument != "--quick"] + [
+                "--size",
+                label,
+            ]
             if quick and label != "10M":
                 arguments += ["--runs", "2"]
     return arguments
@@ -157,15 +167,25 @@ def run_benchmark(benchmark: Benchmark, arguments: Sequence[str], *, timeout_s: 
     module = f"benchmarks.{benchmark.script}"
     shown = shlex.join(["python", "-m", module, *arguments])
     if not (HERE / f"{benchmark.script}.py").is_file():
-        return ScriptRun(benchmark.name, shown, f"not available: benchmarks/{benchmark.script}.py does not exist",
-                         None, "")
+        return ScriptRun(
+            benchmark.name,
+            shown,
+            f"not available: benchmarks/{benchmark.script}.py does not exist",
+            None,
+            "",
+        )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     start = time.perf_counter()
     with tempfile.TemporaryFile(mode="w+") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", module, *arguments], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            [sys.executable, "-m", module, *arguments],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
             start_new_session=True,  # its own process group: a timeout also ends its workers and children
         )
         timed_out = threading.Event()
@@ -199,7 +219,9 @@ def run_benchmark(benchmark: Benchmark, arguments: Sequence[str], *, timeout_s: 
     else:
         status = "ok"
     if status != "ok":
-        output += "\n--- stderr (last lines) ---\n" + "\n".join(errors.strip().splitlines()[-25:]) + "\n"
+        output += (
+            "\n--- stderr (last lines) ---\n" + "\n".join(errors.strip().splitlines()[-25:]) + "\n"
+        )
         print(f"  ! {benchmark.name}: {status}\n{errors[-3000:]}", flush=True)
     return ScriptRun(benchmark.name, shown, status, seconds, sanitise(output))
 
@@ -232,37 +254,71 @@ def _verdict(checks: Sequence[TargetCheck], prefix: str, what: str) -> str:
     return f"The {what} target was not measured in this run; the profile is kept for reference. "
 
 
-def build_notes(results: Mapping[str, Mapping[str, Any] | None], checks: Sequence[TargetCheck],
-                runs: Sequence[ScriptRun]) -> list[tuple[str, str]]:
+def build_notes(
+    results: Mapping[str, Mapping[str, Any] | None],
+    checks: Sequence[TargetCheck],
+    runs: Sequence[ScriptRun],
+) -> list[tuple[str, str]]:
     notes = []
     paragraph = where_pause_time_goes(results.get("profile_pause"))
     if paragraph:
-        notes.append(("Where the time goes: pause()", _verdict(checks, "pause() <=", "pause() time") + paragraph))
+        notes.append(
+            (
+                "Where the time goes: pause()",
+                _verdict(checks, "pause() <=", "pause() time") + paragraph,
+            )
+        )
     paragraph = where_loader_time_goes(results.get("profile_loader"))
     if paragraph:
-        notes.append(("Where the time goes: ResumableDataLoader throughput",
-                      _verdict(checks, "loader throughput", "loader throughput") + paragraph))
+        notes.append(
+            (
+                "Where the time goes: ResumableDataLoader throughput",
+                _verdict(checks, "loader throughput", "loader throughput") + paragraph,
+            )
+        )
     paragraph = where_resume_time_goes(results.get("profile_resume"))
     if paragraph:
-        notes.append(("Where the time goes: first batch after load_state_dict",
-                      _verdict(checks, "resume time flat", "resume flatness") + paragraph))
+        notes.append(
+            (
+                "Where the time goes: first batch after load_state_dict",
+                _verdict(checks, "resume time flat", "resume flatness") + paragraph,
+            )
+        )
     unavailable = [f"- {run.name}: {run.status}" for run in runs if run.status != "ok"]
     if unavailable:
         notes.append(("Not available or failed", "\n".join(unavailable)))
-    notes.append((
-        "How to read this",
-        ("Ratios compare methods measured in the same run on the same machine; absolute times are context only. "
-         "This machine may be shared with other work (see the load average above), which widens the spread "
-         "between runs: every run is listed next to each median."),
-    ))
+    notes.append(
+        (
+            "How to read this",
+            (
+                "Ratios compare methods measured in the same run on the same machine; absolute times are context only. "
+                "This machine may be shared with other work (see the load average above), which widens the spread "
+                "between runs: every run is listed next to each median."
+            ),
+        )
+    )
     return notes
 
 
-def write_results(path: Path, *, command: str, generated: str, machine: Mapping[str, str],
-                  runs: Sequence[ScriptRun], results: Mapping[str, Mapping[str, Any] | None]) -> list[TargetCheck]:
+def write_results(
+    path: Path,
+    *,
+    command: str,
+    generated: str,
+    machine: Mapping[str, str],
+    runs: Sequence[ScriptRun],
+    results: Mapping[str, Mapping[str, Any] | None],
+) -> list[TargetCheck]:
     checks = check_targets(results)
-    text = render_results(command=command, generated=generated, machine=machine, runs=runs, checks=checks,
-                          notes=build_notes(results, checks, runs), sections=checkpoint_summary(results))
+    text = render_results(
+        command=command,
+        generated=generated,
+        machine=machine,
+        runs=runs,
+        checks=checks,
+        notes=build_notes(results, checks, runs),
+        sections=checkpoint_summary(results),
+    )
     path.write_text(text)
     return checks
 
@@ -273,16 +329,36 @@ def write_results(path: Path, *, command: str, generated: str, machine: Mapping[
 def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__.split("\n\n")[0],
-        epilog="Scripts: " + ", ".join(f"{b.name} (python -m benchmarks.{b.script})" for b in SUITE),
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
+        epilog="Scripts: "
+        + ", ".join(f"{b.name} (python -m benchmarks.{b.script})" for b in SUITE),
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a few minutes on 2 cores)")
-    parser.add_argument("--only", nargs="+", choices=NAMES, metavar="NAME", help="run only these benchmarks")
-    parser.add_argument("--skip", nargs="+", choices=NAMES, default=[], metavar="NAME", help="leave these out")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the report (default: benchmarks/RESULTS.md)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per script (default: 3600)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="rewrite the report from the last suite run's records in benchmarks/out/")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes and few repeats (a few minutes on 2 cores)",
+    )
+    parser.add_argument(
+        "--only", nargs="+", choices=NAMES, metavar="NAME", help="run only these benchmarks"
+    )
+    parser.add_argument(
+        "--skip", nargs="+", choices=NAMES, default=[], metavar="NAME", help="leave these out"
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="where to write the report (default: benchmarks/RESULTS.md)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds per script (default: 3600)"
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the report from the last suite run's records in benchmarks/out/",
+    )
     args = parser.parse_args(arguments)
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -291,12 +367,20 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         saved = json.loads(record.read_text())
         runs = [ScriptRun(**run) for run in saved["runs"]]
         results = load_results([run.name for run in runs], since=saved["started"])
-        checks = write_results(args.results, command=saved["command"], generated=saved["generated"],
-                               machine=saved["machine"], runs=runs, results=results)
+        checks = write_results(
+            args.results,
+            command=saved["command"],
+            generated=saved["generated"],
+            machine=saved["machine"],
+            runs=runs,
+            results=results,
+        )
         _print_checks(checks, args.results)
         return 0
 
-    selected = [b for b in SUITE if (not args.only or b.name in args.only) and b.name not in args.skip]
+    selected = [
+        b for b in SUITE if (not args.only or b.name in args.only) and b.name not in args.skip
+    ]
     command = " ".join([prog or "python -m benchmarks.run", shlex.join(arguments)]).strip()
     machine = machine_description()
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -304,20 +388,50 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     runs = []
     for number, benchmark in enumerate(selected, 1):
         script_arguments = arguments_for(benchmark, quick=args.quick, started=started)
-        print(f"[{number}/{len(selected)}] {benchmark.name}: {shlex.join(script_arguments)}", flush=True)
-        runs.append(run_benchmark(benchmark, script_arguments, timeout_s=args.timeout or benchmark.timeout_s))
-        print(f"[{number}/{len(selected)}] {benchmark.name}: {runs[-1].status} in {runs[-1].seconds or 0:.0f} s",
-              flush=True)
+        print(
+            f"[{number}/{len(selected)}] {benchmark.name}: {shlex.join(script_arguments)}",
+            flush=True,
+        )
+        runs.append(
+            run_benchmark(
+                benchmark, script_arguments, timeout_s=args.timeout or benchmark.timeout_s
+            )
+        )
+        print(
+            f"[{number}/{len(selected)}] {benchmark.name}: {runs[-1].status} in {runs[-1].seconds or 0:.0f} s",
+            flush=True,
+        )
     if hasattr(os, "getloadavg"):
         machine["load average at end"] = " ".join(f"{value:.2f}" for value in os.getloadavg())
-    record.write_text(json.dumps({"command": command, "generated": generated, "started": started,
-                                  "machine": machine, "runs": [asdict(run) for run in runs]}, indent=2) + "\n")
+    record.write_text(
+        json.dumps(
+            {
+                "command": command,
+                "generated": generated,
+                "started": started,
+                "machine": machine,
+                "runs": [asdict(run) for run in runs],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     results = load_results([run.name for run in runs], since=started)
-    checks = write_results(args.results, command=command, generated=generated, machine=machine, runs=runs,
-                           results=results)
+    checks = write_results(
+        args.results,
+        command=command,
+        generated=generated,
+        machine=machine,
+        runs=runs,
+        results=results,
+    )
     print(f"total {time.time() - started:.0f} s")
     _print_checks(checks, args.results)
-    return 0 if all(run.status == "ok" or run.status.startswith("not available") for run in runs) else 1
+    return (
+        0
+        if all(run.status == "ok" or run.status.startswith("not available") for run in runs)
+        else 1
+    )
 
 
 def _print_checks(checks: Sequence[TargetCheck], path: Path) -> None:

@@ -54,7 +54,9 @@ class Regressor(pl.LightningModule):
             nn.Linear(cfg.model.hidden, 1),
         )
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss, prog_bar=True)
@@ -62,8 +64,13 @@ class Regressor(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.parameters(), lr=self.cfg.optim.lr)
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, self.cfg.optim.step_size, self.cfg.optim.gamma)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        scheduler = torch.optim.lr_scheduler.StepLR(
+            optimizer, self.cfg.optim.step_size, self.cfg.optim.gamma
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
 
 class PreemptAt(pl.Callback):
@@ -78,10 +85,14 @@ class PreemptAt(pl.Callback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("config", help="OmegaConf YAML, e.g. configs/lightning_example.yaml")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
-    parser.add_argument("--preempt-at-step", type=int, default=None, help="send SIGTERM to itself after this step")
+    parser.add_argument(
+        "--preempt-at-step", type=int, default=None, help="send SIGTERM to itself after this step"
+    )
     args = parser.parse_args()
     cfg = OmegaConf.merge(OmegaConf.load(args.config), OmegaConf.from_dotlist(args.overrides))
     run_dir = Path(cfg.run_dir)
@@ -106,7 +117,10 @@ def main() -> None:
         return
     callbacks: list[pl.Callback] = [
         resume,
-        ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=cfg.trainer.checkpoint_every_n_steps),
+        ModelCheckpoint(
+            dirpath=run_dir / "checkpoints",
+            every_n_train_steps=cfg.trainer.checkpoint_every_n_steps,
+        ),
     ]
     if args.preempt_at_step is not None:
         callbacks.insert(0, PreemptAt(args.preempt_at_step))

@@ -55,10 +55,14 @@ class Trainer(TrainingResumeMixin):
         return loss.item()
 
 
-def train(trainer: Trainer, steps: int, pause_file: str, *, preempt_after: int | None = None) -> list[float]:
+def train(
+    trainer: Trainer, steps: int, pause_file: str, *, preempt_after: int | None = None
+) -> list[float]:
     """Train until ``steps`` steps are done or a pause was written."""
     losses = []
-    handlers = trainer.pause_on_signal(pause_file)  # SIGTERM / SIGUSR1 -> pause at the next step boundary
+    handlers = trainer.pause_on_signal(
+        pause_file
+    )  # SIGTERM / SIGUSR1 -> pause at the next step boundary
     try:
         while trainer.completed_steps < steps and not trainer.paused:
             losses.append(trainer.step())
@@ -87,7 +91,10 @@ def main() -> int:
 
         same_losses = losses == expected
         same_weights = all(
-            torch.equal(a, b) for a, b in zip(reference.model.state_dict().values(), second.model.state_dict().values())
+            torch.equal(a, b)
+            for a, b in zip(
+                reference.model.state_dict().values(), second.model.state_dict().values()
+            )
         )
         for trainer in (reference, first, second):
             trainer.loader.close()

@@ -21,7 +21,9 @@ class ImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         channels = 1 if index == self.bad_id else 3
-        image = torch.arange(channels * 16 * 16, dtype=torch.float32).reshape(channels, 16, 16) + index
+        image = (
+            torch.arange(channels * 16 * 16, dtype=torch.float32).reshape(channels, 16, 16) + index
+        )
         return {"id": index, "image": image, "label": index % 4}
 
 
@@ -60,7 +62,9 @@ def noisy_dataset() -> NoisyDataset:
 
 
 def repeating_loader(num_workers: int) -> DataLoader:
-    return DataLoader(ImageDataset(), batch_size=4, sampler=RepeatingSampler(SIZE), num_workers=num_workers)
+    return DataLoader(
+        ImageDataset(), batch_size=4, sampler=RepeatingSampler(SIZE), num_workers=num_workers
+    )
 
 
 def loader_without_workers_argument() -> DataLoader:

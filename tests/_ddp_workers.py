@@ -60,9 +60,7 @@ class IdDataset(Dataset):
         return SIZE
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        x = self.x[index] + 0.1 * torch.randn(FEATURES) * float(
-            np.random.uniform(0.5, 1.5)
-        )
+        x = self.x[index] + 0.1 * torch.randn(FEATURES) * float(np.random.uniform(0.5, 1.5))
         return (-x if random.random() < 0.5 else x), self.y[index], index
 
 
@@ -81,16 +79,10 @@ class DDPTrainer(TrainingResumeMixin):
             nn.Linear(hidden, 1),
         )
         distributed = dist.is_available() and dist.is_initialized()
-        self.model = (
-            DistributedDataParallel(self.module) if distributed else self.module
-        )
-        self.optimizer = torch.optim.AdamW(
-            self.module.parameters(), lr=CONFIG["optim"]["lr"]
-        )
+        self.model = DistributedDataParallel(self.module) if distributed else self.module
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=CONFIG["optim"]["lr"])
         decay = CONFIG["optim"]["decay"]
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: decay**step
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: decay**step)
         dataset = IdDataset()
         # Same seeds on every rank: one global stream; the sampler shards it by the process group.
         sampler = InfiniteRandomSampler(
@@ -129,10 +121,7 @@ class DDPTrainer(TrainingResumeMixin):
         return {"train": self.loader}
 
     def _resume_extra_state(self) -> dict[str, Any]:
-        if (
-            self.kill_in_pause is not None
-            and self.completed_steps == self.kill_in_pause
-        ):
+        if self.kill_in_pause is not None and self.completed_steps == self.kill_in_pause:
             os.kill(os.getpid(), signal.SIGKILL)  # dies before its state reaches rank 0
         return dict(self.extra)
 
@@ -177,9 +166,7 @@ def _capture_stderr(path: Path) -> None:
     faulthandler.enable(file=stream, all_threads=True)
 
 
-def rank_main(
-    rank: int, world: int, init_file: str, job: dict[str, Any], out: str
-) -> None:
+def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: str) -> None:
     """One rank: optionally resume, run steps, honour pause requests, save the result.
 
     ``job`` keys: ``tag``; ``steps`` (run until ``completed_steps`` reaches it) or
@@ -220,17 +207,13 @@ def rank_main(
                 warnings.simplefilter("always", WorldSizeChangeWarning)
                 trainer.resume(job["resume"])
             caught = [
-                str(w.message)
-                for w in seen
-                if issubclass(w.category, WorldSizeChangeWarning)
+                str(w.message) for w in seen if issubclass(w.category, WorldSizeChangeWarning)
             ]
             resumed_steps = trainer.completed_steps
         if job.get("resume_latest"):
             trainer.resume_latest()
             resumed_steps = trainer.completed_steps
-        target = (
-            job["steps"] if "steps" in job else trainer.completed_steps + job["more"]
-        )
+        target = job["steps"] if "steps" in job else trainer.completed_steps + job["more"]
         requests = {int(step): value for step, value in job.get("requests", {}).items()}
         paused_at = []
         while trainer.completed_steps < target:
@@ -318,12 +301,8 @@ def launch(
     deadline = time.monotonic() + timeout
     processes = context.processes
     grace: float | None = None
-    while time.monotonic() < deadline and any(
-        process.is_alive() for process in processes
-    ):
-        if grace is None and any(
-            process.exitcode not in (None, 0) for process in processes
-        ):
+    while time.monotonic() < deadline and any(process.is_alive() for process in processes):
+        if grace is None and any(process.exitcode not in (None, 0) for process in processes):
             # A rank died: the others may be blocked in a collective with it.
             grace = time.monotonic() + 10.0
         if grace is not None and time.monotonic() > grace:
@@ -336,9 +315,7 @@ def launch(
     return [process.exitcode for process in processes]
 
 
-def describe_exits(
-    codes: list[int | None], tag: str, out: Path, *, lines: int = 30
-) -> str:
+def describe_exits(codes: list[int | None], tag: str, out: Path, *, lines: int = 30) -> str:
     """The exit codes, then the tail of each failed rank's traceback file and stderr."""
     parts = [f"exit codes {codes}"]
     for rank, code in enumerate(codes):
@@ -357,7 +334,5 @@ def load_results(world: int, tag: str, out: Path) -> list[dict[str, Any]]:
     for rank in range(world):
         error = out / f"error_{tag}_rank{rank}.txt"
         assert not error.exists(), error.read_text()
-        results.append(
-            torch.load(out / f"result_{tag}_rank{rank}.pt", weights_only=True)
-        )
+        results.append(torch.load(out / f"result_{tag}_rank{rank}.pt", weights_only=True))
     return results

@@ -105,7 +105,9 @@ def child_main(workdir: str, plan: list[tuple[str, int, int]]) -> None:
         result = {"path": path, "context": context, "paused_at": trainer.completed_steps}
         if context == "forkserver":
             result["forkserver_alive"] = _forkserver_alive()
-            again = GroupSignalTrainer(workers=2, context=context)  # new workers from the same server
+            again = GroupSignalTrainer(
+                workers=2, context=context
+            )  # new workers from the same server
             next(again.batches)
             again.loader.close()
         results.append(result)

@@ -28,14 +28,22 @@ class TinyTrainer(TrainingResumeMixin):
     (dropout), so a missing RNG restore changes the next step.
     """
 
-    def __init__(self, config: dict[str, Any] | None = None, *, version: str = "1.0", key: bytes | None = None):
+    def __init__(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        version: str = "1.0",
+        key: bytes | None = None,
+    ):
         self.config = tiny_config() if config is None else config
         width, outputs = self.config["width"], self.config["outputs"]
         torch.manual_seed(self.config["seed"])
         random.seed(self.config["seed"])
         np.random.seed(self.config["seed"])
         self.model = nn.Linear(width, outputs)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=self.config["lr"], momentum=0.9)
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(), lr=self.config["lr"], momentum=0.9
+        )
         data = torch.Generator().manual_seed(self.config["seed"])
         self.batches = [
             (torch.randn(6, width, generator=data), torch.randn(6, outputs, generator=data))
@@ -77,7 +85,11 @@ class TinyTrainer(TrainingResumeMixin):
     def state(self) -> dict[str, Any]:
         """Everything a refusal must leave unchanged, plus the next global RNG draws."""
         saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-        draws = {"python": random.random(), "numpy": float(np.random.rand()), "torch": torch.rand(3)}
+        draws = {
+            "python": random.random(),
+            "numpy": float(np.random.rand()),
+            "torch": torch.rand(3),
+        }
         random.setstate(saved[0])
         np.random.set_state(saved[1])
         torch.set_rng_state(saved[2])
@@ -101,7 +113,11 @@ class SharedKeysTrainer(TinyTrainer):
     shared = ("model", "optimizer")
 
     def _regular_checkpoint(self):
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "note": "weights"}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "note": "weights",
+        }
 
     def _resume_shared_keys(self):
         return self.shared

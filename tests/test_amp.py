@@ -14,7 +14,9 @@ from trainer_resume.state import cpu_state
 
 STEPS = 6
 FAIL_AT = 3
-OVERFLOW_AT = 1  # a batch whose scaled gradients are not finite: the step is skipped and the scale backs off
+OVERFLOW_AT = (
+    1  # a batch whose scaled gradients are not finite: the step is skipped and the scale backs off
+)
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=False),
@@ -57,7 +59,11 @@ class Run:
         self.model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1)).to(dtype)
         try:
             self.optimizer = OPTIMIZERS[optimizer](self.model.parameters())
-        except (RuntimeError, TypeError, ValueError) as error:  # fused CPU kernels need a recent torch
+        except (
+            RuntimeError,
+            TypeError,
+            ValueError,
+        ) as error:  # fused CPU kernels need a recent torch
             pytest.skip(f"{optimizer} is not available on CPU here: {error}")
         self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=2)
         self.batches = _batches(dtype)
@@ -73,7 +79,9 @@ class Run:
     def step(self, index: int, fail: str | None = None) -> None:
         x, y = self.batches[index]
         self.optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+        with torch.autocast(
+            "cpu", dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None
+        ):
             loss = ((self.model(x) - y) ** 2).mean()
         self.scaler.scale(loss.float()).backward()
         if self.unscale_first:
@@ -97,7 +105,9 @@ class Run:
             }
         )
 
-    def fail_and_restore(self, fail: str, restore: Callable[[Run, dict], None], *, fail_at: int = FAIL_AT) -> None:
+    def fail_and_restore(
+        self, fail: str, restore: Callable[[Run, dict], None], *, fail_at: int = FAIL_AT
+    ) -> None:
         for index in range(fail_at):
             self.step(index)
         saved = self.boundary()
@@ -184,14 +194,25 @@ def _matrix() -> list:
                 for fail_at in (OVERFLOW_AT, FAIL_AT):
                     if fail_at == OVERFLOW_AT and precision != "fp32":
                         continue
-                    if fail_at == OVERFLOW_AT and fail == "inside_step" and "fused" not in optimizer:
+                    if (
+                        fail_at == OVERFLOW_AT
+                        and fail == "inside_step"
+                        and "fused" not in optimizer
+                    ):
                         continue  # the scaler skips optimizer.step() of an overflow step: nothing to fail inside
                     if optimizer == "sgd-fused" and precision == "bf16":
                         # torch's CPU fused SGD kernel is not deterministic for bf16 parameters
                         # (pytorch/pytorch#191763): two uninterrupted runs already differ.
                         continue
-                    cases.append(pytest.param(fail, optimizer, precision, fail_at,
-                                              id=f"{fail}-{optimizer}-{precision}-step{fail_at}"))
+                    cases.append(
+                        pytest.param(
+                            fail,
+                            optimizer,
+                            precision,
+                            fail_at,
+                            id=f"{fail}-{optimizer}-{precision}-step{fail_at}",
+                        )
+                    )
     return cases
 
 
@@ -206,8 +227,13 @@ def test_restore_after_failed_step_continues_bit_identically(fail, optimizer, pr
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw-fused"])
-@pytest.mark.parametrize("fail, message", [("after_unscale", "unscale_\\(\\) has already been called"),
-                                           ("after_step", "step\\(\\) has already been called")])
+@pytest.mark.parametrize(
+    "fail, message",
+    [
+        ("after_unscale", "unscale_\\(\\) has already been called"),
+        ("after_step", "step\\(\\) has already been called"),
+    ],
+)
 def test_without_restore_the_repeated_step_raises(fail, message, optimizer):
     run = Run(optimizer, "fp32", unscale_first=FAILURES[fail])
     run.fail_and_restore(fail, _load_only)
@@ -253,7 +279,9 @@ def test_several_optimizers_are_accepted_as_an_iterable():
     other = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1, fused=True)
     run.optimizer.grad_scale = torch.ones(())
     other.found_inf = torch.zeros(())
-    restore_grad_scaler_state(run.scaler, run.scaler.state_dict(), (o for o in [run.optimizer, other]))
+    restore_grad_scaler_state(
+        run.scaler, run.scaler.state_dict(), (o for o in [run.optimizer, other])
+    )
     assert not hasattr(run.optimizer, "grad_scale") and not hasattr(other, "found_inf")
 
 
@@ -274,10 +302,26 @@ def _scaler_with_pending_records() -> tuple[torch.amp.GradScaler, torch.optim.Op
         (None, TypeError),
         ({}, ValueError),
         ({"scale": 1.0}, ValueError),
-        ({"scale": "1", "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2, "_growth_tracker": 0},
-         ValueError),
-        ({"scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2.5, "_growth_tracker": 0},
-         ValueError),
+        (
+            {
+                "scale": "1",
+                "growth_factor": 2.0,
+                "backoff_factor": 0.5,
+                "growth_interval": 2,
+                "_growth_tracker": 0,
+            },
+            ValueError,
+        ),
+        (
+            {
+                "scale": 1.0,
+                "growth_factor": 2.0,
+                "backoff_factor": 0.5,
+                "growth_interval": 2.5,
+                "_growth_tracker": 0,
+            },
+            ValueError,
+        ),
     ],
 )
 def test_malformed_state_is_refused_before_anything_changes(bad_state, error):
@@ -334,7 +378,9 @@ def test_cuda_scaler_restore_after_failed_unscale_continues_bit_identically():
         generator = torch.Generator().manual_seed(1)
         batches = [torch.randn(8, 6, generator=generator).cuda() for _ in range(STEPS)]
         for index, x in enumerate(batches):
-            saved = cpu_state({"m": model.state_dict(), "o": optimizer.state_dict(), "s": scaler.state_dict()})
+            saved = cpu_state(
+                {"m": model.state_dict(), "o": optimizer.state_dict(), "s": scaler.state_dict()}
+            )
             for attempt in range(2 if fail and index == FAIL_AT else 1):
                 optimizer.zero_grad(set_to_none=True)
                 with torch.autocast("cuda", dtype=torch.float16):
@@ -351,4 +397,6 @@ def test_cuda_scaler_restore_after_failed_unscale_continues_bit_identically():
         return model
 
     reference, resumed = train(False), train(True)
-    assert torch.equal(reference.weight, resumed.weight) and torch.equal(reference.bias, resumed.bias)
+    assert torch.equal(reference.weight, resumed.weight) and torch.equal(
+        reference.bias, resumed.bias
+    )

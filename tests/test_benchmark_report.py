@@ -26,22 +26,40 @@ def _throughput(ratio_at_200: float, ratio_at_0: float = 0.5) -> dict[str, Any]:
     return {
         "settings": {"num_workers": 2},
         "results": [
-            {"cost_us": 0.0, "torch_samples_per_s": 10_000.0, "resumable_samples_per_s": 10_000.0 * ratio_at_0},
-            {"cost_us": 200.0, "torch_samples_per_s": 4_000.0, "resumable_samples_per_s": 4_000.0 * ratio_at_200},
+            {
+                "cost_us": 0.0,
+                "torch_samples_per_s": 10_000.0,
+                "resumable_samples_per_s": 10_000.0 * ratio_at_0,
+            },
+            {
+                "cost_us": 200.0,
+                "torch_samples_per_s": 4_000.0,
+                "resumable_samples_per_s": 4_000.0 * ratio_at_200,
+            },
         ],
     }
 
 
-def _checkpointing(pause_s: float, reference_s: float, peak_mib: float, state_mib: float = 100.0) -> dict[str, Any]:
+def _checkpointing(
+    pause_s: float, reference_s: float, peak_mib: float, state_mib: float = 100.0
+) -> dict[str, Any]:
     return {
-        "sizes": [{
-            "parameters": 10_500_000,
-            "state_bytes": int(state_mib * MIB),
-            "save": {
-                "pause()": {"median_seconds": pause_s, "max_peak_rss_above_baseline_bytes": int(peak_mib * MIB)},
-                "torch.save + fsync": {"median_seconds": reference_s, "max_peak_rss_above_baseline_bytes": 0},
-            },
-        }],
+        "sizes": [
+            {
+                "parameters": 10_500_000,
+                "state_bytes": int(state_mib * MIB),
+                "save": {
+                    "pause()": {
+                        "median_seconds": pause_s,
+                        "max_peak_rss_above_baseline_bytes": int(peak_mib * MIB),
+                    },
+                    "torch.save + fsync": {
+                        "median_seconds": reference_s,
+                        "max_peak_rss_above_baseline_bytes": 0,
+                    },
+                },
+            }
+        ],
     }
 
 
@@ -73,7 +91,11 @@ def test_throughput_without_a_200us_run_is_not_measured() -> None:
 
 
 def test_resume_flat_up_to_1e8_passes_and_growing_stateful_loader_passes() -> None:
-    ours = {0: [0.30, 0.50, 0.31], 1_000_000: [0.28, 0.29, 0.9], 100_000_000: [0.33, 0.32, 0.2]}  # medians .31 .29 .32
+    ours = {
+        0: [0.30, 0.50, 0.31],
+        1_000_000: [0.28, 0.29, 0.9],
+        100_000_000: [0.33, 0.32, 0.2],
+    }  # medians .31 .29 .32
     theirs = {0: [1.0, 1.2, 1.1], 1_000_000: [3.0, 3.3, 3.6]}  # medians 1.1 and 3.3
     flat, grows = resume_checks(_resume(ours, theirs))
     assert flat.status == PASS
@@ -112,14 +134,20 @@ def test_pause_time_ratio_passes_at_115_and_misses_above() -> None:
 
 
 def test_pause_time_also_checks_the_pause_script_json() -> None:
-    pause = {"parameters": 100_700_000, "blocking": {"pause_median_s": 3.0, "torch_save_fsync_median_s": 2.0}}
+    pause = {
+        "parameters": 100_700_000,
+        "blocking": {"pause_median_s": 3.0, "torch_save_fsync_median_s": 2.0},
+    }
     checks = pause_time_checks(_checkpointing(1.0, 1.0, 1.0), pause)
     assert [c.status for c in checks] == [PASS, MISS]
     assert "1.50x" in checks[1].measured and checks[1].source == "pause.json"
 
 
 def test_profile_follows_the_state_size_that_missed_the_pause_target_most() -> None:
-    small, large = _checkpointing(1.3, 1.0, 1.0)["sizes"][0], _checkpointing(2.0, 1.0, 1.0)["sizes"][0]
+    small, large = (
+        _checkpointing(1.3, 1.0, 1.0)["sizes"][0],
+        _checkpointing(2.0, 1.0, 1.0)["sizes"][0],
+    )
     small["label"], large["label"] = "10M", "100M"
     assert worst_pause_size({"sizes": [small, large]}) == "100M"
     met = _checkpointing(1.1, 1.0, 1.0)["sizes"][0]
@@ -140,14 +168,23 @@ def test_missing_or_malformed_json_is_not_measured_never_pass() -> None:
 
 
 def test_rendered_results_show_each_check_status_and_figure() -> None:
-    checks = check_targets({
-        "loader_throughput": _throughput(0.9),
-        "checkpointing": _checkpointing(1.0, 1.0, 1.0),
-    })
+    checks = check_targets(
+        {
+            "loader_throughput": _throughput(0.9),
+            "checkpointing": _checkpointing(1.0, 1.0, 1.0),
+        }
+    )
     text = render_results(
-        command="python -m benchmarks --quick", generated="2030-01-01 00:00 UTC", machine={"CPU": "test cpu"},
-        runs=[ScriptRun("pause", "python benchmarks/pause.py --quick", "not available: missing", None, "")],
-        checks=checks, notes=[("Where the time goes: pause()", "fsync 1.000 s")],
+        command="python -m benchmarks --quick",
+        generated="2030-01-01 00:00 UTC",
+        machine={"CPU": "test cpu"},
+        runs=[
+            ScriptRun(
+                "pause", "python benchmarks/pause.py --quick", "not available: missing", None, ""
+            )
+        ],
+        checks=checks,
+        notes=[("Where the time goes: pause()", "fsync 1.000 s")],
     )
     assert "`python -m benchmarks --quick`" in text
     assert "| test cpu |" in text
@@ -161,8 +198,12 @@ def test_throughput_checks_each_num_workers_row_at_200us_separately() -> None:
     data = {
         "settings": {"num_workers": [0, 2]},
         "results": [
-            {"num_workers": workers, "cost_us": 200.0, "torch_samples_per_s": 4_000.0,
-             "resumable_samples_per_s": 4_000.0 * ratio}
+            {
+                "num_workers": workers,
+                "cost_us": 200.0,
+                "torch_samples_per_s": 4_000.0,
+                "resumable_samples_per_s": 4_000.0 * ratio,
+            }
             for workers, ratio in ((0, 0.99), (2, 0.9))
         ],
     }

@@ -54,7 +54,9 @@ def test_good_dataset_passes_and_prints_every_runs_throughput():
     table = [row for row in throughput if row and row[0] in ("0", "2")]
     assert [row[0] for row in table] == ["0", "2"]
     for row in table:
-        epoch_rates = [float(value) for value in row[1:3]]  # every epoch's figure, not only the best
+        epoch_rates = [
+            float(value) for value in row[1:3]
+        ]  # every epoch's figure, not only the best
         assert all(rate > 0 for rate in epoch_rates)
         assert row[3] != "n/a"
 
@@ -64,7 +66,10 @@ def test_good_dataset_passes_and_prints_every_runs_throughput():
 
 @pytest.mark.slow
 def test_augmentation_from_worker_rng_is_reported_as_different_contents(capsys):
-    assert main(["audit-loader", "_audit_datasets:noisy_dataset", "--workers", "2", "--epochs", "1"]) == 1
+    assert (
+        main(["audit-loader", "_audit_datasets:noisy_dataset", "--workers", "2", "--epochs", "1"])
+        == 1
+    )
     output = capsys.readouterr().out
     assert "num_workers=0 added" in output
     assert rows_of(output, "workers:")[2][:3] == ["2", "same", "DIFFER"]
@@ -73,7 +78,14 @@ def test_augmentation_from_worker_rng_is_reported_as_different_contents(capsys):
 
 @pytest.mark.slow
 def test_same_augmentation_under_resumable_loader_passes_for_every_worker_count(capsys):
-    argv = ["audit-loader", "_audit_datasets:resumable_noisy_loader", "--workers", "0,2", "--epochs", "2"]
+    argv = [
+        "audit-loader",
+        "_audit_datasets:resumable_noisy_loader",
+        "--workers",
+        "0,2",
+        "--epochs",
+        "2",
+    ]
     assert main(argv) == 0
     output = capsys.readouterr().out
     assert rows_of(output, "workers:")[2] == ["2", "same", "same", "same"]
@@ -81,11 +93,18 @@ def test_same_augmentation_under_resumable_loader_passes_for_every_worker_count(
     windows = [row[:5] for row in rows_of(output, "epochs:")[2:] if row[0] != "order:"]
     full, partial = [str(SIZE), "0", "0"], ["2", "0", "not"]  # "not checked (partial)"
     expected = ((1, full), (2, full), (3, partial))
-    assert windows == [[workers, str(window), *counts] for workers in "02" for window, counts in expected]
+    assert windows == [
+        [workers, str(window), *counts] for workers in "02" for window, counts in expected
+    ]
 
 
 def test_duplicates_and_gaps_in_an_epoch_are_named_by_index(capsys):
-    assert main(["audit-loader", "_audit_datasets:repeating_loader", "--workers", "0", "--epochs", "1"]) == 1
+    assert (
+        main(
+            ["audit-loader", "_audit_datasets:repeating_loader", "--workers", "0", "--epochs", "1"]
+        )
+        == 1
+    )
     lines = capsys.readouterr().out.splitlines()
     assert "  DUPLICATES num_workers=0 epoch 1: indices 3" in lines
     assert "  GAPS num_workers=0 epoch 1: indices never delivered 5" in lines
@@ -93,7 +112,10 @@ def test_duplicates_and_gaps_in_an_epoch_are_named_by_index(capsys):
 
 @pytest.mark.slow
 def test_tuple_samples_are_identified_by_index_and_compared_whole(capsys):
-    assert main(["audit-loader", "_audit_datasets:tuple_dataset", "--workers", "0,2", "--epochs", "2"]) == 0
+    assert (
+        main(["audit-loader", "_audit_datasets:tuple_dataset", "--workers", "0,2", "--epochs", "2"])
+        == 0
+    )
     output = capsys.readouterr().out
     contract = rows_of(output, "contract:")
     assert [row[:4] for row in contract[2:5]] == [
@@ -108,12 +130,21 @@ def test_tuple_samples_are_identified_by_index_and_compared_whole(capsys):
 
 @pytest.mark.slow
 def test_augmented_tuple_samples_name_the_differing_element_and_the_worker_rng_cause(capsys):
-    argv = ["audit-loader", "_audit_datasets:noisy_tuple_dataset", "--workers", "2", "--epochs", "1"]
+    argv = [
+        "audit-loader",
+        "_audit_datasets:noisy_tuple_dataset",
+        "--workers",
+        "2",
+        "--epochs",
+        "1",
+    ]
     assert main(argv) == 1
     output = capsys.readouterr().out
     assert "  global generators dataset[i] draws from: torch" in output.splitlines()
     row = rows_of(output, "workers:")[2]
-    assert " ".join(row) == "2 same DIFFER at epoch 1, position 0 (index 0): field '[0]' differs same"
+    assert (
+        " ".join(row) == "2 same DIFFER at epoch 1, position 0 (index 0): field '[0]' differs same"
+    )
     causes = output[output.index("known causes:") :]
     assert "samples: dataset[i] draws from the global generator(s) torch" in causes
     assert "ResumableDataLoader seeds every sample" in causes
@@ -122,7 +153,14 @@ def test_augmented_tuple_samples_name_the_differing_element_and_the_worker_rng_c
 
 @pytest.mark.slow
 def test_shuffled_plain_loader_with_main_process_augmentation_explains_the_global_generator(capsys):
-    argv = ["audit-loader", "_audit_datasets:shuffled_noisy_tuple_loader", "--workers", "2", "--epochs", "2"]
+    argv = [
+        "audit-loader",
+        "_audit_datasets:shuffled_noisy_tuple_loader",
+        "--workers",
+        "2",
+        "--epochs",
+        "2",
+    ]
     assert main(argv) == 1
     output = capsys.readouterr().out
     order = rows_of(output, "workers:")[2]
@@ -141,4 +179,7 @@ def test_loader_factory_without_num_workers_parameter_is_a_usage_error(capsys):
 
 def test_unknown_factory_is_a_usage_error_naming_it(capsys):
     assert main(["audit-loader", "_audit_datasets:no_such_factory"]) == 2
-    assert capsys.readouterr().err == "error: module '_audit_datasets' has no attribute 'no_such_factory'\n"
+    assert (
+        capsys.readouterr().err
+        == "error: module '_audit_datasets' has no attribute 'no_such_factory'\n"
+    )

@@ -8,8 +8,8 @@ import pytest
 import torch
 from _cli import run_cli
 
-from trainer_resume.cli.demo.report import Results, print_report
 from trainer_resume.cli import main
+from trainer_resume.cli.demo.report import Results, print_report
 
 
 @pytest.mark.slow
@@ -24,7 +24,9 @@ def test_demo_resumes_bit_identically_after_sigterm_and_weights_only_differs(tmp
     lines = result.stdout.splitlines()
     assert "  exact resume bit-identical: yes" in lines
     exact = lines[
-        lines.index("  exact resume bit-identical: yes") - 8 : lines.index("  exact resume bit-identical: yes")
+        lines.index("  exact resume bit-identical: yes") - 8 : lines.index(
+            "  exact resume bit-identical: yes"
+        )
     ]
     assert [line.rsplit(None, 2)[1:] for line in exact] == [["yes", "0"]] * 8, "\n".join(exact)
     final = next(line for line in lines if line.strip().startswith("final weights"))
@@ -50,7 +52,10 @@ def test_unknown_override_key_is_refused_naming_the_key(capsys):
 
 def test_override_of_another_type_is_refused_naming_the_key(capsys):
     assert main(["demo", "train.steps=many"]) == 2
-    assert "config key 'train.steps' is a int (200); the override gives a str ('many')" in capsys.readouterr().err
+    assert (
+        "config key 'train.steps' is a int (200); the override gives a str ('many')"
+        in capsys.readouterr().err
+    )
 
 
 def test_pause_point_after_the_last_step_is_refused(capsys):

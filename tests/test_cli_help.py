@@ -56,10 +56,17 @@ def test_help_and_readme_document_the_same_options(command, capsys):
 def test_readme_usage_line_matches_the_help_usage(command, capsys):
     heading = readme_section(command).splitlines()[0]
     usage = " ".join(help_text(command, capsys).split("\n\n")[0].split())
-    positional = {"demo": "OVERRIDES", "inspect": "PATH", "export": "OUT", "audit-loader": "MODULE:FACTORY"}[command]
+    positional = {
+        "demo": "OVERRIDES",
+        "inspect": "PATH",
+        "export": "OUT",
+        "audit-loader": "MODULE:FACTORY",
+    }[command]
     assert positional in heading and positional in usage
     for option in options(usage):
-        assert option in heading, f"{option} of {command}'s usage is missing from the README heading"
+        assert option in heading, (
+            f"{option} of {command}'s usage is missing from the README heading"
+        )
 
 
 def test_every_exit_status_of_the_help_is_in_the_readme(capsys):

@@ -442,9 +442,7 @@ def test_inspect_of_a_sharded_pause_with_a_tampered_shard_fails_with_code_322(
     assert error.startswith("error [322]: ") and "__0_0.distcp" in error
 
 
-def test_inspect_of_a_sharded_pause_without_its_manifest_fails_with_code_321(
-    sharded_pause, capsys
-):
+def test_inspect_of_a_sharded_pause_without_its_manifest_fails_with_code_321(sharded_pause, capsys):
     path, _ = sharded_pause
     os.remove(path / "manifest.ckpt")
     assert main(["inspect", str(path), "--json"]) == 3

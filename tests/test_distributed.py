@@ -43,9 +43,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
-def _resume(
-    runs: dict[str, Any], world: int, tag: str, **job: Any
-) -> list[dict[str, Any]]:
+def _resume(runs: dict[str, Any], world: int, tag: str, **job: Any) -> list[dict[str, Any]]:
     out = runs["out"]
     codes = launch(world, {"tag": tag, "resume": str(runs["pause_file"]), **job}, out)
     assert codes == [0] * world, describe_exits(codes, tag, out)
@@ -58,9 +56,7 @@ def _assert_equal(expected: Any, actual: Any, where: str) -> None:
 
 
 def _global_ids(results: list[dict[str, Any]]) -> collections.Counter:
-    return collections.Counter(
-        i for result in results for step in result["ids"] for i in step
-    )
+    return collections.Counter(i for result in results for step in result["ids"] for i in step)
 
 
 def test_a_pause_requested_on_one_rank_pauses_every_rank_at_the_same_step(runs):
@@ -89,9 +85,7 @@ def test_same_world_size_resume_in_new_processes_is_bitwise_equal_to_the_uninter
         )
         assert after["warnings"] == []
         _assert_equal(reference["model"], after["model"], f"rank {rank} model")
-        _assert_equal(
-            reference["optimizer"], after["optimizer"], f"rank {rank} optimizer"
-        )
+        _assert_equal(reference["optimizer"], after["optimizer"], f"rank {rank} optimizer")
         _assert_equal(
             reference["batches"],
             before["batches"] + after["batches"],
@@ -105,9 +99,7 @@ def test_resume_with_another_world_size_consumes_exactly_the_uninterrupted_globa
 ):
     # Samples left after the pause: (STEPS - PAUSE) * WORLD * 2 = 24 = world * more * 2.
     resumed = _resume(runs, world, f"world{world}", more=more)
-    assert _global_ids(runs["paused"]) + _global_ids(resumed) == _global_ids(
-        runs["reference"]
-    )
+    assert _global_ids(runs["paused"]) + _global_ids(resumed) == _global_ids(runs["reference"])
     converted = PAUSE * WORLD // world
     for result in resumed:
         assert result["resumed_steps"] == converted
@@ -116,15 +108,9 @@ def test_resume_with_another_world_size_consumes_exactly_the_uninterrupted_globa
 
 
 @pytest.mark.parametrize("victim", ["rank1-before-gather", "rank0-at-rename"])
-def test_a_rank_killed_during_the_pause_leaves_the_previous_committed_pause(
-    runs, tmp_path, victim
-):
+def test_a_rank_killed_during_the_pause_leaves_the_previous_committed_pause(runs, tmp_path, victim):
     pause_file = tmp_path / "pause.pt"
-    kill = (
-        [1, 2 * PAUSE, "state"]
-        if victim.startswith("rank1")
-        else [0, 2 * PAUSE, "replace"]
-    )
+    kill = [1, 2 * PAUSE, "state"] if victim.startswith("rank1") else [0, 2 * PAUSE, "replace"]
     job = {
         "tag": "kill",
         "steps": STEPS,
@@ -136,24 +122,16 @@ def test_a_rank_killed_during_the_pause_leaves_the_previous_committed_pause(
     report = describe_exits(codes, "kill", tmp_path)
     assert codes[kill[0]] == -9, report  # the victim died by SIGKILL
     assert codes[1 - kill[0]] != 0, report  # the survivor did not finish the run
-    committed = load_checkpoint(
-        pause_file
-    )  # verified: the partial pause never replaced it
-    first = load_checkpoint(
-        runs["pause_file"]
-    )  # the same run's pause at PAUSE, from the fixture
+    committed = load_checkpoint(pause_file)  # verified: the partial pause never replaced it
+    first = load_checkpoint(runs["pause_file"])  # the same run's pause at PAUSE, from the fixture
     assert committed["completed_steps"] == PAUSE
     _assert_equal(first["objects"], committed["objects"], "objects")
     _assert_equal(first[DISTRIBUTED_KEY], committed[DISTRIBUTED_KEY], "per-rank states")
 
 
-def test_rank_states_that_cannot_be_redistributed_fail_before_any_state_changes(
-    runs, tmp_path
-):
+def test_rank_states_that_cannot_be_redistributed_fail_before_any_state_changes(runs, tmp_path):
     checkpoint = load_checkpoint(runs["pause_file"])
-    checkpoint[DISTRIBUTED_KEY]["ranks"][1]["extra"] = {
-        "marker": 2
-    }  # rank-specific extra state
+    checkpoint[DISTRIBUTED_KEY]["ranks"][1]["extra"] = {"marker": 2}  # rank-specific extra state
     mismatched = tmp_path / "mismatched.pt"
     save_checkpoint(checkpoint, mismatched)
     caller_rng = random_state()

@@ -89,9 +89,7 @@ def test_a_single_process_file_resumed_by_two_ranks_keeps_the_global_position_an
     original = copy.deepcopy(checkpoint)
     (first, warned), (second, _) = _view(checkpoint, 2, 0), _view(checkpoint, 2, 1)
     again, _ = _view(checkpoint, 2, 1)
-    assert len(warned) == 1 and "sample-exact, not bit-comparable" in str(
-        warned[0].message
-    )
+    assert len(warned) == 1 and "sample-exact, not bit-comparable" in str(warned[0].message)
     assert (
         first["loaders"] == second["loaders"] == checkpoint["loaders"]
     )  # the global cursor for every rank

@@ -140,7 +140,9 @@ def test_nested_state_round_trips_with_types_order_and_values(saved: Path) -> No
     assert_same(load_checkpoint(saved), nested_state())
 
 
-def test_module_state_dict_keeps_version_metadata_and_loads_into_fresh_module(tmp_path: Path) -> None:
+def test_module_state_dict_keeps_version_metadata_and_loads_into_fresh_module(
+    tmp_path: Path,
+) -> None:
     source = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
     source(torch.randn(8, 3))  # moves the BatchNorm running statistics
     save_checkpoint(source.state_dict(), tmp_path / "m.pt")
@@ -235,7 +237,11 @@ def test_torch_crc32_is_skipped_while_writing_and_restored_per_thread(tmp_path: 
 
 def test_large_tensors_round_trip_and_match_their_digest(tmp_path: Path) -> None:
     # Records of several MiB take the path that hashes while writing.
-    state = {"big": torch.arange(3 << 20, dtype=torch.float32), "small": torch.ones(3), "bigger": torch.arange(5 << 20)}
+    state = {
+        "big": torch.arange(3 << 20, dtype=torch.float32),
+        "small": torch.ones(3),
+        "bigger": torch.arange(5 << 20),
+    }
     path = tmp_path / "big.pt"
     save_checkpoint(state, path)
     payload = path.read_bytes()[HEADER_SIZE:]
@@ -283,7 +289,9 @@ def test_missing_file_raises_file_not_found(tmp_path: Path, reader: Any) -> None
     ],
 )
 @pytest.mark.parametrize("reader", [load_checkpoint, read_checkpoint_header])
-def test_file_of_another_format_raises_format_error(tmp_path: Path, content: bytes, reader: Any) -> None:
+def test_file_of_another_format_raises_format_error(
+    tmp_path: Path, content: bytes, reader: Any
+) -> None:
     path = tmp_path / "other.pt"
     path.write_bytes(content)
     with pytest.raises(CheckpointFormatError):
@@ -431,7 +439,9 @@ def test_payload_swapped_with_recomputed_digest_is_caught_only_by_key(tmp_path: 
 def test_forged_signature_is_rejected_before_unpickling(tmp_path: Path) -> None:
     marker = tmp_path / "code-ran"
     path = tmp_path / "evil.pt"
-    path.write_bytes(frame(torch_payload({"x": _CreatesFile(marker)}), flags=SIGNED, signature=b"\x01" * 32))
+    path.write_bytes(
+        frame(torch_payload({"x": _CreatesFile(marker)}), flags=SIGNED, signature=b"\x01" * 32)
+    )
     with pytest.raises(CheckpointSignatureError):
         load_checkpoint(path, key=KEY)
     assert not marker.exists()

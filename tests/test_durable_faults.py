@@ -11,8 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -114,12 +115,19 @@ def _count_writes(monkeypatch: pytest.MonkeyPatch, path: Path) -> int:
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
-@pytest.mark.parametrize("position", ["header-placeholder", "first-record", "middle", "final-header"])
+@pytest.mark.parametrize(
+    "position", ["header-placeholder", "first-record", "middle", "final-header"]
+)
 def test_failed_write_keeps_previous_file(
     previous: Path, monkeypatch: pytest.MonkeyPatch, code: int, position: str
 ) -> None:
     total = _count_writes(monkeypatch, previous)
-    fail_at = {"header-placeholder": 1, "first-record": 2, "middle": total // 2, "final-header": total}[position]
+    fail_at = {
+        "header-placeholder": 1,
+        "first-record": 2,
+        "middle": total // 2,
+        "final-header": total,
+    }[position]
     error = OSError(code, os.strerror(code))
     failing = _failing_after(os.write, fail_at, error)
     with monkeypatch.context() as patch, pytest.raises(CheckpointWriteError) as raised:
@@ -131,7 +139,9 @@ def test_failed_write_keeps_previous_file(
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
-def test_failed_replace_keeps_previous_file(previous: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+def test_failed_replace_keeps_previous_file(
+    previous: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
     error = OSError(code, os.strerror(code))
     failing = _failing_after(os.replace, 1, error)
     with monkeypatch.context() as patch, pytest.raises(CheckpointWriteError) as raised:
@@ -150,7 +160,9 @@ def test_failed_fsync_discards_temp_without_second_fsync(
     error = OSError(code, os.strerror(code))
 
     def failing_fsync(fd: int) -> None:
-        synced.append((fd, os.readlink(f"/proc/self/fd/{fd}") if os.path.isdir("/proc/self/fd") else ""))
+        synced.append(
+            (fd, os.readlink(f"/proc/self/fd/{fd}") if os.path.isdir("/proc/self/fd") else "")
+        )
         if len(synced) == 1:
             raise error
         real_fsync(fd)
@@ -190,9 +202,16 @@ def test_missing_directory_raises_write_error(tmp_path: Path) -> None:
 
 
 @posix_only
-def test_stale_temp_of_dead_writer_is_removed_by_next_save_and_others_are_kept(previous: Path) -> None:
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, check=True, timeout=60)
+def test_stale_temp_of_dead_writer_is_removed_by_next_save_and_others_are_kept(
+    previous: Path,
+) -> None:
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     dead = int(finished.stdout)
     directory = previous.parent
     stale = directory / f".ckpt.pt.{dead}.0123456789abcdef.tmp"
@@ -270,7 +289,9 @@ def test_writer_killed_at_random_moments_always_leaves_one_complete_version(tmp_
     for _ in range(32):
         left_by_last_kill = temp_files(tmp_path)
         completed.value = -1
-        child = context.Process(target=_overwrite_forever, args=(str(path), on_disk + 1, completed), daemon=True)
+        child = context.Process(
+            target=_overwrite_forever, args=(str(path), on_disk + 1, completed), daemon=True
+        )
         child.start()
         try:
             deadline = time.monotonic() + 20
@@ -278,7 +299,9 @@ def test_writer_killed_at_random_moments_always_leaves_one_complete_version(tmp_
                 assert child.is_alive(), f"writer died on its own (exit code {child.exitcode})"
                 assert time.monotonic() < deadline, "writer completed no save within 20 s"
                 time.sleep(0.001)
-            assert not set(left_by_last_kill) & set(temp_files(tmp_path)), "stale temp survived a save"
+            assert not set(left_by_last_kill) & set(temp_files(tmp_path)), (
+                "stale temp survived a save"
+            )
             time.sleep(rng.uniform(0.0, 0.03))
         finally:
             child.kill()

@@ -141,9 +141,12 @@ def _payload(good: bytes) -> bytes:
 
 def _rezip(payload: bytes, keep: Callable[[str], bool], *, compress: bool = False) -> bytes:
     out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(payload)) as source, zipfile.ZipFile(
-        out, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
-    ) as target:
+    with (
+        zipfile.ZipFile(io.BytesIO(payload)) as source,
+        zipfile.ZipFile(
+            out, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+        ) as target,
+    ):
         for info in source.infolist():
             if keep(info.filename):
                 target.writestr(info.filename, source.read(info.filename))

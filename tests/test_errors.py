@@ -31,8 +31,14 @@ FROZEN_CODES = {
     327: ("CheckpointWriteError", "writing failed; the previous checkpoint is intact"),
     328: ("UnsafeCheckpointError", "the file holds objects outside the safe (weights-only) set"),
     329: ("VersionMismatchError", "module version differs"),
-    330: ("ResumeStateMismatchError", "checkpoint entries do not match the trainer's objects/loaders/extras"),
-    331: ("ResumableModeRequiredError", "resumable sampler given to a non-resumable loader (or the reverse)"),
+    330: (
+        "ResumeStateMismatchError",
+        "checkpoint entries do not match the trainer's objects/loaders/extras",
+    ),
+    331: (
+        "ResumableModeRequiredError",
+        "resumable sampler given to a non-resumable loader (or the reverse)",
+    ),
     332: (
         "UnsupportedResumeConfigurationError",
         "configuration cannot be resumed exactly (IterableDataset, sampler subclass, "
@@ -40,10 +46,22 @@ FROZEN_CODES = {
     ),
     333: ("LoaderStateError", "malformed loader/sampler state (format, cursor, index, sizes)"),
     334: ("IteratorInvalidatedError", "iterator used after close() or load_state_dict()"),
-    335: ("LoaderFetchFailedError", "a batch fetch failed; close() then iter() resumes at the last delivered sample"),
-    336: ("LoaderCommitFailedError", "recording the consumed position failed; only load_state_dict() recovers"),
-    338: ("ResumableBatchConfigurationError", "empty dataset or settings that cannot produce a valid batch"),
-    339: ("CheckpointSignatureError", "a signing key was given and the file's HMAC is missing or wrong"),
+    335: (
+        "LoaderFetchFailedError",
+        "a batch fetch failed; close() then iter() resumes at the last delivered sample",
+    ),
+    336: (
+        "LoaderCommitFailedError",
+        "recording the consumed position failed; only load_state_dict() recovers",
+    ),
+    338: (
+        "ResumableBatchConfigurationError",
+        "empty dataset or settings that cannot produce a valid batch",
+    ),
+    339: (
+        "CheckpointSignatureError",
+        "a signing key was given and the file's HMAC is missing or wrong",
+    ),
     340: (
         "RunFinishedError",
         "the run is finished: there is nothing to resume (trainer_resume.run_finished "
@@ -96,7 +114,10 @@ def test_get_error_message_refuses_an_unknown_code(code):
 
 
 def test_str_without_detail_is_code_and_message():
-    assert str(LoaderStateError()) == "[333] malformed loader/sampler state (format, cursor, index, sizes)"
+    assert (
+        str(LoaderStateError())
+        == "[333] malformed loader/sampler state (format, cursor, index, sizes)"
+    )
 
 
 def test_str_with_detail_appends_it():

@@ -45,39 +45,66 @@ PAUSE_POINTS = [1, 3, CYCLE + CYCLE // 2, 2 * CYCLE]  # 1, 3, mid-cycle, cycle e
 
 @pytest.mark.parametrize("pause_after", PAUSE_POINTS)
 def test_example_trainer_resumes_bit_identically_in_process(tmp_path, pause_after):
-    assert_training_resume(factory(), run_step, tmp_path / "pause.ckpt", pause_after, TOTAL, snapshot)
+    assert_training_resume(
+        factory(), run_step, tmp_path / "pause.ckpt", pause_after, TOTAL, snapshot
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pause_after", PAUSE_POINTS)
 def test_example_trainer_resumes_bit_identically_in_a_new_process(tmp_path, pause_after):
     assert_training_resume(
-        factory(), run_step, tmp_path / "pause.ckpt", pause_after, TOTAL, snapshot, new_process=True, timeout=300
+        factory(),
+        run_step,
+        tmp_path / "pause.ckpt",
+        pause_after,
+        TOTAL,
+        snapshot,
+        new_process=True,
+        timeout=300,
     )
 
 
 def test_dropping_optimizer_state_is_caught_naming_the_optimizer(tmp_path):
-    with pytest.raises(AssertionError, match=r"right after resume \(step 3\): optimizer/state differs"):
-        assert_training_resume(factory(DropsOptimizerState), run_step, tmp_path / "p.ckpt", 3, 6, snapshot)
+    with pytest.raises(
+        AssertionError, match=r"right after resume \(step 3\): optimizer/state differs"
+    ):
+        assert_training_resume(
+            factory(DropsOptimizerState), run_step, tmp_path / "p.ckpt", 3, 6, snapshot
+        )
 
 
 def test_skipping_the_rng_restore_is_caught_naming_the_generator(tmp_path):
-    with pytest.raises(AssertionError, match=r"right after resume \(step 3\): rng/python differs.*max abs difference"):
-        assert_training_resume(factory(SkipsRngRestore), run_step, tmp_path / "p.ckpt", 3, 6, snapshot)
+    with pytest.raises(
+        AssertionError,
+        match=r"right after resume \(step 3\): rng/python differs.*max abs difference",
+    ):
+        assert_training_resume(
+            factory(SkipsRngRestore), run_step, tmp_path / "p.ckpt", 3, 6, snapshot
+        )
 
 
 def test_skipping_the_loader_state_is_caught_naming_the_loader(tmp_path):
     with pytest.raises(AssertionError, match=r"right after resume \(step 3\): loader/\S+ differs"):
-        assert_training_resume(factory(SkipsLoaderState), run_step, tmp_path / "p.ckpt", 3, 6, snapshot)
+        assert_training_resume(
+            factory(SkipsLoaderState), run_step, tmp_path / "p.ckpt", 3, 6, snapshot
+        )
 
 
-def test_iterator_creation_that_draws_random_numbers_resumes_exactly_because_rng_is_restored_last(tmp_path):
+def test_iterator_creation_that_draws_random_numbers_resumes_exactly_because_rng_is_restored_last(
+    tmp_path,
+):
     assert_training_resume(factory(DrawsOnIterator), run_step, tmp_path / "p.ckpt", 3, 6, snapshot)
 
 
 def test_restoring_rng_before_the_iterators_is_caught_naming_the_generator(tmp_path):
-    with pytest.raises(AssertionError, match=r"right after resume \(step 3\): rng/torch differs.*max abs difference"):
-        assert_training_resume(factory(RestoresRngBeforeIterators), run_step, tmp_path / "p.ckpt", 3, 6, snapshot)
+    with pytest.raises(
+        AssertionError,
+        match=r"right after resume \(step 3\): rng/torch differs.*max abs difference",
+    ):
+        assert_training_resume(
+            factory(RestoresRngBeforeIterators), run_step, tmp_path / "p.ckpt", 3, 6, snapshot
+        )
 
 
 def test_resume_under_a_changed_config_is_refused_naming_the_path(tmp_path):
@@ -120,7 +147,12 @@ def test_run_training_pauses_on_sigterm_at_the_step_it_waits_at(tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)
 
     result = run_training(
-        small_config(), steps=10, pause_path=path, handle_signals=True, wait_for_pause_after=3, on_step=send_sigterm
+        small_config(),
+        steps=10,
+        pause_path=path,
+        handle_signals=True,
+        wait_for_pause_after=3,
+        on_step=send_sigterm,
     )
     assert result.paused and result.completed_steps == 3 and path.exists()
     assert signal.getsignal(signal.SIGTERM) is previous
@@ -136,13 +168,25 @@ def test_run_training_without_a_wait_pauses_at_the_next_step_boundary(tmp_path):
         if step == 2:
             os.kill(os.getpid(), signal.SIGUSR1)
 
-    result = run_training(small_config(), steps=10, pause_path=path, handle_signals=True, on_step=send_sigusr1)
+    result = run_training(
+        small_config(), steps=10, pause_path=path, handle_signals=True, on_step=send_sigusr1
+    )
     assert result.paused and result.completed_steps == 3
 
 
 def test_bundled_config_has_every_section_the_trainer_reads():
     config = default_config()
-    assert list(config) == ["load", "data", "model", "optimizer", "scheduler", "amp", "loader", "train", "pause"]
+    assert list(config) == [
+        "load",
+        "data",
+        "model",
+        "optimizer",
+        "scheduler",
+        "amp",
+        "loader",
+        "train",
+        "pause",
+    ]
     assert config.loader.num_workers == 2 and config.amp.dtype == "bfloat16"
     assert list(config.pause.signals) == ["SIGTERM", "SIGUSR1"]
 
@@ -177,7 +221,9 @@ def test_malformed_loader_state_is_refused_before_anything_is_restored(paused_ex
         trainer.close()
 
 
-def test_grad_scaler_is_restored_through_restore_grad_scaler_state_with_the_optimizer(paused_example, monkeypatch):
+def test_grad_scaler_is_restored_through_restore_grad_scaler_state_with_the_optimizer(
+    paused_example, monkeypatch
+):
     calls = []
     real = mixin.restore_grad_scaler_state
 
@@ -190,6 +236,8 @@ def test_grad_scaler_is_restored_through_restore_grad_scaler_state_with_the_opti
     try:
         trainer.resume(paused_example)
         assert calls == [(trainer.scaler, trainer.scaler.get_scale(), [trainer.optimizer])]
-        assert trainer.scaler.get_scale() != small_config()["amp"]["init_scale"]  # the scale did move in 3 steps
+        assert (
+            trainer.scaler.get_scale() != small_config()["amp"]["init_scale"]
+        )  # the scale did move in 3 steps
     finally:
         trainer.close()

@@ -18,6 +18,7 @@ from _trainers import (
     snapshot_tiny,
 )
 
+from trainer_resume import mixin as mixin_module
 from trainer_resume.durable import load_checkpoint
 from trainer_resume.errors import (
     CheckpointWriteError,
@@ -25,7 +26,6 @@ from trainer_resume.errors import (
     TrainerLockedError,
     TrainingPausedError,
 )
-from trainer_resume import mixin as mixin_module
 from trainer_resume.mixin import TrainingResumeMixin, training_step
 from trainer_resume.testing import assert_training_resume, first_difference
 
@@ -42,7 +42,9 @@ def reference_losses(steps: int) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("pause_after", [0, 1, 3, 5])
 def test_fresh_trainer_resumed_after_k_steps_matches_uninterrupted_run(tmp_path, pause_after):
-    assert_training_resume(make_tiny, run_tiny_step, tmp_path / "pause.ckpt", pause_after, 7, snapshot_tiny)
+    assert_training_resume(
+        make_tiny, run_tiny_step, tmp_path / "pause.ckpt", pause_after, 7, snapshot_tiny
+    )
 
 
 def test_trainer_without_initialization_names_the_missing_call(tmp_path):
@@ -52,8 +54,14 @@ def test_trainer_without_initialization_names_the_missing_call(tmp_path):
             return 1
 
     trainer = Forgetful()
-    for action in (trainer.step, lambda: trainer.pause(tmp_path / "p"), lambda: trainer.resume(tmp_path / "p")):
-        with pytest.raises(RuntimeError, match=r"_initialize_training_resume\(config, version=\.\.\.\)"):
+    for action in (
+        trainer.step,
+        lambda: trainer.pause(tmp_path / "p"),
+        lambda: trainer.resume(tmp_path / "p"),
+    ):
+        with pytest.raises(
+            RuntimeError, match=r"_initialize_training_resume\(config, version=\.\.\.\)"
+        ):
             action()
 
 
@@ -267,7 +275,9 @@ def test_pause_from_another_thread_always_lands_on_a_step_boundary(tmp_path):
         stop.set()
         worker.join(10)
     assert not worker.is_alive()
-    assert sum(count > 0 for count in steps_between) >= 10, steps_between  # pauses really met running steps
+    assert sum(count > 0 for count in steps_between) >= 10, (
+        steps_between
+    )  # pauses really met running steps
 
 
 def test_serialized_method_waits_for_the_running_step():
@@ -331,14 +341,18 @@ def test_failure_after_restore_began_locks_until_a_resume_succeeds(tmp_path):
 
 
 @pytest.mark.parametrize("every_step, expected", [(True, 3), (False, 0)])
-def test_collective_trainers_get_the_boundary_hook_after_every_step(every_step, expected, monkeypatch):
+def test_collective_trainers_get_the_boundary_hook_after_every_step(
+    every_step, expected, monkeypatch
+):
     class Collective(TinyTrainer):
         _pause_check_every_step = every_step
 
     boundaries = []
     check = mixin_module._pause_at_step_boundary
     monkeypatch.setattr(
-        mixin_module, "_pause_at_step_boundary", lambda trainer: boundaries.append(trainer) or check(trainer)
+        mixin_module,
+        "_pause_at_step_boundary",
+        lambda trainer: boundaries.append(trainer) or check(trainer),
     )
     trainer = Collective()
     for _ in range(3):
@@ -377,7 +391,9 @@ def test_trainer_methods_named_like_the_machinery_do_not_replace_pause_or_resume
     assert all(torch.equal(a, b) for a, b in zip(expected[2:], later, strict=True))
 
 
-def test_requested_pause_that_fails_to_write_is_raised_from_the_completed_step(tmp_path, monkeypatch):
+def test_requested_pause_that_fails_to_write_is_raised_from_the_completed_step(
+    tmp_path, monkeypatch
+):
     trainer = TinyTrainer()
     trainer.request_pause(tmp_path / "pause.ckpt")
 

@@ -41,7 +41,9 @@ def test_resume_of_a_finished_run_is_refused_before_anything_changes(tmp_path):
     trainer = TinyTrainer()
     trainer.train_step()
     before = trainer.state()
-    with pytest.raises(RunFinishedError, match=r"records the end of the run after step 2") as raised:
+    with pytest.raises(
+        RunFinishedError, match=r"records the end of the run after step 2"
+    ) as raised:
         trainer.resume(path)
     assert "run_finished" in str(raised.value)
     difference = first_difference(before, trainer.state())

@@ -81,7 +81,9 @@ def assert_refused_untouched_then_trains_exactly(trainer_class, path, match, ste
 def test_wider_model_is_refused_with_every_tensor_untouched_and_trains_on(tmp_path):
     path = paused_file(tmp_path)
     assert_refused_untouched_then_trains_exactly(
-        Wider, path, r"object 'model' \(Sequential\): '0.weight' has shape \[8, 4\] in the checkpoint, \[16, 4\] here"
+        Wider,
+        path,
+        r"object 'model' \(Sequential\): '0.weight' has shape \[8, 4\] in the checkpoint, \[16, 4\] here",
     )
 
 
@@ -152,7 +154,9 @@ def test_grad_scaler_saved_enabled_is_refused_by_a_disabled_one_before_the_model
 
     path = paused_file(tmp_path, Scaled)
     assert_refused_untouched_then_trains_exactly(
-        Unscaled, path, r"object 'scaler' \(GradScaler\): the GradScaler state was saved from an enabled scaler"
+        Unscaled,
+        path,
+        r"object 'scaler' \(GradScaler\): the GradScaler state was saved from an enabled scaler",
     )
 
 

@@ -83,7 +83,9 @@ def test_other_module_version_is_refused_unchanged(good_file):
 def test_changed_config_value_is_refused_naming_the_path(good_file):
     trainer = TinyTrainer(tiny_config(lr=0.2))
     trainer.train_step()
-    assert_refused_unchanged(trainer, good_file, ConfigSignatureMismatchError, match=r"lr: 0\.1 vs 0\.2")
+    assert_refused_unchanged(
+        trainer, good_file, ConfigSignatureMismatchError, match=r"lr: 0\.1 vs 0\.2"
+    )
 
 
 def test_same_values_with_reordered_keys_are_a_signature_mismatch_naming_the_path(good_file):
@@ -117,7 +119,9 @@ def test_generator_in_config_consumed_before_reuse_is_a_mismatch(tmp_path):
 def test_generator_in_config_with_the_same_state_is_accepted(tmp_path):
     source = TinyTrainer(tiny_config(generator=torch.Generator().manual_seed(7)))
     source.pause(tmp_path / "pause.ckpt")
-    TinyTrainer(tiny_config(generator=torch.Generator().manual_seed(7))).resume(tmp_path / "pause.ckpt")
+    TinyTrainer(tiny_config(generator=torch.Generator().manual_seed(7))).resume(
+        tmp_path / "pause.ckpt"
+    )
 
 
 def test_missing_resume_object_is_refused_naming_it(trainer, good_file):
@@ -132,7 +136,10 @@ def test_missing_resume_object_is_refused_naming_it(trainer, good_file):
     other = WithScheduler()
     other.train_step()
     assert_refused_unchanged(
-        other, good_file, ResumeStateMismatchError, match="missing from the checkpoint: \\['scheduler'\\]"
+        other,
+        good_file,
+        ResumeStateMismatchError,
+        match="missing from the checkpoint: \\['scheduler'\\]",
     )
 
 
@@ -160,7 +167,9 @@ def test_validate_resume_refusal_leaves_state_unchanged(good_file):
 
 
 def test_malformed_rng_state_is_refused_before_any_object_is_restored(trainer, good_file):
-    changed = rewritten(good_file, lambda c: c["rng"].update(torch=torch.zeros(3, dtype=torch.uint8)))
+    changed = rewritten(
+        good_file, lambda c: c["rng"].update(torch=torch.zeros(3, dtype=torch.uint8))
+    )
     assert_refused_unchanged(trainer, changed, CheckpointFormatError, match="rng")
 
 

@@ -40,7 +40,10 @@ def test_shared_objects_reference_the_regular_snapshot_tensor_for_tensor(tmp_pat
     regular, objects = checkpoint["regular"], checkpoint["objects"]
     for name in ("weight", "bias"):
         assert objects["model"][name] is regular["model"][name]
-    assert objects["optimizer"]["state"][0]["momentum_buffer"] is regular["optimizer"]["state"][0]["momentum_buffer"]
+    assert (
+        objects["optimizer"]["state"][0]["momentum_buffer"]
+        is regular["optimizer"]["state"][0]["momentum_buffer"]
+    )
     loaded = load_checkpoint(tmp_path / "pause.ckpt")
     assert loaded["objects"]["model"]["weight"] is loaded["regular"]["model"]["weight"]
     assert loaded["regular"]["note"] == "weights"
@@ -105,7 +108,9 @@ def test_shared_key_missing_from_the_regular_checkpoint_is_refused_at_pause(tmp_
 
     trainer = OnlyWeights()
     trainer.train_step()
-    with pytest.raises(ResumeStateMismatchError, match="'optimizer' is not in the regular checkpoint"):
+    with pytest.raises(
+        ResumeStateMismatchError, match="'optimizer' is not in the regular checkpoint"
+    ):
         trainer.pause(tmp_path / "pause.ckpt")
     assert not trainer.paused and not (tmp_path / "pause.ckpt").exists()
 

@@ -149,7 +149,9 @@ def test_pauses_from_another_thread_at_random_moments_resume_bit_identically(
 ):
     expected, (model, optimizer) = uninterrupted(workers)
     assert torch.isfinite(torch.stack(expected)).all()  # NaN would never compare equal
-    trainer, losses, refused = run_with_pauses_from_another_thread(tmp_path, workers, fetch_outside, pauses)
+    trainer, losses, refused = run_with_pauses_from_another_thread(
+        tmp_path, workers, fetch_outside, pauses
+    )
     assert sorted(losses) == list(range(1, STEPS + 1))
     different = [step for step in losses if not torch.equal(losses[step], expected[step - 1])]
     assert not different, f"losses differ from the uninterrupted run at steps {different}"

@@ -41,7 +41,9 @@ class WithScheduler(TinyTrainer):
 
 
 def test_a_scheduler_no_hook_returns_is_warned_about_once_naming_the_attribute():
-    assert unsaved_warnings(WithScheduler()) == [unsaved_text("WithScheduler", "scheduler", "StepLR")]
+    assert unsaved_warnings(WithScheduler()) == [
+        unsaved_text("WithScheduler", "scheduler", "StepLR")
+    ]
 
 
 def test_a_grad_scaler_in_a_list_attribute_is_named_with_its_index():
@@ -50,7 +52,9 @@ def test_a_grad_scaler_in_a_list_attribute_is_named_with_its_index():
             super().__init__()
             self.scalers = [torch.amp.GradScaler("cpu", enabled=True)]
 
-    assert unsaved_warnings(WithScalers()) == [unsaved_text("WithScalers", "scalers[0]", "GradScaler")]
+    assert unsaved_warnings(WithScalers()) == [
+        unsaved_text("WithScalers", "scalers[0]", "GradScaler")
+    ]
 
 
 def test_reachable_and_empty_stateful_objects_are_not_reported():
@@ -62,7 +66,9 @@ def test_reachable_and_empty_stateful_objects_are_not_reported():
             self.compiled = nn.Sequential(self.model)  # wraps the returned model
             data = TensorDataset(torch.randn(8, 4))
             self.sampler = InfiniteRandomSampler(data, resumable=True)  # the loader's sampler
-            self.loader = ResumableDataLoader(data, batch_size=2, sampler=self.sampler, resumable=True)
+            self.loader = ResumableDataLoader(
+                data, batch_size=2, sampler=self.sampler, resumable=True
+            )
             self.head = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
             self.first_layer = self.head[0]  # a submodule of a returned module
 
@@ -79,7 +85,9 @@ def test_attributes_named_as_excluded_are_not_reported():
     class Excluding(WithScheduler):
         def __init__(self):
             super().__init__()
-            self._initialize_training_resume(self.config, version="1.0", excluded_attributes=("scheduler",))
+            self._initialize_training_resume(
+                self.config, version="1.0", excluded_attributes=("scheduler",)
+            )
 
     assert unsaved_warnings(Excluding()) == []
 
@@ -88,7 +96,9 @@ def test_a_pause_before_the_first_step_warns_too(tmp_path):
     trainer = WithScheduler()
     with pytest.warns(UnsavedStateWarning) as caught:
         trainer.pause(tmp_path / "pause.ckpt")
-    assert [str(w.message) for w in caught] == [unsaved_text("WithScheduler", "scheduler", "StepLR")]
+    assert [str(w.message) for w in caught] == [
+        unsaved_text("WithScheduler", "scheduler", "StepLR")
+    ]
 
 
 def test_extra_state_without_its_load_hook_is_warned_about():

@@ -37,7 +37,11 @@ def run_child(workdir):
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE]))
     # A session of its own: the child signals its process group, not pytest's.
     return subprocess.run(
-        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", code],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
         start_new_session=True,
     )
 
@@ -58,12 +62,17 @@ def test_sigterm_to_the_process_group_pauses_exactly_with_two_workers(tmp_path):
         resumed = GroupSignalTrainer()
         resumed.resume(result["path"])
         losses = [resumed.step() for _ in range(STEPS - result["paused_at"])]
-        assert all(torch.equal(a, b) for a, b in zip(expected[result["paused_at"] :], losses)), result
+        assert all(torch.equal(a, b) for a, b in zip(expected[result["paused_at"] :], losses)), (
+            result
+        )
         for name, value in reference.model.state_dict().items():
             assert torch.equal(value, resumed.model.state_dict()[name]), (result, name)
         final = resumed.optimizer.state_dict()["state"]
         for index, entries in reference.optimizer.state_dict()["state"].items():
-            assert torch.equal(entries["momentum_buffer"], final[index]["momentum_buffer"]), (result, index)
+            assert torch.equal(entries["momentum_buffer"], final[index]["momentum_buffer"]), (
+                result,
+                index,
+            )
 
 
 class _Requests(TrainingResumeMixin):
@@ -156,7 +165,11 @@ def test_interpreter_exit_with_workers_still_running_does_not_hang(tmp_path, met
     script.write_text(EXIT_WITH_LIVE_WORKERS.format(method=method))
     environment = dict(os.environ, PYTHONPATH=ROOT)
     finished = subprocess.run(
-        [sys.executable, str(script)], env=environment, capture_output=True, text=True, timeout=120,
+        [sys.executable, str(script)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
         start_new_session=True,
     )
     assert finished.returncode == 0, finished.stderr

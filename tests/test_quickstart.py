@@ -26,5 +26,7 @@ def test_quickstart_resumes_after_sigterm_bit_identically(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     # SIGTERM right after step 25: the pause is written at a step boundary, never inside a step.
-    assert any(re.fullmatch(r"paused after step 2[56]: True", line) for line in lines), result.stdout
+    assert any(re.fullmatch(r"paused after step 2[56]: True", line) for line in lines), (
+        result.stdout
+    )
     assert lines[-1] == "bit-identical: yes"

@@ -24,7 +24,11 @@ from trainer_resume.rng import (
 def _draws() -> tuple[list[float], list[float], torch.Tensor]:
     # gauss/standard_normal exercise the cached second normal of Python and NumPy.
     python = [random.random(), random.gauss(0.0, 1.0), random.random()]
-    numpy = [float(np.random.standard_normal()), float(np.random.rand()), float(np.random.standard_normal())]
+    numpy = [
+        float(np.random.standard_normal()),
+        float(np.random.rand()),
+        float(np.random.standard_normal()),
+    ]
     return python, numpy, torch.rand(5)
 
 
@@ -138,7 +142,9 @@ MALFORMED = {
     "python.internal int32": _set("python.internal", torch.zeros(625, dtype=torch.int32)),
     "python.internal short": _set("python.internal", torch.zeros(624, dtype=torch.int64)),
     "python.internal list": _set("python.internal", [0] * 625),
-    "python.internal word too large": _set("python.internal", torch.full((625,), 1 << 32, dtype=torch.int64)),
+    "python.internal word too large": _set(
+        "python.internal", torch.full((625,), 1 << 32, dtype=torch.int64)
+    ),
     "python.internal negative": _set("python.internal", torch.full((625,), -1, dtype=torch.int64)),
     "python position 625": _set_python_position(625),
     "python.gauss_next str": _set("python.gauss_next", "0.5"),
@@ -283,7 +289,14 @@ def test_rng_scope_does_not_touch_cuda(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("rng_scope touched a CUDA generator")
 
-    for name in ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all"):
+    for name in (
+        "manual_seed",
+        "manual_seed_all",
+        "seed",
+        "seed_all",
+        "set_rng_state",
+        "set_rng_state_all",
+    ):
         monkeypatch.setattr(torch.cuda, name, forbidden)
     # The patch is live: a plain torch.manual_seed reseeds CUDA and trips it.
     with pytest.raises(AssertionError, match="touched a CUDA generator"):
@@ -374,7 +387,9 @@ def test_derive_seed_refuses_non_int_values(bad):
 @pytest.mark.parametrize("base", [0, 1, 123456789123, (1 << 62) + 5, (1 << 63) - 1])
 @pytest.mark.parametrize("first", [0, 7, 10**12, (1 << 63) - 40])
 def test_derive_seeds_equals_derive_seed_of_each_position(base, first):
-    assert derive_seeds(base, first, 33) == [derive_seed(base, position) for position in range(first, first + 33)]
+    assert derive_seeds(base, first, 33) == [
+        derive_seed(base, position) for position in range(first, first + 33)
+    ]
 
 
 @pytest.mark.parametrize("stride", [2, 3, 7])

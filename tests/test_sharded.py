@@ -238,4 +238,3 @@ def test_a_sharded_pause_is_signed_with_the_trainers_key_and_refused_under_anoth
     trainer = _trainer(one_rank, 1)
     trainer._initialize_training_resume(_ddp_workers.CONFIG, version="1", key=b"x" * 32)
     _assert_refused_unchanged(trainer, tmp_path / "pause", CheckpointSignatureError, "manifest")
-

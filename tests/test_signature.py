@@ -111,7 +111,10 @@ def test_json_sort_keys_round_trip_is_a_mismatch_naming_the_path():
         "key order differs at <root>: [trainer, optimizer] vs [optimizer, trainer]"
     )
     inner_only = {"trainer": config["trainer"], "optimizer": sorted_copy["optimizer"]}
-    assert config_difference(config, inner_only) == "key order differs at optimizer: [lr, betas] vs [betas, lr]"
+    assert (
+        config_difference(config, inner_only)
+        == "key order differs at optimizer: [lr, betas] vs [betas, lr]"
+    )
 
 
 # --- exclusion --------------------------------------------------------------------
@@ -152,7 +155,11 @@ def test_exclude_given_as_a_string_is_refused():
 
 
 def test_omegaconf_with_interpolation_equals_the_literal_config():
-    literal = {"lr": 0.1, "optimizer": {"lr": 0.1, "name": "sgd-0.1"}, "paths": ["out/sgd", "out/sgd/ckpt"]}
+    literal = {
+        "lr": 0.1,
+        "optimizer": {"lr": 0.1, "name": "sgd-0.1"},
+        "paths": ["out/sgd", "out/sgd/ckpt"],
+    }
     interpolated = OmegaConf.create(
         {
             "lr": 0.1,
@@ -263,7 +270,10 @@ def test_enum_members_differ():
 
 
 def test_dtypes_and_devices_differ():
-    assert config_difference({"d": torch.float16}, {"d": torch.bfloat16}) == "d: torch.float16 vs torch.bfloat16"
+    assert (
+        config_difference({"d": torch.float16}, {"d": torch.bfloat16})
+        == "d: torch.float16 vs torch.bfloat16"
+    )
     assert config_difference({"d": torch.device("cpu")}, {"d": torch.device("meta")}) == (
         "d: device('cpu') vs device('meta')"
     )
@@ -298,7 +308,9 @@ def test_generator_is_signed_by_its_current_state():
 
 def test_unsupported_value_names_its_path():
     config = {"model": {"layers": [{"act": "relu"}, {"act": object()}]}}
-    with pytest.raises(TypeError, match=r"model\.layers\[1\]\.act has unsupported type builtins\.object"):
+    with pytest.raises(
+        TypeError, match=r"model\.layers\[1\]\.act has unsupported type builtins\.object"
+    ):
         config_signature(config)
 
 
@@ -367,7 +379,10 @@ def test_missing_key_names_the_side():
 
 
 def test_kind_difference_is_described():
-    assert config_difference({"m": {"a": 1}}, {"m": [1]}) == "m: a mapping of 1 key(s) vs a list of 1 item(s)"
+    assert (
+        config_difference({"m": {"a": 1}}, {"m": [1]})
+        == "m: a mapping of 1 key(s) vs a list of 1 item(s)"
+    )
     assert config_difference({"m": "x"}, {"m": None}) == "m: 'x' vs None"
 
 

@@ -86,14 +86,18 @@ def test_tied_weights_stay_shared_in_the_copy():
     model.decoder = nn.Linear(3, 3, bias=False)
     model.decoder.weight = model.encoder.weight
     state = model.state_dict()
-    assert state["encoder.weight"] is not state["decoder.weight"]  # state_dict detaches each name separately
+    assert (
+        state["encoder.weight"] is not state["decoder.weight"]
+    )  # state_dict detaches each name separately
     snapshot = cpu_state(state)
     assert snapshot["encoder.weight"] is snapshot["decoder.weight"]
     buffer = io.BytesIO()
     torch.save(snapshot, buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=True)
-    pointers = {loaded[key].untyped_storage().data_ptr() for key in ("encoder.weight", "decoder.weight")}
+    pointers = {
+        loaded[key].untyped_storage().data_ptr() for key in ("encoder.weight", "decoder.weight")
+    }
     assert len(pointers) == 1
 
 
@@ -109,13 +113,24 @@ def test_different_views_of_one_storage_are_copied_separately():
 def test_lists_tuples_and_named_tuples_are_rebuilt_with_copies():
     Pair = namedtuple("Pair", "first second")
     tensor = torch.ones(2)
-    state = {"list": [tensor, 1], "tuple": (tensor * 2, "x"), "pair": Pair(tensor * 3, None), "empty": torch.empty(0)}
+    state = {
+        "list": [tensor, 1],
+        "tuple": (tensor * 2, "x"),
+        "pair": Pair(tensor * 3, None),
+        "empty": torch.empty(0),
+    }
     snapshot = cpu_state(state)
     assert type(snapshot) is dict
-    assert type(snapshot["list"]) is list and type(snapshot["tuple"]) is tuple and type(snapshot["pair"]) is Pair
+    assert (
+        type(snapshot["list"]) is list
+        and type(snapshot["tuple"]) is tuple
+        and type(snapshot["pair"]) is Pair
+    )
     tensor.fill_(9.0)
     assert torch.equal(snapshot["list"][0], torch.ones(2))
-    assert snapshot["list"][1] == 1 and snapshot["tuple"][1] == "x" and snapshot["pair"].second is None
+    assert (
+        snapshot["list"][1] == 1 and snapshot["tuple"][1] == "x" and snapshot["pair"].second is None
+    )
     assert torch.equal(snapshot["tuple"][0], torch.full((2,), 2.0))
     assert torch.equal(snapshot["pair"].first, torch.full((2,), 3.0))
     assert snapshot["empty"].shape == (0,)

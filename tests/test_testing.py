@@ -48,20 +48,26 @@ def test_failure_names_the_step_the_key_and_the_max_abs_difference(tmp_path):
         assert_training_resume(make_nudged, run_tiny_step, tmp_path / "p.ckpt", 2, 4, snapshot_tiny)
     message = str(raised.value)
     assert "snapshot right after resume (step 2)" in message
-    assert "model/weight differs: 1 of 8 values, max abs difference 0.5" in message  # weight is 2 x 4
+    assert (
+        "model/weight differs: 1 of 8 values, max abs difference 0.5" in message
+    )  # weight is 2 x 4
 
 
 def test_later_step_results_are_compared_step_by_step(tmp_path):
     def loss_only(trainer):
         return {"position": trainer.position}  # blind to the weights: the losses must catch it
 
-    with pytest.raises(AssertionError, match=r"run_step result of step 3 after resume: the value differs.*max abs"):
+    with pytest.raises(
+        AssertionError, match=r"run_step result of step 3 after resume: the value differs.*max abs"
+    ):
         assert_training_resume(make_nudged, run_tiny_step, tmp_path / "p.ckpt", 2, 4, loss_only)
 
 
 def test_a_step_that_is_not_refused_after_pause_fails_the_check(tmp_path):
     with pytest.raises(AssertionError, match="not refused with TrainingPausedError"):
-        assert_training_resume(UndecoratedStep, run_tiny_step, tmp_path / "p.ckpt", 1, 2, snapshot_tiny)
+        assert_training_resume(
+            UndecoratedStep, run_tiny_step, tmp_path / "p.ckpt", 1, 2, snapshot_tiny
+        )
 
 
 def test_every_trainer_is_closed_and_the_caller_rng_is_restored(tmp_path):
@@ -97,13 +103,21 @@ def test_missing_rng_restore_is_caught_even_when_the_constructor_seeds_identical
     # Paused right after construction, the saved RNG equals what a fresh constructor
     # sets up: only the deliberate advance before resume() exposes the missing restore.
     with pytest.raises(AssertionError, match=r"right after resume \(step 0\): rng/python differs"):
-        assert_training_resume(SkipsRngRestore, run_tiny_step, tmp_path / "p.ckpt", 0, 2, snapshot_tiny)
+        assert_training_resume(
+            SkipsRngRestore, run_tiny_step, tmp_path / "p.ckpt", 0, 2, snapshot_tiny
+        )
 
 
 def test_new_process_needs_importable_callbacks(tmp_path):
     with pytest.raises(TypeError, match="importable callbacks"):
         assert_training_resume(
-            lambda: TinyTrainer(), run_tiny_step, tmp_path / "p", 1, 2, snapshot_tiny, new_process=True
+            lambda: TinyTrainer(),
+            run_tiny_step,
+            tmp_path / "p",
+            1,
+            2,
+            snapshot_tiny,
+            new_process=True,
         )
 
 
@@ -120,7 +134,9 @@ class ResumeRaises(TinyTrainer):
 @pytest.mark.slow
 def test_error_in_the_resume_process_is_raised_in_the_caller_with_its_traceback(tmp_path):
     with pytest.raises(RuntimeError, match=r"in the resume process:(.|\n)*OSError: disk gone"):
-        assert_training_resume(ResumeRaises, run_tiny_step, tmp_path / "p.ckpt", 1, 2, snapshot_tiny, new_process=True)
+        assert_training_resume(
+            ResumeRaises, run_tiny_step, tmp_path / "p.ckpt", 1, 2, snapshot_tiny, new_process=True
+        )
 
 
 def test_first_difference_reports_path_shape_dtype_and_values():
@@ -128,8 +144,14 @@ def test_first_difference_reports_path_shape_dtype_and_values():
     same = {"a": {"w": torch.tensor([1.0, math.nan, 3.0])}, "n": [1, 2.5, "x"]}
     assert first_difference(base, same) is None
     changed = {"a": {"w": torch.tensor([1.0, math.nan, 3.25])}, "n": [1, 2.5, "x"]}
-    assert first_difference(base, changed) == ("a/w", "1 of 3 values, max abs difference 0.25", 0.25)
-    assert first_difference(base, {"a": {"w": base["a"]["w"].double()}, "n": base["n"]}).path == "a/w"
+    assert first_difference(base, changed) == (
+        "a/w",
+        "1 of 3 values, max abs difference 0.25",
+        0.25,
+    )
+    assert (
+        first_difference(base, {"a": {"w": base["a"]["w"].double()}, "n": base["n"]}).path == "a/w"
+    )
     assert first_difference(base, {"a": base["a"], "n": [1, 2.5]}).detail == "length 3 != 2"
     assert first_difference(base, {"a": base["a"], "n": [1, 2.5, "y"]}).path == "n/2"
     assert first_difference({"k": 1}, {"k": 1.0}) is None  # numbers compare by value

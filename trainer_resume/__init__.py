@@ -3,14 +3,14 @@ bit-identically in a new process, without ever losing the last good checkpoint."
 
 from __future__ import annotations
 
-from .errors import *  # noqa: F401,F403  (the error catalogue is public API)
-from .errors import __all__ as _error_names
+from ._hook_audit import UnsavedStateWarning
 from .amp import restore_grad_scaler_state
 from .distributed import WorldSizeChangeWarning
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header, save_checkpoint
+from .errors import *  # noqa: F401,F403  (the error catalogue is public API)
+from .errors import __all__ as _error_names
 from .finished import FinishedRun, mark_finished, run_finished
 from .mixin import TrainingResumeMixin, serialized_training, training_step
-from ._hook_audit import UnsavedStateWarning
 from .pause_signals import PauseSignalWarning, pause_signals_blocked
 from .point_files import SkippedCheckpointWarning
 from .resume_points import ResumePoint, ResumePoints

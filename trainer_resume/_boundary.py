@@ -58,7 +58,10 @@ def record_boundary(trainer: Any, guard: Any) -> None:
     """
     states: dict[str, Any] | None
     try:
-        states = {name: cpu_state(loader.state_dict()) for name, loader in trainer._resume_loaders().items()}
+        states = {
+            name: cpu_state(loader.state_dict())
+            for name, loader in trainer._resume_loaders().items()
+        }
     except Exception:  # noqa: BLE001 - the same calls raise again, to the caller, when a pause reads live
         # A hook or loader that cannot answer here (not implemented, loaders not built
         # yet at initialisation, a loader that is not resumable) answers the same at
@@ -72,7 +75,9 @@ def boundary_loader_states(trainer: Any, guard: Any) -> dict[str, Any]:
     boundary = guard.boundary
     if boundary is not None and boundary.loaders is not None:
         return boundary.loaders
-    return {name: cpu_state(loader.state_dict()) for name, loader in trainer._resume_loaders().items()}
+    return {
+        name: cpu_state(loader.state_dict()) for name, loader in trainer._resume_loaders().items()
+    }
 
 
 def boundary_random_state() -> RandomState:

@@ -154,9 +154,7 @@ def pack_header(length: int, digest: bytes, key: bytes | None) -> bytes:
     signature = (
         _signature(FORMAT_VERSION, key, flags, length, digest) if key is not None else _NO_SIGNATURE
     )
-    header = bytearray(
-        _LAYOUT.pack(MARKER, FORMAT_VERSION, flags, 0, length, digest, signature)
-    )
+    header = bytearray(_LAYOUT.pack(MARKER, FORMAT_VERSION, flags, 0, length, digest, signature))
     header[_CRC_SLICE] = struct.pack("<I", zlib.crc32(header))
     return bytes(header)
 

@@ -48,7 +48,12 @@ def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> None:
     except Exception:  # noqa: BLE001 - pause() calls the same hooks and reports their errors
         return
     covered = _reachable(objects, loaders)
-    tensors = {id(tensor) for value in objects if isinstance(value, torch.nn.Module) for tensor in _tensors(value)}
+    tensors = {
+        id(tensor)
+        for value in objects
+        if isinstance(value, torch.nn.Module)
+        for tensor in _tensors(value)
+    }
     name = type(trainer).__name__
     skipped = set(excluded)
     for label, value in _attributes(trainer, skipped):
@@ -123,7 +128,8 @@ def _attributes(trainer: Any, skipped: set[str]) -> Iterator[tuple[str, Any]]:
 
 def _has_state(value: Any) -> bool:
     if isinstance(value, type) or not (
-        callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
+        callable(getattr(value, "state_dict", None))
+        and callable(getattr(value, "load_state_dict", None))
     ):
         return False
     try:

@@ -14,7 +14,14 @@ from .rng import validate_random_state
 from .signature import canonical_config
 from .state import PAUSE_FORMAT, map_tensors
 
-__all__ = ["check_layout", "check_names", "check_random_state", "check_saveable", "object_states", "to_cpu"]
+__all__ = [
+    "check_layout",
+    "check_names",
+    "check_random_state",
+    "check_saveable",
+    "object_states",
+    "to_cpu",
+]
 
 # Entries every pause file has; "config", "regular" and "shared_keys" are optional so
 # files written without them (older layouts) still load.
@@ -61,9 +68,13 @@ def check_saveable(value: Any, where: str = "checkpoint") -> None:
 def check_layout(checkpoint: Any, path: str) -> None:
     """Raise ``CheckpointFormatError`` unless ``checkpoint`` has the pause layout."""
     if not isinstance(checkpoint, dict):
-        raise CheckpointFormatError(f"{path} holds a {type(checkpoint).__name__}, not a pause checkpoint")
+        raise CheckpointFormatError(
+            f"{path} holds a {type(checkpoint).__name__}, not a pause checkpoint"
+        )
     if checkpoint.get("format") != PAUSE_FORMAT:
-        raise CheckpointFormatError(f"{path}: format {checkpoint.get('format')!r}, expected {PAUSE_FORMAT!r}")
+        raise CheckpointFormatError(
+            f"{path}: format {checkpoint.get('format')!r}, expected {PAUSE_FORMAT!r}"
+        )
     for key, kind in _REQUIRED:
         value = checkpoint.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
@@ -84,7 +95,9 @@ def check_layout(checkpoint: Any, path: str) -> None:
             # Checked now, so that describing a config mismatch later cannot fail.
             canonical_config(config, exclude=())
         except (TypeError, ValueError) as error:
-            raise CheckpointFormatError(f"{path}: entry 'config' is not a canonical config: {error}") from error
+            raise CheckpointFormatError(
+                f"{path}: entry 'config' is not a canonical config: {error}"
+            ) from error
 
 
 def object_states(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
@@ -93,7 +106,9 @@ def object_states(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     regular = checkpoint.get("regular")
     for name in checkpoint.get("shared_keys", []):
         if regular is None or name not in regular:
-            raise ResumeStateMismatchError(f"shared key {name!r} is not in the file's regular checkpoint")
+            raise ResumeStateMismatchError(
+                f"shared key {name!r} is not in the file's regular checkpoint"
+            )
         states[name] = regular[name]
     return states
 

@@ -21,7 +21,9 @@ class SignalPause:
     to the handler that was installed before.
     """
 
-    def __init__(self, guard: StepGuard, path: str | os.PathLike[str], signals: Iterable[int]) -> None:
+    def __init__(
+        self, guard: StepGuard, path: str | os.PathLike[str], signals: Iterable[int]
+    ) -> None:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError(
                 "pause_on_signal() must be called from the main thread: Python runs signal handlers there "
@@ -55,6 +57,9 @@ class SignalPause:
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
     ) -> None:
         self.restore()

@@ -33,7 +33,9 @@ __all__ = ["check_object_states"]
 _MAX_NAMED = 3  # keys listed in one message; the rest are counted
 
 
-def check_object_states(objects: Mapping[str, Any], states: Mapping[str, Any], scalers: tuple[type, ...]) -> None:
+def check_object_states(
+    objects: Mapping[str, Any], states: Mapping[str, Any], scalers: tuple[type, ...]
+) -> None:
     """Raise ``ResumeStateMismatchError`` naming the first state that does not fit its object.
 
     Args:
@@ -59,7 +61,9 @@ def check_object_states(objects: Mapping[str, Any], states: Mapping[str, Any], s
 
 def _check_module(where: str, saved: Any, live: Mapping[str, Any]) -> None:
     if not isinstance(saved, Mapping):
-        raise ResumeStateMismatchError(f"{where}: the checkpoint holds a {type(saved).__name__}, not a state dict")
+        raise ResumeStateMismatchError(
+            f"{where}: the checkpoint holds a {type(saved).__name__}, not a state dict"
+        )
     missing = [key for key in live if key not in saved]
     unexpected = [key for key in saved if key not in live]
     if missing or unexpected:
@@ -93,12 +97,17 @@ def _check_optimizer(where: str, saved: Any, optimizer: torch.optim.Optimizer) -
             )
     # The same pairing of saved ids and live parameters Optimizer.load_state_dict makes.
     parameters = dict(
-        zip(chain.from_iterable(g["params"] for g in groups), chain.from_iterable(g["params"] for g in live_groups))
+        zip(
+            chain.from_iterable(g["params"] for g in groups),
+            chain.from_iterable(g["params"] for g in live_groups),
+        )
     )
     for param_id, entries in per_param.items():
         param = parameters.get(param_id)
         if param is None:
-            raise ResumeStateMismatchError(f"{where}: state for parameter id {param_id!r}, which no group lists")
+            raise ResumeStateMismatchError(
+                f"{where}: state for parameter id {param_id!r}, which no group lists"
+            )
         if not isinstance(entries, Mapping):
             continue
         live_entries = optimizer.state.get(param, {})
@@ -131,7 +140,11 @@ def _check_common_tensors(where: str, saved: Any, live: Any, path: str = "") -> 
         for key, value in live.items():
             if key in saved:
                 _check_common_tensors(where, saved[key], value, f"{path}[{key!r}]")
-    elif isinstance(live, (list, tuple)) and isinstance(saved, (list, tuple)) and len(live) == len(saved):
+    elif (
+        isinstance(live, (list, tuple))
+        and isinstance(saved, (list, tuple))
+        and len(live) == len(saved)
+    ):
         for index, (old, new) in enumerate(zip(saved, live)):
             _check_common_tensors(where, old, new, f"{path}[{index}]")
 
@@ -140,11 +153,17 @@ def _check_tensor(where: str, saved: Any, live: Any) -> None:
     if not isinstance(live, torch.Tensor):
         return
     if not isinstance(saved, torch.Tensor):
-        raise ResumeStateMismatchError(f"{where} is a {type(saved).__name__} in the checkpoint, a tensor here")
+        raise ResumeStateMismatchError(
+            f"{where} is a {type(saved).__name__} in the checkpoint, a tensor here"
+        )
     if saved.shape != live.shape:
-        raise ResumeStateMismatchError(f"{where} has shape {list(saved.shape)} in the checkpoint, {list(live.shape)} here")
+        raise ResumeStateMismatchError(
+            f"{where} has shape {list(saved.shape)} in the checkpoint, {list(live.shape)} here"
+        )
     if saved.dtype != live.dtype:
-        raise ResumeStateMismatchError(f"{where} has dtype {saved.dtype} in the checkpoint, {live.dtype} here")
+        raise ResumeStateMismatchError(
+            f"{where} has dtype {saved.dtype} in the checkpoint, {live.dtype} here"
+        )
 
 
 def _names(keys: list[Any]) -> str:

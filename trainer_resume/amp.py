@@ -57,7 +57,10 @@ def restore_grad_scaler_state(
             it was saved from an enabled scaler and ``scaler`` is disabled (or the
             reverse). Nothing is changed when an error is raised.
     """
-    if not (callable(getattr(scaler, "load_state_dict", None)) and callable(getattr(scaler, "is_enabled", None))):
+    if not (
+        callable(getattr(scaler, "load_state_dict", None))
+        and callable(getattr(scaler, "is_enabled", None))
+    ):
         raise TypeError(f"scaler must be a torch GradScaler, got {type(scaler).__name__}")
     optimizer_list = _optimizer_list(optimizers)
     _validate(scaler, state)
@@ -91,7 +94,9 @@ def _optimizer_list(optimizers: Any) -> list[torch.optim.Optimizer]:
     result = list(items)
     for item in result:
         if not isinstance(item, torch.optim.Optimizer):
-            raise TypeError(f"optimizers must hold torch.optim.Optimizer instances, got {type(item).__name__}")
+            raise TypeError(
+                f"optimizers must hold torch.optim.Optimizer instances, got {type(item).__name__}"
+            )
     return result
 
 
@@ -110,7 +115,9 @@ def _validate(scaler: Any, state: Any) -> None:
             f"{type(scaler).__name__} has no _per_optimizer_states; only torch GradScaler (torch >= 2.1) is supported"
         )
     if not state:
-        raise ValueError("the GradScaler state is empty (saved from a disabled scaler) but this scaler is enabled")
+        raise ValueError(
+            "the GradScaler state is empty (saved from a disabled scaler) but this scaler is enabled"
+        )
     missing = [key for key in _STATE_KEYS if key not in state]
     if missing:
         raise ValueError(f"GradScaler state lacks {', '.join(missing)}")

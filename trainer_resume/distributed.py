@@ -257,9 +257,7 @@ def commit(write: Callable[[], None], path: str) -> None:
         if isinstance(error, CheckpointWriteError):
             raise error
         if error is not None:
-            raise CheckpointWriteError(
-                f"{path}: {type(error).__name__}: {error}"
-            ) from error
+            raise CheckpointWriteError(f"{path}: {type(error).__name__}: {error}") from error
         raise CheckpointWriteError(
             f"{path}: rank 0 could not write the pause file; the previous one is intact"
         )
@@ -280,9 +278,7 @@ def _ranks(
     if entry is None:  # a single-process pause file: one rank, the top-level states
         return 1, [checkpoint], None
     if not isinstance(entry, Mapping) or entry.get("format") != DISTRIBUTED_FORMAT:
-        found = (
-            entry.get("format") if isinstance(entry, Mapping) else type(entry).__name__
-        )
+        found = entry.get("format") if isinstance(entry, Mapping) else type(entry).__name__
         raise CheckpointFormatError(
             f"{location}: {DISTRIBUTED_KEY!r} has format {found!r}, expected {DISTRIBUTED_FORMAT!r}"
         )
@@ -291,12 +287,7 @@ def _ranks(
         entry.get("ranks"),
         entry.get("rng_base_seed"),
     )
-    if (
-        not isinstance(size, int)
-        or size < 1
-        or not isinstance(ranks, list)
-        or len(ranks) != size
-    ):
+    if not isinstance(size, int) or size < 1 or not isinstance(ranks, list) or len(ranks) != size:
         raise CheckpointFormatError(
             f"{location}: {DISTRIBUTED_KEY!r} must hold world_size >= 1 and one state per rank"
         )
@@ -308,9 +299,7 @@ def _ranks(
                 f"{location}: rank {index}'s state lacks loaders, extra or rng"
             )
     if not isinstance(base, int):
-        raise CheckpointFormatError(
-            f"{location}: {DISTRIBUTED_KEY!r} lacks an int rng_base_seed"
-        )
+        raise CheckpointFormatError(f"{location}: {DISTRIBUTED_KEY!r} lacks an int rng_base_seed")
     return size, ranks, base
 
 
@@ -371,9 +360,7 @@ def rank_view(
     view["loaders"], view["extra"] = ranks[0]["loaders"], ranks[0]["extra"]
     view["rng"] = _derived_rng(derive_seed(seed_base, steps, rank), device)
     view["completed_steps"] = new_steps
-    view["objects"] = _converted_schedulers(
-        dict(checkpoint["objects"]), objects, steps, new_steps
-    )
+    view["objects"] = _converted_schedulers(dict(checkpoint["objects"]), objects, steps, new_steps)
     warnings.warn(
         WorldSizeChangeWarning(
             f"{location} was paused with {saved_world} rank(s) and is resumed with {world_size}: the loaders continue "

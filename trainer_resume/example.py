@@ -182,11 +182,15 @@ class ExampleTrainer(TrainingResumeMixin):
         )
         schedule = cfg.scheduler
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _schedule(schedule.warmup_steps, schedule.total_steps, schedule.min_lr_ratio)
+            self.optimizer,
+            _schedule(schedule.warmup_steps, schedule.total_steps, schedule.min_lr_ratio),
         )
         self.autocast_dtype = getattr(torch, cfg.amp.dtype)
         self.scaler = torch.amp.GradScaler(
-            "cpu", init_scale=cfg.amp.init_scale, growth_interval=cfg.amp.growth_interval, enabled=cfg.amp.enabled
+            "cpu",
+            init_scale=cfg.amp.init_scale,
+            growth_interval=cfg.amp.growth_interval,
+            enabled=cfg.amp.enabled,
         )
         self.dataset = SyntheticImages(
             num_samples=cfg.data.num_samples,
@@ -200,7 +204,9 @@ class ExampleTrainer(TrainingResumeMixin):
             pixel_noise=cfg.loader.pixel_noise,
         )
         sampler = InfiniteRandomSampler(
-            self.dataset, generator=torch.Generator().manual_seed(derive_seed(seed, _SAMPLER_SEED)), resumable=True
+            self.dataset,
+            generator=torch.Generator().manual_seed(derive_seed(seed, _SAMPLER_SEED)),
+            resumable=True,
         )
         self.loader = ResumableDataLoader(
             self.dataset,
@@ -216,7 +222,12 @@ class ExampleTrainer(TrainingResumeMixin):
 
     # --- resume hooks -------------------------------------------------------------
     def _resume_objects(self) -> dict[str, Any]:
-        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler}
+        return {
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "scaler": self.scaler,
+        }
 
     def _resume_loaders(self) -> dict[str, ResumableDataLoader]:
         return {"train": self.loader}
@@ -245,7 +256,9 @@ class ExampleTrainer(TrainingResumeMixin):
         """Run one optimisation step; return the loss (float32 scalar)."""
         images, labels = next(self._batches)
         self.model.train()
-        with torch.autocast("cpu", dtype=self.autocast_dtype, enabled=bool(self.config.amp.enabled)):
+        with torch.autocast(
+            "cpu", dtype=self.autocast_dtype, enabled=bool(self.config.amp.enabled)
+        ):
             logits = self.model(images)
         loss = F.cross_entropy(logits.float(), labels)
         self.optimizer.zero_grad(set_to_none=True)
@@ -373,7 +386,9 @@ def run_training(
         ValueError: a pause option without ``pause_path``, or both resume options.
         TimeoutError: no pause request arrived within ``wait_timeout``.
     """
-    if pause_path is None and (pause_after is not None or handle_signals or wait_for_pause_after is not None):
+    if pause_path is None and (
+        pause_after is not None or handle_signals or wait_for_pause_after is not None
+    ):
         raise ValueError("pause_after, handle_signals and wait_for_pause_after need pause_path")
     if resume_path is not None and weights_only_path is not None:
         raise ValueError("give resume_path or weights_only_path, not both")
@@ -391,7 +406,9 @@ def run_training(
             start = trainer.load_weights(weights_only_path)
         if handle_signals:
             names = trainer.config.pause.signals
-            trainer.pause_on_signal(pause_path, signals=[signal.Signals[str(name)] for name in names])
+            trainer.pause_on_signal(
+                pause_path, signals=[signal.Signals[str(name)] for name in names]
+            )
         losses: list[float] = []
         step = start
         while step < total and not trainer.paused:
@@ -417,6 +434,8 @@ def _wait_for_request(trainer: ExampleTrainer, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not trainer.pause_requested:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no pause request arrived within {timeout} s after step {trainer.completed_steps}")
+            raise TimeoutError(
+                f"no pause request arrived within {timeout} s after step {trainer.completed_steps}"
+            )
         time.sleep(0.005)
     trainer.pause_if_requested()

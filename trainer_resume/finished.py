@@ -127,4 +127,3 @@ def refuse_if_finished(path: StrPath, *, key: bytes | None = None) -> None:
         raise RunFinishedError(
             f"{finished.marker} records the end of the run after step {finished.completed_steps}"
         )
-

@@ -17,6 +17,10 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from . import distributed as _distributed
+from . import sharded as _sharded
+from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
+from ._hook_audit import audit_trainer, name_stale_iterators, stale_iterators, warn_if_no_step
 from ._pause_checks import (
     check_layout,
     check_names,
@@ -25,9 +29,8 @@ from ._pause_checks import (
     object_states,
     to_cpu,
 )
-from . import distributed as _distributed
-from . import sharded as _sharded
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
+from ._state_match import check_object_states
 from ._step_guard import (
     GUARD_ATTRIBUTE,
     StepGuard,
@@ -35,12 +38,8 @@ from ._step_guard import (
     serialized_training,
     training_step,
 )
-from ._hook_audit import audit_trainer, name_stale_iterators, stale_iterators, warn_if_no_step
-from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
-from ._state_match import check_object_states
 from .amp import restore_grad_scaler_state
 from .durable import load_checkpoint, save_checkpoint, validate_key
-from .finished import finished_marker_path, mark_finished, refuse_if_finished
 from .errors import (
     ConfigSignatureMismatchError,
     PauseBlockedError,
@@ -49,6 +48,7 @@ from .errors import (
     UnsupportedResumeConfigurationError,
     VersionMismatchError,
 )
+from .finished import finished_marker_path, mark_finished, refuse_if_finished
 from .point_files import latest_checkpoint
 from .resume_points import ResumePoint, ResumePoints
 from .rng import restore_random_state
@@ -145,19 +145,29 @@ class TrainingResumeMixin:
             raise TypeError(f"version must be a non-empty str, got {version!r}")
         key = validate_key(key)
         excluded = frozenset(excluded_attributes)
-        if isinstance(excluded_attributes, str) or not all(isinstance(name, str) for name in excluded):
-            raise TypeError(f"excluded_attributes must be attribute names, got {excluded_attributes!r}")
+        if isinstance(excluded_attributes, str) or not all(
+            isinstance(name, str) for name in excluded
+        ):
+            raise TypeError(
+                f"excluded_attributes must be attribute names, got {excluded_attributes!r}"
+            )
         if resume_points is not None and not isinstance(resume_points, ResumePoints):
-            raise TypeError(f"resume_points must be a ResumePoints, got {type(resume_points).__name__}")
+            raise TypeError(
+                f"resume_points must be a ResumePoints, got {type(resume_points).__name__}"
+            )
         canonical = canonical_config(config)
-        self.__dict__["_training_resume_settings"] = _Settings(version, config_signature(config), canonical, key)
+        self.__dict__["_training_resume_settings"] = _Settings(
+            version, config_signature(config), canonical, key
+        )
         if GUARD_ATTRIBUTE not in self.__dict__:
             self.__dict__[GUARD_ATTRIBUTE] = StepGuard(_pause_at_step_boundary)
         self.__dict__[GUARD_ATTRIBUTE].check_every_boundary = bool(self._pause_check_every_step)
         if resume_points is not None:
             resume_points.attach(self)
         self.__dict__[GUARD_ATTRIBUTE].points = resume_points
-        self.__dict__[GUARD_ATTRIBUTE].audit = lambda trainer: audit_trainer(trainer, excluded, TrainingResumeMixin)
+        self.__dict__[GUARD_ATTRIBUTE].audit = lambda trainer: audit_trainer(
+            trainer, excluded, TrainingResumeMixin
+        )
         record_boundary(self, self.__dict__[GUARD_ATTRIBUTE])
 
     # ------------------------------------------------------------ state flags
@@ -188,7 +198,9 @@ class TrainingResumeMixin:
 
     def _resume_loaders(self) -> Mapping[str, Any]:
         """Name -> resumable loader (``state_dict``, ``load_state_dict``, ``validate_state_dict``)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement _resume_loaders() (return {{}} if none)")
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement _resume_loaders() (return {{}} if none)"
+        )
 
     def _resume_shared_keys(self) -> Iterable[str]:
         """Resume objects whose state is taken from the regular checkpoint under the same key."""
@@ -273,7 +285,9 @@ class TrainingResumeMixin:
                 if guard.locked_reason is not None:
                     raise TrainerLockedError(guard.locked_reason)
                 if guard.failed:
-                    raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
+                    raise PauseBlockedError(
+                        f"step {guard.completed_steps + 1} raised; run a step that succeeds first"
+                    )
                 sharded = _sharded.sharded_objects(self._resume_objects())
                 checkpoint = _pause_checkpoint(self, guard, sharded=sharded)
             except Exception as error:
@@ -287,11 +301,15 @@ class TrainingResumeMixin:
                 _sharded.write_pause(path, checkpoint, self._resume_objects(), sharded, key=key)
             elif collective:
                 combined = _distributed.gather_pause(checkpoint)
-                _distributed.commit(lambda: self._save_pause_checkpoint(combined, path), os.fspath(path))
+                _distributed.commit(
+                    lambda: self._save_pause_checkpoint(combined, path), os.fspath(path)
+                )
             else:
                 self._save_pause_checkpoint(checkpoint, path)
             guard.paused = True
-            if guard.requested_path is not None and os.fspath(guard.requested_path) == os.fspath(path):
+            if guard.requested_path is not None and os.fspath(guard.requested_path) == os.fspath(
+                path
+            ):
                 guard.requested_path = None
 
     def resume(self, path: StrPath) -> None:
@@ -444,9 +462,13 @@ class TrainingResumeMixin:
             if guard.locked_reason is not None:
                 raise TrainerLockedError(guard.locked_reason)
             if guard.failed:
-                raise PauseBlockedError(f"step {guard.completed_steps + 1} raised; run a step that succeeds first")
+                raise PauseBlockedError(
+                    f"step {guard.completed_steps + 1} raised; run a step that succeeds first"
+                )
             key = _settings(self, "checkpoint()").key
-            return points.take(guard.completed_steps, lambda copy: _pause_checkpoint(self, guard, copy), key=key)
+            return points.take(
+                guard.completed_steps, lambda copy: _pause_checkpoint(self, guard, copy), key=key
+            )
 
     def resume_latest(self, directory: StrPath | None = None) -> str | None:
         """Resume from the newest complete, valid resume point or pause file in ``directory``.
@@ -570,7 +592,9 @@ def _points_of(guard: StepGuard, action: str) -> ResumePoints:
     return guard.points
 
 
-def _rank_checkpoint(trainer: TrainingResumeMixin, checkpoint: Any, location: str) -> PauseCheckpoint:
+def _rank_checkpoint(
+    trainer: TrainingResumeMixin, checkpoint: Any, location: str
+) -> PauseCheckpoint:
     # This rank's part of a pause file (the file itself for one process and a plain file).
     check_layout(checkpoint, location)
     world_size, rank = _distributed.world()
@@ -636,7 +660,9 @@ def _pause_checkpoint(
         # A shared key references the regular snapshot: no second state_dict() call,
         # and torch.save writes the object once because it is the same object.
         object_states[name] = (
-            regular[name] if regular is not None and name in shared else copy(obj.state_dict(), memo)
+            regular[name]
+            if regular is not None and name in shared
+            else copy(obj.state_dict(), memo)
         )
     checkpoint: PauseCheckpoint = {
         "format": PAUSE_FORMAT,
@@ -671,14 +697,17 @@ def _check_pause_checkpoint(
         saved = checkpoint.get("config")
         difference = config_difference(saved, settings.canonical) if saved is not None else None
         raise ConfigSignatureMismatchError(
-            difference or f"signature {checkpoint['config_signature'][:16]}... != {settings.signature[:16]}..."
+            difference
+            or f"signature {checkpoint['config_signature'][:16]}... != {settings.signature[:16]}..."
         )
     states = object_states(checkpoint)
     loaders = trainer._resume_loaders()
     objects = trainer._resume_objects()
     check_names("objects (_resume_objects())", states, objects)
     check_names("loaders (_resume_loaders())", checkpoint["loaders"], loaders)
-    check_names("extra state (_resume_extra_state())", checkpoint["extra"], trainer._resume_extra_state())
+    check_names(
+        "extra state (_resume_extra_state())", checkpoint["extra"], trainer._resume_extra_state()
+    )
     if checkpoint["extra"] and not _overrides(trainer, "_load_resume_extra_state"):
         raise ResumeStateMismatchError(
             f"the checkpoint holds extra state {sorted(checkpoint['extra'])} but "
@@ -734,7 +763,9 @@ def _restore(
         stage = "random state"
         restore_random_state(checkpoint["rng"], rng_device())
     except BaseException as error:
-        guard.locked_reason = f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
+        guard.locked_reason = (
+            f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
+        )
         if not isinstance(error, Exception):
             raise
         raise TrainerLockedError(guard.locked_reason) from error

@@ -125,7 +125,10 @@ def worker_start(loader: Any) -> AbstractContextManager[None]:
 
 def _start_method(context: Any) -> str | None:
     if context is None:
-        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+        return (
+            multiprocessing.get_start_method(allow_none=True)
+            or multiprocessing.get_context().get_start_method()
+        )
     if isinstance(context, str):
         return context
     getter = getattr(context, "get_start_method", None)

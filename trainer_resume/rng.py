@@ -119,7 +119,9 @@ def derive_seeds(base: int, first: int, count: int, *, stride: int = 1) -> list[
     :func:`derive_seed`, vectorised over the positions.
     """
     head = _splitmix64(_DERIVE_INIT ^ (base & _MASK64))
-    positions = np.uint64(first & _MASK64) + np.uint64(stride & _MASK64) * np.arange(count, dtype=np.uint64)
+    positions = np.uint64(first & _MASK64) + np.uint64(stride & _MASK64) * np.arange(
+        count, dtype=np.uint64
+    )
     state = _splitmix64_array(np.uint64(head) ^ positions)
     return (_splitmix64_array(state ^ np.uint64(2)) & np.uint64(_MASK63)).tolist()
 
@@ -194,11 +196,17 @@ def random_state(device: torch.device | str | int | None = None) -> RandomState:
         python = random.getstate()
         numpy_state = np.random.get_state()
         torch_state = torch.get_rng_state()
-        cuda = torch.cuda.get_rng_state(index) if index is not None and torch.cuda.is_available() else None
+        cuda = (
+            torch.cuda.get_rng_state(index)
+            if index is not None and torch.cuda.is_available()
+            else None
+        )
     return _packed(python, numpy_state, torch_state, cuda, index)
 
 
-def _packed(python: Any, numpy_state: Any, torch_state: torch.Tensor, cuda: Any, index: int | None) -> RandomState:
+def _packed(
+    python: Any, numpy_state: Any, torch_state: torch.Tensor, cuda: Any, index: int | None
+) -> RandomState:
     version, internal, gauss_next = python
     kind, keys, pos, has_gauss, cached_gaussian = numpy_state
     state: RandomState = {
@@ -245,16 +253,26 @@ def _int_tensor(value: Any, length: int) -> bool:
 
 def _python_tuple(python: Any) -> tuple[int, tuple[int, ...], float | None]:
     _require(isinstance(python, dict), "'python' must be a dict")
-    _require(_is_int(python.get("version")) and python["version"] == random.Random.VERSION,
-             f"'python.version' must be {random.Random.VERSION}")
+    _require(
+        _is_int(python.get("version")) and python["version"] == random.Random.VERSION,
+        f"'python.version' must be {random.Random.VERSION}",
+    )
     internal = python.get("internal")
-    _require(_int_tensor(internal, 625), "'python.internal' must be an int64 tensor of 625 values in [0, 2**32)")
+    _require(
+        _int_tensor(internal, 625),
+        "'python.internal' must be an int64 tensor of 625 values in [0, 2**32)",
+    )
     _require(int(internal[-1]) <= 624, "'python.internal' position must be at most 624")
     gauss_next = python.get("gauss_next")
-    _require(gauss_next is None or isinstance(gauss_next, float), "'python.gauss_next' must be a float or None")
+    _require(
+        gauss_next is None or isinstance(gauss_next, float),
+        "'python.gauss_next' must be a float or None",
+    )
     result = (python["version"], tuple(internal.tolist()), gauss_next)
     try:
-        random.Random().setstate(result)  # trial on a scratch generator: the global one stays untouched
+        random.Random().setstate(
+            result
+        )  # trial on a scratch generator: the global one stays untouched
     except (TypeError, ValueError) as error:
         raise ValueError(f"invalid random state: 'python' rejected by random: {error}") from error
     return result
@@ -264,15 +282,27 @@ def _numpy_tuple(numpy_state: Any) -> tuple[str, np.ndarray, int, int, float]:
     _require(isinstance(numpy_state, dict), "'numpy' must be a dict")
     _require(numpy_state.get("kind") == "MT19937", "'numpy.kind' must be 'MT19937'")
     keys = numpy_state.get("keys")
-    _require(_int_tensor(keys, 624), "'numpy.keys' must be an int64 tensor of 624 values in [0, 2**32)")
+    _require(
+        _int_tensor(keys, 624), "'numpy.keys' must be an int64 tensor of 624 values in [0, 2**32)"
+    )
     pos = numpy_state.get("pos")
     _require(_is_int(pos) and 0 <= pos <= 624, "'numpy.pos' must be an int in [0, 624]")
     # NumPy itself accepts any has_gauss; only 0 and 1 are states it can produce.
-    _require(_is_int(numpy_state.get("has_gauss")) and numpy_state["has_gauss"] in (0, 1),
-             "'numpy.has_gauss' must be 0 or 1")
-    _require(isinstance(numpy_state.get("cached_gaussian"), float), "'numpy.cached_gaussian' must be a float")
-    result = ("MT19937", keys.cpu().numpy().astype(np.uint32), pos, numpy_state["has_gauss"],
-              numpy_state["cached_gaussian"])
+    _require(
+        _is_int(numpy_state.get("has_gauss")) and numpy_state["has_gauss"] in (0, 1),
+        "'numpy.has_gauss' must be 0 or 1",
+    )
+    _require(
+        isinstance(numpy_state.get("cached_gaussian"), float),
+        "'numpy.cached_gaussian' must be a float",
+    )
+    result = (
+        "MT19937",
+        keys.cpu().numpy().astype(np.uint32),
+        pos,
+        numpy_state["has_gauss"],
+        numpy_state["cached_gaussian"],
+    )
     try:
         np.random.RandomState().set_state(result)
     except (TypeError, ValueError) as error:
@@ -281,8 +311,10 @@ def _numpy_tuple(numpy_state: Any) -> tuple[str, np.ndarray, int, int, float]:
 
 
 def _check_byte_tensor(value: Any, what: str) -> None:
-    _require(isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1,
-             f"'{what}' must be a one-dimensional uint8 tensor")
+    _require(
+        isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1,
+        f"'{what}' must be a one-dimensional uint8 tensor",
+    )
 
 
 def _generator_state(value: Any, what: str, device: torch.device) -> torch.Tensor:
@@ -305,7 +337,9 @@ class _Checked(NamedTuple):
     cuda_index: int | None
 
 
-def validate_random_state(state: RandomState, device: torch.device | str | int | None = None) -> None:
+def validate_random_state(
+    state: RandomState, device: torch.device | str | int | None = None
+) -> None:
     """Check that :func:`restore_random_state` would accept ``state``; changes nothing.
 
     Raises:
@@ -316,19 +350,25 @@ def validate_random_state(state: RandomState, device: torch.device | str | int |
 
 def _check(state: Any, device: torch.device | str | int | None) -> _Checked:
     _require(isinstance(state, dict), f"expected a dict, got {type(state).__name__}")
-    _require(state.get("format") == RNG_FORMAT, f"format {state.get('format')!r} is not {RNG_FORMAT!r}")
+    _require(
+        state.get("format") == RNG_FORMAT, f"format {state.get('format')!r} is not {RNG_FORMAT!r}"
+    )
     python = _python_tuple(state.get("python"))
     numpy_state = _numpy_tuple(state.get("numpy"))
     torch_state = _generator_state(state.get("torch"), "torch", torch.device("cpu"))
     cuda = state.get("cuda")
     saved_index = state.get("cuda_device")
-    _require(saved_index is None or (_is_int(saved_index) and saved_index >= 0),
-             "'cuda_device' must be None or a device index")
+    _require(
+        saved_index is None or (_is_int(saved_index) and saved_index >= 0),
+        "'cuda_device' must be None or a device index",
+    )
     cuda_state = None
     cuda_index = None
     if cuda is not None:
         _check_byte_tensor(cuda, "cuda")
-        _require(saved_index is not None, "'cuda_device' must name the device of the saved CUDA state")
+        _require(
+            saved_index is not None, "'cuda_device' must name the device of the saved CUDA state"
+        )
         if device is not None:
             cuda_index = _cuda_index(device)
             if cuda_index is None:
@@ -339,7 +379,9 @@ def _check(state: Any, device: torch.device | str | int | None) -> _Checked:
         else:
             cuda_index = saved_index
         if not torch.cuda.is_available():
-            raise RuntimeError("the random state holds a CUDA generator state but CUDA is not available")
+            raise RuntimeError(
+                "the random state holds a CUDA generator state but CUDA is not available"
+            )
         if cuda_index >= torch.cuda.device_count():
             raise RuntimeError(
                 f"the random state's CUDA generator is for cuda:{cuda_index}, "
@@ -350,7 +392,9 @@ def _check(state: Any, device: torch.device | str | int | None) -> _Checked:
     return _Checked(python, numpy_state, torch_state, cuda_state, cuda_index)
 
 
-def restore_random_state(state: RandomState, device: torch.device | str | int | None = None) -> None:
+def restore_random_state(
+    state: RandomState, device: torch.device | str | int | None = None
+) -> None:
     """Restore generators captured by :func:`random_state`.
 
     Every part is validated (also by a trial load into scratch generators) before

@@ -139,7 +139,9 @@ def config_difference(a: Any, b: Any, *, exclude: Collection[str] = ("load",)) -
     Raises:
         TypeError, ValueError: as :func:`canonical_config`.
     """
-    return _difference(canonical_config(a, exclude=exclude), canonical_config(b, exclude=exclude), "")
+    return _difference(
+        canonical_config(a, exclude=exclude), canonical_config(b, exclude=exclude), ""
+    )
 
 
 def _exclude_keys(exclude: Collection[str]) -> frozenset[str]:
@@ -191,30 +193,53 @@ def _canonical(value: Any, path: str, exclude: frozenset[str], active: set[int])
         return {_DEVICE: str(value)}
     if isinstance(value, torch.Generator):
         state = value.get_state().cpu().contiguous().numpy().tobytes()
-        return {_GENERATOR: {"device": str(value.device), "state_sha256": hashlib.sha256(state).hexdigest()}}
+        return {
+            _GENERATOR: {
+                "device": str(value.device),
+                "state_sha256": hashlib.sha256(state).hexdigest(),
+            }
+        }
 
     if id(value) in active:
         raise ValueError(f"config value at {_where(path)} contains itself")
     if len(active) >= MAX_CONFIG_DEPTH:  # ``active`` holds the containers above this one
-        raise ValueError(f"config value at {_where(path)[:200]} nests deeper than {MAX_CONFIG_DEPTH} levels")
+        raise ValueError(
+            f"config value at {_where(path)[:200]} nests deeper than {MAX_CONFIG_DEPTH} levels"
+        )
     active.add(id(value))
     try:
         if isinstance(value, DictConfig):
             object_type = OmegaConf.get_type(value)
             type_name = _type_name(object_type) if dataclasses.is_dataclass(object_type) else None
-            return _mapping(list(value.keys()), _getter(value, path), path, exclude, active, type_name)
-        if isinstance(value, Container) and isinstance(value, Sequence):  # ListConfig (and TupleConfig)
+            return _mapping(
+                list(value.keys()), _getter(value, path), path, exclude, active, type_name
+            )
+        if isinstance(value, Container) and isinstance(
+            value, Sequence
+        ):  # ListConfig (and TupleConfig)
             return [
-                _canonical(_omegaconf_item(value, index, path), f"{path}[{index}]", frozenset(), active)
+                _canonical(
+                    _omegaconf_item(value, index, path), f"{path}[{index}]", frozenset(), active
+                )
                 for index in range(len(value))
             ]
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             names = [field.name for field in dataclasses.fields(value)]
-            return _mapping(names, lambda name: getattr(value, name), path, exclude, active, _type_name(type(value)))
+            return _mapping(
+                names,
+                lambda name: getattr(value, name),
+                path,
+                exclude,
+                active,
+                _type_name(type(value)),
+            )
         if isinstance(value, Mapping):
             return _mapping(list(value.keys()), _getter(value, path), path, exclude, active, None)
         if isinstance(value, (list, tuple)):
-            return [_canonical(item, f"{path}[{index}]", frozenset(), active) for index, item in enumerate(value)]
+            return [
+                _canonical(item, f"{path}[{index}]", frozenset(), active)
+                for index, item in enumerate(value)
+            ]
     finally:
         active.discard(id(value))
     raise TypeError(
@@ -280,7 +305,9 @@ def _tagged(
         )
     tag = keys[0]
     raw = get(tag)
-    bad = ValueError(f"the mapping at {_where(path)} has the reserved key {tag!r} with a malformed value {raw!r}")
+    bad = ValueError(
+        f"the mapping at {_where(path)} has the reserved key {tag!r} with a malformed value {raw!r}"
+    )
     if tag in _STRING_TAGS:
         if not isinstance(raw, str):
             raise bad
@@ -290,18 +317,28 @@ def _tagged(
             raise bad
         return {tag: str.__str__(raw)}
     if tag == _GENERATOR:
-        if not isinstance(raw, (Mapping, DictConfig)) or list(raw.keys()) != ["device", "state_sha256"]:
+        if not isinstance(raw, (Mapping, DictConfig)) or list(raw.keys()) != [
+            "device",
+            "state_sha256",
+        ]:
             raise bad
         if not all(isinstance(raw[key], str) for key in ("device", "state_sha256")):
             raise bad
-        return {tag: {"device": str.__str__(raw["device"]), "state_sha256": str.__str__(raw["state_sha256"])}}
+        return {
+            tag: {
+                "device": str.__str__(raw["device"]),
+                "state_sha256": str.__str__(raw["state_sha256"]),
+            }
+        }
     # _DATACLASS
     if not isinstance(raw, (Mapping, DictConfig)) or list(raw.keys()) != ["type", "fields"]:
         raise bad
     type_name, fields = raw["type"], raw["fields"]
     if not isinstance(type_name, str) or not isinstance(fields, (Mapping, DictConfig)):
         raise bad
-    return _mapping(list(fields.keys()), _getter(fields, path), path, exclude, active, str.__str__(type_name))
+    return _mapping(
+        list(fields.keys()), _getter(fields, path), path, exclude, active, str.__str__(type_name)
+    )
 
 
 def _kind(node: Any) -> str:

@@ -81,7 +81,9 @@ def _alias_key(tensor: torch.Tensor) -> tuple[Any, ...]:
         pointer = tensor.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
         pointer = 0
-    if pointer == 0:  # no storage to alias (empty or storage-less): only the same object is the same tensor
+    if (
+        pointer == 0
+    ):  # no storage to alias (empty or storage-less): only the same object is the same tensor
         return ("object", id(tensor))
     return (
         tensor.device,
@@ -114,7 +116,9 @@ def map_tensors(
             entry = memo[key] = (value, convert(value))
         return entry[1]
     if isinstance(value, OrderedDict):
-        result: Any = OrderedDict((key, map_tensors(item, convert, memo)) for key, item in value.items())
+        result: Any = OrderedDict(
+            (key, map_tensors(item, convert, memo)) for key, item in value.items()
+        )
         metadata = getattr(value, "_metadata", None)
         if metadata is not None:
             result._metadata = map_tensors(metadata, convert, memo)
@@ -196,7 +200,9 @@ class BatchSamplerState(_BatchSamplerStateOptional):
     """
 
     format: str  # "trainer_resume.batch_sampler/1"
-    settings_digest: str  # sha256 of target, batch size, shuffle, drop_last, sizes, labels/groups/counts
+    settings_digest: (
+        str  # sha256 of target, batch size, shuffle, drop_last, sizes, labels/groups/counts
+    )
     seed: int  # in [0, 2**63)
     cycle: int
     offset: int  # batches delivered within ``cycle``
@@ -249,7 +255,9 @@ class StatefulSamplerState(TypedDict):
 
 
 class _LoaderStateOptional(TypedDict, total=False):
-    augmentation_seeding: str  # "batch" or "sample"; absent in older states, which seeded per sample
+    augmentation_seeding: (
+        str  # "batch" or "sample"; absent in older states, which seeded per sample
+    )
 
 
 class LoaderState(_LoaderStateOptional):
@@ -297,7 +305,9 @@ class PauseCheckpoint(TypedDict):
     format: str  # PAUSE_FORMAT
     module_version: str
     config_signature: str  # config_signature(config), "load" excluded
-    config: NotRequired[Any]  # canonical_config(config): names the first differing path on a mismatch
+    config: NotRequired[
+        Any
+    ]  # canonical_config(config): names the first differing path on a mismatch
     completed_steps: int
     regular: NotRequired[dict[str, Any] | None]  # CPU snapshot of _regular_checkpoint(), or None
     shared_keys: NotRequired[list[str]]  # resume objects whose state is regular[name]

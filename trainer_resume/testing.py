@@ -89,14 +89,31 @@ def assert_training_resume(
     try:
         reference = _run_uninterrupted(factory, run_step, snapshot, pause_after, total_steps)
         before_pause = _run_to_pause(factory, run_step, snapshot, checkpoint_path, pause_after)
-        for step, (expected, actual) in enumerate(zip(reference["results"], before_pause["results"]), 1):
+        for step, (expected, actual) in enumerate(
+            zip(reference["results"], before_pause["results"]), 1
+        ):
             _require_equal(expected, actual, f"run_step result of step {step} before the pause")
         _require_equal(
-            reference["at_pause"], before_pause["at_pause"], f"snapshot before the pause (step {pause_after})"
+            reference["at_pause"],
+            before_pause["at_pause"],
+            f"snapshot before the pause (step {pause_after})",
         )
-        arguments = (factory, run_step, snapshot, os.fspath(checkpoint_path), pause_after, total_steps)
-        resumed = _resume_in_new_process(arguments, timeout) if new_process else _resume_half(*arguments)
-        _require_equal(reference["at_pause"], resumed["at_pause"], f"snapshot right after resume (step {pause_after})")
+        arguments = (
+            factory,
+            run_step,
+            snapshot,
+            os.fspath(checkpoint_path),
+            pause_after,
+            total_steps,
+        )
+        resumed = (
+            _resume_in_new_process(arguments, timeout) if new_process else _resume_half(*arguments)
+        )
+        _require_equal(
+            reference["at_pause"],
+            resumed["at_pause"],
+            f"snapshot right after resume (step {pause_after})",
+        )
         later = reference["results"][pause_after:]
         for step, (expected, actual) in enumerate(zip(later, resumed["results"]), pause_after + 1):
             _require_equal(expected, actual, f"run_step result of step {step} after resume")
@@ -106,7 +123,9 @@ def assert_training_resume(
 
 
 # ------------------------------------------------------------------ the runs
-def _run_uninterrupted(factory, run_step, snapshot, pause_after: int, total_steps: int) -> dict[str, Any]:
+def _run_uninterrupted(
+    factory, run_step, snapshot, pause_after: int, total_steps: int
+) -> dict[str, Any]:
     trainer = factory()
     try:
         results = []
@@ -167,15 +186,21 @@ def _resume_in_new_process(arguments: tuple, timeout: float) -> dict[str, Any]:
         # Not a daemon: the resumed trainer's loader starts worker processes of its own,
         # with this process's start method (a spawned child would otherwise spawn them too).
         start_method = multiprocessing.get_start_method()
-        process = multiprocessing.get_context("spawn").Process(target=_child_main, args=(*arguments, out, start_method))
+        process = multiprocessing.get_context("spawn").Process(
+            target=_child_main, args=(*arguments, out, start_method)
+        )
         process.start()
         process.join(timeout)
         if process.is_alive():
             process.kill()
             process.join(10)
-            raise RuntimeError(f"assert_training_resume: the resume process did not finish within {timeout} s")
+            raise RuntimeError(
+                f"assert_training_resume: the resume process did not finish within {timeout} s"
+            )
         if not os.path.exists(out):
-            raise RuntimeError(f"assert_training_resume: the resume process exited with code {process.exitcode}")
+            raise RuntimeError(
+                f"assert_training_resume: the resume process exited with code {process.exitcode}"
+            )
         outcome = torch.load(out, weights_only=True)
     if outcome["error"] is not None:
         kind = AssertionError if outcome["assertion"] else RuntimeError
@@ -184,14 +209,29 @@ def _resume_in_new_process(arguments: tuple, timeout: float) -> dict[str, Any]:
 
 
 def _child_main(
-    factory, run_step, snapshot, checkpoint_path: str, pause_after: int, total_steps: int, out: str, start_method: str
+    factory,
+    run_step,
+    snapshot,
+    checkpoint_path: str,
+    pause_after: int,
+    total_steps: int,
+    out: str,
+    start_method: str,
 ) -> None:
     multiprocessing.set_start_method(start_method, force=True)
     try:
-        outcome = {"result": _resume_half(factory, run_step, snapshot, checkpoint_path, pause_after, total_steps)}
+        outcome = {
+            "result": _resume_half(
+                factory, run_step, snapshot, checkpoint_path, pause_after, total_steps
+            )
+        }
         outcome.update(error=None, assertion=False)
     except BaseException as error:  # noqa: BLE001  (reported to the parent, which raises it there)
-        outcome = {"result": None, "error": traceback.format_exc(), "assertion": isinstance(error, AssertionError)}
+        outcome = {
+            "result": None,
+            "error": traceback.format_exc(),
+            "assertion": isinstance(error, AssertionError),
+        }
     torch.save(outcome, out)
 
 

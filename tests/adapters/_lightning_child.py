@@ -52,7 +52,10 @@ from trainer_resume.loaders import (
 
 SEED = 1234
 FEATURES = 8
-CONFIG = {"model": {"hidden": 32, "dropout": 0.25}, "optim": {"lr": 0.01, "step_size": 3, "gamma": 0.8}}
+CONFIG = {
+    "model": {"hidden": 32, "dropout": 0.25},
+    "optim": {"lr": 0.01, "step_size": 3, "gamma": 0.8},
+}
 WAIT_S = 300.0  # how long a gate waits for the signal: generous, the machine may be loaded
 
 
@@ -82,7 +85,9 @@ class Regressor(pl.LightningModule):
         super().__init__()
         self.config = config
         hidden, dropout = config["model"]["hidden"], config["model"]["dropout"]
-        self.net = nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
+        self.net = nn.Sequential(
+            nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1)
+        )
         self.losses: dict[int, torch.Tensor] = {}
         self.training_steps = 0
 
@@ -96,8 +101,13 @@ class Regressor(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         optim = self.config["optim"]
         optimizer = torch.optim.Adam(self.parameters(), lr=optim["lr"])
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=optim["step_size"], gamma=optim["gamma"])
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        scheduler = torch.optim.lr_scheduler.StepLR(
+            optimizer, step_size=optim["step_size"], gamma=optim["gamma"]
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
 
 class LoopsRegressor(Regressor):
@@ -231,9 +241,14 @@ class _KillTarget(pl.Callback):
         self.out = out
         self.point = point
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
         if trainer.global_step == 1:
-            torch.save({k: v.clone() for k, v in pl_module.state_dict().items()}, self.out / "weights_step1.pt")
+            torch.save(
+                {k: v.clone() for k, v in pl_module.state_dict().items()},
+                self.out / "weights_step1.pt",
+            )
         if trainer.global_step == 2 and self.point == "fsync":
 
             def blocking_fsync(fd: int) -> None:
@@ -242,7 +257,9 @@ class _KillTarget(pl.Callback):
 
             os.fsync = blocking_fsync
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict
+    ) -> None:
         if trainer.global_step == 2 and self.point == "pickling":
             # Allowed, so DurableCheckpointIO's weights-only check lets it through to pickling.
             torch.serialization.add_safe_globals([_BlockWhilePickled])
@@ -291,9 +308,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(SEED)
     random.seed(SEED)
     np.random.seed(SEED)
-    features = (args.validate, args.accumulate > 1, args.epoch_loader, args.two_loaders, args.dictconfig)
+    features = (
+        args.validate,
+        args.accumulate > 1,
+        args.epoch_loader,
+        args.two_loaders,
+        args.dictconfig,
+    )
     loops = any(features)
     model = LoopsRegressor(dictconfig=args.dictconfig) if loops else Regressor()
+
     def build(**options: Any) -> Any:
         if args.epoch_loader is None:
             return build_loader(**options)
@@ -326,10 +350,18 @@ def main(argv: list[str] | None = None) -> int:
         ckpt_path = resume.ckpt_path if args.mode == "resume" else None
         trainer.fit(model, loader, ckpt_path=ckpt_path, **validation)
         print(f"PAUSED {resume.paused_at_step}", flush=True)
-        torch.save(result(model, trainer, paused_at_step=resume.paused_at_step), out / f"result_{args.mode}.pt")
+        torch.save(
+            result(model, trainer, paused_at_step=resume.paused_at_step),
+            out / f"result_{args.mode}.pt",
+        )
     elif args.mode in ("plain-pause", "plain-resume"):
-        checkpoints = ModelCheckpoint(dirpath=out / "plain", filename="last", every_n_train_steps=1, save_top_k=1,
-                                      enable_version_counter=False)
+        checkpoints = ModelCheckpoint(
+            dirpath=out / "plain",
+            filename="last",
+            every_n_train_steps=1,
+            save_top_k=1,
+            enable_version_counter=False,
+        )
         callbacks = [checkpoints]
         if args.mode == "plain-pause":
             callbacks.insert(0, StepGate(args.pause_step, lambda trainer: trainer.received_sigterm))
@@ -340,8 +372,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:  # Lightning ends a SIGTERM'd fit with SIGTERMException (a SystemExit)
             torch.save(result(model, trainer), out / f"result_{args.mode}.pt")
     elif args.mode in ("kill-pickling", "kill-fsync"):
-        checkpoints = ModelCheckpoint(dirpath=out / "ckpts", filename="model", every_n_train_steps=1, save_top_k=1,
-                                      enable_version_counter=False)
+        checkpoints = ModelCheckpoint(
+            dirpath=out / "ckpts",
+            filename="model",
+            every_n_train_steps=1,
+            save_top_k=1,
+            enable_version_counter=False,
+        )
         trainer = build_trainer(
             callbacks=[_KillTarget(out, args.mode.split("-", 1)[1]), checkpoints],
             checkpointing=True,

@@ -25,11 +25,18 @@ def _environment() -> dict[str, str]:
     return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
 
-def run(command: list[str], log: Path, *, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def run(
+    command: list[str], log: Path, *, timeout: float = TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
     """Run to completion; stdout is returned, stderr goes to ``log``."""
     with open(log, "w") as errors:
         return subprocess.run(
-            command, stdout=subprocess.PIPE, stderr=errors, text=True, timeout=timeout, env=_environment()
+            command,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            timeout=timeout,
+            env=_environment(),
         )
 
 
@@ -53,7 +60,9 @@ def run_and_signal(
         # reader: readline() may pull several lines into its buffer at once, and select()
         # would then wait on an empty pipe while the awaited line sits unread in that
         # buffer until the child gives up and exits.
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, env=_environment())
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=errors, env=_environment()
+        )
         try:
             assert process.stdout is not None
             descriptor = process.stdout.fileno()
@@ -63,7 +72,9 @@ def run_and_signal(
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"{command[2]} run passed its deadline; stdout so far: {lines[-5:]}")
+                    raise AssertionError(
+                        f"{command[2]} run passed its deadline; stdout so far: {lines[-5:]}"
+                    )
                 if not selector.select(timeout=min(remaining, 1.0)):
                     continue
                 chunk = os.read(descriptor, 65536)

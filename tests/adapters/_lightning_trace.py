@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import _lightning_child as child
 import numpy as np
 import pytorch_lightning as pl
 import torch
@@ -21,8 +22,6 @@ from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from trainer_resume.adapters.lightning import ResumeCallback
-
-import _lightning_child as child
 
 
 class Traced(child.Regressor):

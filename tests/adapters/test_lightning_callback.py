@@ -10,8 +10,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import _lightning_child as child
 import pytest
+import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
 
 from trainer_resume.adapters.lightning import DurableCheckpointIO, ResumeCallback
 from trainer_resume.durable import load_checkpoint, save_checkpoint
@@ -24,11 +27,6 @@ from trainer_resume.errors import (
     UnsupportedResumeConfigurationError,
 )
 from trainer_resume.signature import config_signature
-
-import _lightning_child as child
-
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint
 
 
 class _RequestPauseAt(pl.Callback):
@@ -65,7 +63,9 @@ def _fit(
     callbacks = [*before, resume]
     if pause_at is not None:
         callbacks.insert(0, _RequestPauseAt(pause_at, resume))
-    trainer = child.build_trainer(steps=steps, epoch_batches=0, callbacks=callbacks, **trainer_options)
+    trainer = child.build_trainer(
+        steps=steps, epoch_batches=0, callbacks=callbacks, **trainer_options
+    )
     trainer.fit(model, loader, ckpt_path=ckpt_path)
     return model, trainer, resume, loader
 
@@ -81,21 +81,31 @@ def paused_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory / "pause.ckpt"
 
 
-def test_pause_file_records_the_delivered_loader_position_not_lightnings_prefetch(paused_run: Path) -> None:
+def test_pause_file_records_the_delivered_loader_position_not_lightnings_prefetch(
+    paused_run: Path,
+) -> None:
     checkpoint = load_checkpoint(paused_run)
     [state] = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     assert state["delivered_batches"] == 3
     assert checkpoint["global_step"] == 3
 
 
-def test_pause_file_adds_main_process_rng_and_config_signature_to_lightnings_checkpoint(paused_run: Path) -> None:
+def test_pause_file_adds_main_process_rng_and_config_signature_to_lightnings_checkpoint(
+    paused_run: Path,
+) -> None:
     checkpoint = load_checkpoint(paused_run)  # weights-only by construction
     entry = checkpoint["trainer_resume"]
     assert entry["config_signature"] == config_signature(child.CONFIG)
     assert entry["world_size"] == 1 and entry["global_step"] == 3
     [rng] = entry["rng"]
     assert isinstance(rng["torch"], torch.Tensor) and rng["torch"].dtype == torch.uint8
-    for key in ("state_dict", "optimizer_states", "lr_schedulers", "loops", "pytorch-lightning_version"):
+    for key in (
+        "state_dict",
+        "optimizer_states",
+        "lr_schedulers",
+        "loops",
+        "pytorch-lightning_version",
+    ):
         assert key in checkpoint
 
 
@@ -143,7 +153,9 @@ def _flip_payload_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip_payload_byte], ids=["truncated", "altered_byte"])
+@pytest.mark.parametrize(
+    "damage", [_truncate, _flip_payload_byte], ids=["truncated", "altered_byte"]
+)
 def test_damaged_pause_file_fails_with_integrity_error_before_any_training_step(
     damage: Any, paused_run: Path, tmp_path: Path
 ) -> None:
@@ -184,7 +196,9 @@ def test_pause_state_that_cannot_be_honoured_is_refused_before_any_training_step
     assert model is not None and model.training_steps == 0
 
 
-def test_request_pause_from_another_thread_stops_fit_normally_at_the_next_batch(tmp_path: Path) -> None:
+def test_request_pause_from_another_thread_stops_fit_normally_at_the_next_batch(
+    tmp_path: Path,
+) -> None:
     resume = ResumeCallback(tmp_path / "pause.ckpt", config=child.CONFIG)
     reached, requested = threading.Event(), threading.Event()
 
@@ -208,7 +222,9 @@ def test_request_pause_from_another_thread_stops_fit_normally_at_the_next_batch(
     assert load_checkpoint(tmp_path / "pause.ckpt")["global_step"] == 2
 
 
-def test_sigterm_during_fit_becomes_a_pause_instead_of_lightnings_sigterm_exception(tmp_path: Path) -> None:
+def test_sigterm_during_fit_becomes_a_pause_instead_of_lightnings_sigterm_exception(
+    tmp_path: Path,
+) -> None:
     class _SendSigterm(pl.Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
             if trainer.global_step == 2:
@@ -230,7 +246,9 @@ def test_previous_signal_handlers_are_back_after_fit(tmp_path: Path) -> None:
     def sentinel(signum: int, frame: Any) -> None:
         calls.append(signum)
 
-    before = {number: signal.signal(number, sentinel) for number in (signal.SIGTERM, signal.SIGUSR1)}
+    before = {
+        number: signal.signal(number, sentinel) for number in (signal.SIGTERM, signal.SIGUSR1)
+    }
     try:
         _fit(tmp_path, pause_at=2)
         assert signal.getsignal(signal.SIGTERM) is sentinel
@@ -265,15 +283,32 @@ def test_a_trainer_held_by_min_steps_cannot_train_past_the_pause(tmp_path: Path)
     assert model is not None and model.training_steps == 2
 
 
-def test_resuming_from_a_checkpoint_without_pause_state_warns_that_it_is_not_exact(tmp_path: Path) -> None:
-    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", filename="last", every_n_train_steps=2,
-                                  enable_version_counter=False)
-    _fit(tmp_path, steps=2, before=(checkpoints,), checkpointing=True, plugins=[DurableCheckpointIO()])
+def test_resuming_from_a_checkpoint_without_pause_state_warns_that_it_is_not_exact(
+    tmp_path: Path,
+) -> None:
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path / "ckpts",
+        filename="last",
+        every_n_train_steps=2,
+        enable_version_counter=False,
+    )
+    _fit(
+        tmp_path,
+        steps=2,
+        before=(checkpoints,),
+        checkpointing=True,
+        plugins=[DurableCheckpointIO()],
+    )
     # The first fit completed, so its pause path is marked finished: the resume pauses elsewhere.
     resume = ResumeCallback(tmp_path / "resumed.ckpt", config=child.CONFIG)
     with pytest.warns(UserWarning, match="not a pause file"):
-        _, trainer, _, _ = _fit(tmp_path, steps=4, ckpt_path=tmp_path / "ckpts" / "last.ckpt",
-                                plugins=[DurableCheckpointIO()], resume=resume)
+        _, trainer, _, _ = _fit(
+            tmp_path,
+            steps=4,
+            ckpt_path=tmp_path / "ckpts" / "last.ckpt",
+            plugins=[DurableCheckpointIO()],
+            resume=resume,
+        )
     assert trainer.global_step == 4
 
 
@@ -301,35 +336,55 @@ class _FiniteStatefulStream:
 def _pause_finite_stream(directory: Path, step: int) -> None:
     torch.manual_seed(child.SEED)
     resume = ResumeCallback(directory / "pause.ckpt")
-    trainer = child.build_trainer(steps=8, epoch_batches=0, callbacks=[_RequestPauseAt(step, resume), resume])
+    trainer = child.build_trainer(
+        steps=8, epoch_batches=0, callbacks=[_RequestPauseAt(step, resume), resume]
+    )
     trainer.fit(child.Regressor(), _FiniteStatefulStream())
 
 
 @pytest.mark.parametrize("step", [2, 4, 6])
-def test_pause_saves_the_trained_position_of_a_prefetched_finite_stream(step: int, tmp_path: Path) -> None:
+def test_pause_saves_the_trained_position_of_a_prefetched_finite_stream(
+    step: int, tmp_path: Path
+) -> None:
     _pause_finite_stream(tmp_path, step)
     checkpoint = load_checkpoint(tmp_path / "pause.ckpt")
     assert checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"position": step}]
 
 
-def test_pause_at_the_first_batch_of_a_later_epoch_of_a_prefetched_finite_stream_is_refused(tmp_path: Path) -> None:
+def test_pause_at_the_first_batch_of_a_later_epoch_of_a_prefetched_finite_stream_is_refused(
+    tmp_path: Path,
+) -> None:
     with pytest.raises(UnsupportedResumeConfigurationError) as caught:
         _pause_finite_stream(tmp_path, 5)
     assert caught.value.code == 332 and "limit_train_batches" in str(caught.value)
     assert not (tmp_path / "pause.ckpt").exists()
 
 
-def test_without_the_plugin_model_checkpoint_files_keep_lightnings_format_and_io(tmp_path: Path) -> None:
-    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", filename="last", every_n_train_steps=2,
-                                  enable_version_counter=False)
-    _, trainer, _, _ = _fit(tmp_path, steps=4, pause_at=2, before=(checkpoints,), checkpointing=True)
+def test_without_the_plugin_model_checkpoint_files_keep_lightnings_format_and_io(
+    tmp_path: Path,
+) -> None:
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path / "ckpts",
+        filename="last",
+        every_n_train_steps=2,
+        enable_version_counter=False,
+    )
+    _, trainer, _, _ = _fit(
+        tmp_path, steps=4, pause_at=2, before=(checkpoints,), checkpointing=True
+    )
     original = trainer.strategy.checkpoint_io
     assert type(original).__name__ == "TorchCheckpointIO"
     assert torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=True)["global_step"] == 2
     # The pause file itself is read through the verified loader, then the IO is put back.
-    again = ModelCheckpoint(dirpath=tmp_path / "ckpts", filename="last", every_n_train_steps=2,
-                            enable_version_counter=False)
-    _, resumed, _, _ = _fit(tmp_path, steps=4, before=(again,), checkpointing=True, ckpt_path=tmp_path / "pause.ckpt")
+    again = ModelCheckpoint(
+        dirpath=tmp_path / "ckpts",
+        filename="last",
+        every_n_train_steps=2,
+        enable_version_counter=False,
+    )
+    _, resumed, _, _ = _fit(
+        tmp_path, steps=4, before=(again,), checkpointing=True, ckpt_path=tmp_path / "pause.ckpt"
+    )
     assert resumed.global_step == 4
     assert type(resumed.strategy.checkpoint_io).__name__ == "TorchCheckpointIO"
     assert torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=True)["global_step"] == 4

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import _lightning_procs as procs
 import pytest
 import torch
 
 from trainer_resume.testing import first_difference
-
-import _lightning_procs as procs
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +33,7 @@ def _command(mode: str, out: Path) -> list[str]:
 
 def _results(out: Path, mode: str) -> list[dict]:
     return [
-        torch.load(out / f"result_{mode}_rank{rank}.pt", weights_only=True)
-        for rank in range(2)
+        torch.load(out / f"result_{mode}_rank{rank}.pt", weights_only=True) for rank in range(2)
     ]
 
 
@@ -47,9 +45,7 @@ def _assert_equal(expected, actual, where: str) -> None:
 def test_ddp_fit_paused_by_sigterm_on_rank_0_resumes_bitwise_equal_on_both_ranks(
     tmp_path,
 ):
-    reference = procs.run(
-        _command("reference", tmp_path), tmp_path / "stderr_reference.txt"
-    )
+    reference = procs.run(_command("reference", tmp_path), tmp_path / "stderr_reference.txt")
     assert reference.returncode == 0, procs.describe_failure(
         reference, tmp_path / "stderr_reference.txt"
     )
@@ -61,9 +57,7 @@ def test_ddp_fit_paused_by_sigterm_on_rank_0_resumes_bitwise_equal_on_both_ranks
     )
     assert status == 0, (tmp_path / "stderr_pause.txt").read_text()[-3000:]
     resumed = procs.run(_command("resume", tmp_path), tmp_path / "stderr_resume.txt")
-    assert resumed.returncode == 0, procs.describe_failure(
-        resumed, tmp_path / "stderr_resume.txt"
-    )
+    assert resumed.returncode == 0, procs.describe_failure(resumed, tmp_path / "stderr_resume.txt")
     expected, paused, after = (
         _results(tmp_path, "reference"),
         _results(tmp_path, "pause"),
@@ -78,9 +72,7 @@ def test_ddp_fit_paused_by_sigterm_on_rank_0_resumes_bitwise_equal_on_both_ranks
             {**paused[rank]["losses"], **after[rank]["losses"]},
             f"rank {rank} losses",
         )
-        _assert_equal(
-            expected[rank]["model"], after[rank]["model"], f"rank {rank} model"
-        )
+        _assert_equal(expected[rank]["model"], after[rank]["model"], f"rank {rank} model")
         _assert_equal(
             expected[rank]["optimizer"],
             after[rank]["optimizer"],

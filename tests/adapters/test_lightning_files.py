@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import _lightning_child as child
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -21,8 +22,6 @@ from trainer_resume.adapters.lightning import (
 )
 from trainer_resume.errors import CheckpointFormatError, CheckpointSignatureError
 from trainer_resume.testing import first_difference
-
-import _lightning_child as child
 
 KEY = b"files-key"
 

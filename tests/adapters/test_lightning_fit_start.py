@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import _lightning_child as child
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -20,8 +21,6 @@ from trainer_resume.errors import (
 )
 from trainer_resume.finished import run_finished
 from trainer_resume.loaders import ResumableDataLoader
-
-import _lightning_child as child
 
 
 class _Counting(child.Regressor):

@@ -7,6 +7,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import _lightning_child as child
+import _lightning_procs as procs
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -25,9 +27,6 @@ from trainer_resume.errors import (
     UnsafeCheckpointError,
 )
 
-import _lightning_child as child
-import _lightning_procs as procs
-
 
 class _WithHyperparameters(child.Regressor):
     def __init__(self, hparams: Any) -> None:
@@ -45,16 +44,28 @@ def _fit(
     **options: Any,
 ) -> pl.Trainer:
     torch.manual_seed(child.SEED)
-    trainer = child.build_trainer(steps=steps, epoch_batches=3, callbacks=callbacks, checkpointing=True, **options)
+    trainer = child.build_trainer(
+        steps=steps, epoch_batches=3, callbacks=callbacks, checkpointing=True, **options
+    )
     trainer.fit(model, child.build_loader(workers=0), ckpt_path=ckpt_path)
     return trainer
 
 
 def test_model_checkpoint_files_are_durable_and_load_weights_only(tmp_path: Path) -> None:
-    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=2, save_top_k=-1)
-    early = EarlyStopping(monitor="train_loss_missing", check_on_train_epoch_end=False, strict=False)
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path, filename="{step}", every_n_train_steps=2, save_top_k=-1
+    )
+    early = EarlyStopping(
+        monitor="train_loss_missing", check_on_train_epoch_end=False, strict=False
+    )
     model = _WithHyperparameters({"lr": 0.01, "layers": [32, 1], "name": "run-1"})
-    _fit(tmp_path, model=model, steps=4, callbacks=[checkpoints, early], plugins=[DurableCheckpointIO()])
+    _fit(
+        tmp_path,
+        model=model,
+        steps=4,
+        callbacks=[checkpoints, early],
+        plugins=[DurableCheckpointIO()],
+    )
 
     files = sorted(path.name for path in tmp_path.glob("*.ckpt"))
     assert files == ["step=2.ckpt", "step=4.ckpt"]
@@ -69,30 +80,59 @@ def test_model_checkpoint_files_are_durable_and_load_weights_only(tmp_path: Path
 
 
 def test_fit_resumes_from_a_model_checkpoint_file_written_by_the_plugin(tmp_path: Path) -> None:
-    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="last", every_n_train_steps=2,
-                                  enable_version_counter=False)
-    _fit(tmp_path, model=child.Regressor(), steps=2, callbacks=[checkpoints], plugins=[DurableCheckpointIO()])
-    again = ModelCheckpoint(dirpath=tmp_path, filename="last", every_n_train_steps=2, enable_version_counter=False)
-    trainer = _fit(tmp_path, model=child.Regressor(), steps=4, callbacks=[again], plugins=[DurableCheckpointIO()],
-                   ckpt_path=tmp_path / "last.ckpt")
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path, filename="last", every_n_train_steps=2, enable_version_counter=False
+    )
+    _fit(
+        tmp_path,
+        model=child.Regressor(),
+        steps=2,
+        callbacks=[checkpoints],
+        plugins=[DurableCheckpointIO()],
+    )
+    again = ModelCheckpoint(
+        dirpath=tmp_path, filename="last", every_n_train_steps=2, enable_version_counter=False
+    )
+    trainer = _fit(
+        tmp_path,
+        model=child.Regressor(),
+        steps=4,
+        callbacks=[again],
+        plugins=[DurableCheckpointIO()],
+        ckpt_path=tmp_path / "last.ckpt",
+    )
     assert trainer.global_step == 4
     assert DurableCheckpointIO().load_checkpoint(tmp_path / "last.ckpt")["global_step"] == 4
 
 
 def test_model_checkpoint_removes_superseded_files_through_the_plugin(tmp_path: Path) -> None:
-    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=1, save_top_k=1)
-    _fit(tmp_path, model=child.Regressor(), steps=3, callbacks=[checkpoints], plugins=[DurableCheckpointIO()])
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path, filename="{step}", every_n_train_steps=1, save_top_k=1
+    )
+    _fit(
+        tmp_path,
+        model=child.Regressor(),
+        steps=3,
+        callbacks=[checkpoints],
+        plugins=[DurableCheckpointIO()],
+    )
     assert sorted(path.name for path in tmp_path.iterdir()) == ["step=3.ckpt"]
 
 
 def test_omegaconf_hyperparameters_are_stored_as_plain_containers_and_loaded_back_as_configs(
     tmp_path: Path,
 ) -> None:
-    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="last", every_n_train_steps=2,
-                                  enable_version_counter=False)
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path, filename="last", every_n_train_steps=2, enable_version_counter=False
+    )
     config = OmegaConf.create({"lr": 0.01, "layers": [32, 1], "scaled": "${lr}"})
-    _fit(tmp_path, model=_WithHyperparameters(config), steps=2, callbacks=[checkpoints],
-         plugins=[DurableCheckpointIO()])
+    _fit(
+        tmp_path,
+        model=_WithHyperparameters(config),
+        steps=2,
+        callbacks=[checkpoints],
+        plugins=[DurableCheckpointIO()],
+    )
 
     stored = load_checkpoint(tmp_path / "last.ckpt")  # weights-only, no rebuilding
     assert stored["hyper_parameters"] == {"run": {"lr": 0.01, "layers": [32, 1], "scaled": "${lr}"}}
@@ -111,7 +151,10 @@ def test_hyperparameters_that_weights_only_loading_would_refuse_are_refused_befo
     tmp_path: Path,
 ) -> None:
     io = DurableCheckpointIO()
-    checkpoint = {"pytorch-lightning_version": "2.6.6", "hyper_parameters": {"run": {"tokenizer": _Opaque()}}}
+    checkpoint = {
+        "pytorch-lightning_version": "2.6.6",
+        "hyper_parameters": {"run": {"tokenizer": _Opaque()}},
+    }
     with pytest.raises(UnsafeCheckpointError) as caught:
         io.save_checkpoint(checkpoint, tmp_path / "a.ckpt")
     assert caught.value.code == 328
@@ -138,7 +181,9 @@ def test_a_trainer_resume_file_that_does_not_hold_a_dict_is_refused(tmp_path: Pa
 
 def test_signed_files_need_the_key(tmp_path: Path) -> None:
     io = DurableCheckpointIO(key=b"secret-key-of-16+bytes")
-    io.save_checkpoint({"pytorch-lightning_version": "2.6.6", "x": torch.ones(1)}, tmp_path / "sub" / "s.ckpt")
+    io.save_checkpoint(
+        {"pytorch-lightning_version": "2.6.6", "x": torch.ones(1)}, tmp_path / "sub" / "s.ckpt"
+    )
     assert torch.equal(io.load_checkpoint(tmp_path / "sub" / "s.ckpt")["x"], torch.ones(1))
     with pytest.raises(CheckpointSignatureError):
         other = DurableCheckpointIO(key=b"other-key-of-16+bytes")
@@ -152,7 +197,9 @@ def test_remote_paths_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["pickling", "fsync"])
-def test_sigkill_during_a_model_checkpoint_save_leaves_the_previous_file_intact(point: str, tmp_path: Path) -> None:
+def test_sigkill_during_a_model_checkpoint_save_leaves_the_previous_file_intact(
+    point: str, tmp_path: Path
+) -> None:
     status, lines = procs.run_and_signal(
         procs.child_command(f"kill-{point}", tmp_path, "--steps", "4", "--workers", "0"),
         tmp_path / "stderr.txt",

@@ -7,12 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import _lightning_trace as trace
 import pytest
 import torch
 
 from trainer_resume.testing import first_difference
-
-import _lightning_trace as trace
 
 # name: (trainer options, the training batch after which the pause is requested)
 SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {

@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import _lightning_procs as procs
 import pytest
 import torch
-
-import _lightning_procs as procs
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +28,14 @@ SCENARIOS = {
 
 
 def _options(epoch_batches: int, pause_step: int) -> list[str]:
-    return ["--steps", str(STEPS), "--epoch-batches", str(epoch_batches), "--pause-step", str(pause_step)]
+    return [
+        "--steps",
+        str(STEPS),
+        "--epoch-batches",
+        str(epoch_batches),
+        "--pause-step",
+        str(pause_step),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +45,10 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Any:
     def reference(epoch_batches: int) -> dict[str, Any]:
         if epoch_batches not in cache:
             out = tmp_path_factory.mktemp(f"reference_{epoch_batches}")
-            done = procs.run(procs.child_command("reference", out, *_options(epoch_batches, 0)), out / "stderr.txt")
+            done = procs.run(
+                procs.child_command("reference", out, *_options(epoch_batches, 0)),
+                out / "stderr.txt",
+            )
             assert done.returncode == 0, procs.describe_failure(done, out / "stderr.txt")
             cache[epoch_batches] = torch.load(out / "result_reference.pt", weights_only=True)
         return cache[epoch_batches]
@@ -69,7 +78,9 @@ def _pause_then_resume_with(
     )
     first = torch.load(written, weights_only=True)
     second_mode = mode.replace("pause", "resume")
-    done = procs.run(procs.child_command(second_mode, out, *options), out / f"stderr_{second_mode}.txt")
+    done = procs.run(
+        procs.child_command(second_mode, out, *options), out / f"stderr_{second_mode}.txt"
+    )
     assert done.returncode == 0, procs.describe_failure(done, out / f"stderr_{second_mode}.txt")
     second = torch.load(out / f"result_{second_mode}.pt", weights_only=True)
     return first, second, status
@@ -80,7 +91,9 @@ def _assert_optimizer_states_equal(expected: dict, actual: dict) -> None:
     for index, state in expected["state"].items():
         assert state.keys() == actual["state"][index].keys()
         for name, value in state.items():
-            assert torch.equal(value, actual["state"][index][name]), f"optimizer state {index}.{name}"
+            assert torch.equal(value, actual["state"][index][name]), (
+                f"optimizer state {index}.{name}"
+            )
     for group, other in zip(expected["param_groups"], actual["param_groups"]):
         assert group == other
 
@@ -109,7 +122,9 @@ def test_sigterm_pause_and_fresh_process_resume_equal_uninterrupted_fit(
     _assert_optimizer_states_equal(reference["optimizer"], resumed["optimizer"])
 
 
-def test_signal_is_sent_at_a_line_that_arrives_together_with_the_previous_one(tmp_path: Path) -> None:
+def test_signal_is_sent_at_a_line_that_arrives_together_with_the_previous_one(
+    tmp_path: Path,
+) -> None:
     # Both lines in one write, as a busy parent reads them after a fast step; the
     # child exits 3 if no signal comes and 7 from its handler.
     child = (
@@ -121,13 +136,19 @@ def test_signal_is_sent_at_a_line_that_arrives_together_with_the_previous_one(tm
     )
 
     status, lines = procs.run_and_signal(
-        [procs.sys.executable, "-c", child], tmp_path / "stderr.txt", line="STEP 6", signum=procs.SIGTERM, timeout=60
+        [procs.sys.executable, "-c", child],
+        tmp_path / "stderr.txt",
+        line="STEP 6",
+        signum=procs.SIGTERM,
+        timeout=60,
     )
 
     assert (status, lines) == (7, ["STEP 5", "STEP 6"])
 
 
-def test_plain_lightning_checkpoint_resume_ends_with_different_weights(tmp_path: Path, references: Any) -> None:
+def test_plain_lightning_checkpoint_resume_ends_with_different_weights(
+    tmp_path: Path, references: Any
+) -> None:
     epoch_batches, pause_step = SCENARIOS["mid_epoch_prefetching_loader"]
     reference = references(epoch_batches)
 
@@ -139,7 +160,9 @@ def test_plain_lightning_checkpoint_resume_ends_with_different_weights(tmp_path:
         assert torch.equal(stopped["losses"][step], reference["losses"][step])
     assert resumed["global_step"] == STEPS
     assert not torch.equal(resumed["losses"][pause_step + 1], reference["losses"][pause_step + 1])
-    assert any(not torch.equal(value, resumed["model"][name]) for name, value in reference["model"].items())
+    assert any(
+        not torch.equal(value, resumed["model"][name]) for name, value in reference["model"].items()
+    )
 
 
 # name: (child options, the line after which SIGTERM is sent, the step the pause lands on)
@@ -147,16 +170,34 @@ LOOP_SCENARIOS: dict[str, tuple[list[str], str, int]] = {
     # 4 batches per epoch, validation after each; the pause on epoch 0's last batch.
     # Two train loaders (a dict) and OmegaConf hyper-parameters in the same run.
     "epoch_end_validation_two_loaders_dictconfig": (
-        ["--steps", "8", "--epoch-batches", "4", "--validate", "--two-loaders", "--dictconfig",
-         "--pause-step", "4"],
+        [
+            "--steps",
+            "8",
+            "--epoch-batches",
+            "4",
+            "--validate",
+            "--two-loaders",
+            "--dictconfig",
+            "--pause-step",
+            "4",
+        ],
         "STEP 4",
         4,
     ),
     # 6 batches per epoch (the bundled per-epoch batch sampler), validation at its middle
     # and end: the pause on the middle one; the resumed fit crosses into the next epoch.
     "val_check_interval_step": (
-        ["--steps", "9", "--epoch-loader", "batch-sampler", "--validate",
-         "--val-check-interval", "0.5", "--pause-step", "3"],
+        [
+            "--steps",
+            "9",
+            "--epoch-loader",
+            "batch-sampler",
+            "--validate",
+            "--val-check-interval",
+            "0.5",
+            "--pause-step",
+            "3",
+        ],
         "STEP 3",
         3,
     ),

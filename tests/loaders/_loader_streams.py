@@ -37,14 +37,17 @@ class AugmentedDataset(Dataset):
 
     def __init__(self, size: int = SIZE, labels: list[int] | None = None) -> None:
         self.size = size
-        self.labels = list(labels) if labels is not None else [LABELS[i % len(LABELS)] for i in range(size)]
+        self.labels = (
+            list(labels) if labels is not None else [LABELS[i % len(LABELS)] for i in range(size)]
+        )
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return torch.tensor(
-            [float(index), random.random(), float(np.random.rand()), float(torch.rand(()))], dtype=torch.float64
+            [float(index), random.random(), float(np.random.rand()), float(torch.rand(()))],
+            dtype=torch.float64,
         )
 
 
@@ -87,7 +90,9 @@ class UnpicklableFailureDataset(AugmentedDataset):
 
 def noisy_collate(samples: list[torch.Tensor]) -> torch.Tensor:
     """Stack the samples and append a row drawn by the collate function itself."""
-    extra = torch.tensor([-1.0, random.random(), float(np.random.rand()), float(torch.rand(()))], dtype=torch.float64)
+    extra = torch.tensor(
+        [-1.0, random.random(), float(np.random.rand()), float(torch.rand(()))], dtype=torch.float64
+    )
     return torch.cat([torch.stack(samples), extra[None]])
 
 
@@ -205,7 +210,9 @@ def run_spawned(function: Any, *args: Any, out: Path, timeout: float = 240) -> d
         raise AssertionError(f"spawned process did not finish within {timeout} s")
     saved = torch.load(out, weights_only=True) if out.exists() else {"error": "no output"}
     if "error" in saved or process.exitcode != 0:
-        raise AssertionError(f"spawned process failed (exit code {process.exitcode}):\n{saved.get('error')}")
+        raise AssertionError(
+            f"spawned process failed (exit code {process.exitcode}):\n{saved.get('error')}"
+        )
     return saved
 
 

@@ -32,7 +32,9 @@ class RandomBuild:
     first served in, as the dataset requires.
     """
 
-    def __init__(self, log_dir: str | os.PathLike[str] | None = None, *, scale: float = 1.0) -> None:
+    def __init__(
+        self, log_dir: str | os.PathLike[str] | None = None, *, scale: float = 1.0
+    ) -> None:
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         if self.log_dir is not None:
             os.makedirs(self.log_dir, exist_ok=True)
@@ -75,7 +77,12 @@ class Point:
 def make_loader(
     directory: str | os.PathLike[str], log_dir: str | os.PathLike[str] | None = None, **kwargs: Any
 ) -> ReuseDataLoader:
-    options: dict[str, Any] = {"lifetime": LIFETIME, "seed": SEED, "batch_size": BATCH_SIZE, "shuffle": True}
+    options: dict[str, Any] = {
+        "lifetime": LIFETIME,
+        "seed": SEED,
+        "batch_size": BATCH_SIZE,
+        "shuffle": True,
+    }
     options.update(kwargs)
     return ReuseDataLoader(RandomBuild(log_dir), SIZE, directory, **options)
 

@@ -7,10 +7,10 @@ import gc
 import itertools
 import weakref
 
+import _loader_streams as streams
 import numpy as np
 import pytest
 import torch
-
 
 from trainer_resume.errors import (
     LoaderStateError,
@@ -19,8 +19,6 @@ from trainer_resume.errors import (
     ResumableSamplerGeneratorError,
 )
 from trainer_resume.loaders import build_batch_sampler
-
-import _loader_streams as streams
 
 
 class Labelled:
@@ -134,7 +132,9 @@ GROUPS = ["a"] * 4 + ["b"] * 6
 
 def test_balance_repeats_each_group_by_its_ratio_with_a_seeded_fractional_subset():
     sampler = _build("balance", range(10), batch_size=5, groups=GROUPS, ratios={"a": 2.5, "b": 0.5})
-    batches = _take(sampler, 3 * 6)  # a: 4 x 2.5 = 10, b: 6 x 0.5 = 3 -> 13 samples, batches 5, 5, 3
+    batches = _take(
+        sampler, 3 * 6
+    )  # a: 4 x 2.5 = 10, b: 6 x 0.5 = 3 -> 13 samples, batches 5, 5, 3
     assert [len(batch) for batch in batches[:3]] == [5, 5, 3]
     subsets = []
     for cycle in range(6):
@@ -157,7 +157,12 @@ def test_balance_unlisted_groups_keep_ratio_one_and_zero_removes_a_group():
 
 @pytest.mark.parametrize(
     ("ratios", "error"),
-    [({"a": -1.0}, ValueError), ({"a": float("nan")}, ValueError), ({"a": "2"}, TypeError), ([("a", 1.0)], TypeError)],
+    [
+        ({"a": -1.0}, ValueError),
+        ({"a": float("nan")}, ValueError),
+        ({"a": "2"}, TypeError),
+        ([("a", 1.0)], TypeError),
+    ],
 )
 def test_balance_refuses_bad_ratios(ratios, error):
     with pytest.raises(error):
@@ -169,7 +174,11 @@ def test_balance_refuses_bad_ratios(ratios, error):
 
 @pytest.mark.parametrize(
     ("target", "options"),
-    [("naive", {}), ("class_balance", {"labels": LABELS}), ("balance", {"groups": GROUPS, "ratios": {"a": 1.5}})],
+    [
+        ("naive", {}),
+        ("class_balance", {"labels": LABELS}),
+        ("balance", {"groups": GROUPS, "ratios": {"a": 1.5}}),
+    ],
 )
 def test_a_loaded_state_regenerates_the_same_batches_in_a_fresh_sampler(target, options):
     sampler = _build(target, seed=1, **options)
@@ -307,7 +316,11 @@ def test_a_corrupted_batch_sampler_seed_raises_sampler_generator_error(seed):
 
 def test_plain_batch_sampler_has_no_state():
     plain = _build(resumable=False)
-    for call in (plain.state_dict, plain.advance_batch, lambda: plain.load_state_dict(_build().state_dict())):
+    for call in (
+        plain.state_dict,
+        plain.advance_batch,
+        lambda: plain.load_state_dict(_build().state_dict()),
+    ):
         with pytest.raises(ResumableModeRequiredError):
             call()
 
@@ -323,15 +336,32 @@ def test_plain_batch_sampler_has_no_state():
         pytest.param("naive", range(5), 0, {}, id="batch-size-0"),
         pytest.param("naive", range(5), -3, {}, id="batch-size-negative"),
         pytest.param("naive", range(5), 6, {"drop_last": True}, id="drop-last-yields-no-batch"),
-        pytest.param("balance", range(10), 2, {"groups": GROUPS, "ratios": {"c": 1.0}}, id="ratio-for-empty-group"),
-        pytest.param("balance", range(10), 2, {"groups": GROUPS, "ratios": {"a": 0, "b": 0}}, id="all-ratios-zero"),
         pytest.param(
-            "balance", range(10), 4, {"groups": GROUPS, "ratios": {"a": 0.5, "b": 0.1}, "drop_last": True},
+            "balance",
+            range(10),
+            2,
+            {"groups": GROUPS, "ratios": {"c": 1.0}},
+            id="ratio-for-empty-group",
+        ),
+        pytest.param(
+            "balance",
+            range(10),
+            2,
+            {"groups": GROUPS, "ratios": {"a": 0, "b": 0}},
+            id="all-ratios-zero",
+        ),
+        pytest.param(
+            "balance",
+            range(10),
+            4,
+            {"groups": GROUPS, "ratios": {"a": 0.5, "b": 0.1}, "drop_last": True},
             id="balanced-cycle-below-one-batch",
         ),
     ],
 )
-def test_settings_that_cannot_produce_a_batch_are_refused_at_construction(target, dataset, batch_size, options):
+def test_settings_that_cannot_produce_a_batch_are_refused_at_construction(
+    target, dataset, batch_size, options
+):
     with pytest.raises(ResumableBatchConfigurationError):
         _build(target, dataset, batch_size, **options)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import itertools
 
+import _loader_streams as streams
 import pytest
 import torch
-
 
 from trainer_resume.errors import (
     LoaderStateError,
@@ -16,8 +16,6 @@ from trainer_resume.errors import (
 )
 from trainer_resume.loaders import InfiniteRandomSampler
 from trainer_resume.loaders import sampler as sampler_module
-
-import _loader_streams as streams
 
 SIZE = 7
 
@@ -86,7 +84,12 @@ def test_state_fields_follow_the_cursor():
     sampler.advance(2 * SIZE + 3)
     state = sampler.state_dict()
     assert state["format"] == "trainer_resume.sampler/1"
-    assert (state["dataset_size"], state["consumed"], state["cycle"], state["offset"]) == (SIZE, 17, 2, 3)
+    assert (state["dataset_size"], state["consumed"], state["cycle"], state["offset"]) == (
+        SIZE,
+        17,
+        2,
+        3,
+    )
 
 
 def test_reaching_a_far_position_costs_one_permutation_per_cycle_read(monkeypatch):
@@ -148,7 +151,9 @@ _DROP = object()
         pytest.param(_corrupt(format="trainer_resume.sampler/0"), id="format"),
         pytest.param(_corrupt(dataset_size=SIZE + 1), id="dataset-size"),
         pytest.param(_corrupt(consumed=5, cycle=0, offset=4), id="consumed-vs-cursor"),
-        pytest.param(_corrupt(consumed=SIZE + 1, cycle=0, offset=SIZE + 1), id="offset-not-below-size"),
+        pytest.param(
+            _corrupt(consumed=SIZE + 1, cycle=0, offset=SIZE + 1), id="offset-not-below-size"
+        ),
         pytest.param(_corrupt(consumed=-1), id="negative"),
         pytest.param(_corrupt(consumed=True, offset=1), id="bool"),
         pytest.param(_corrupt(consumed=1.0, offset=1), id="float"),

@@ -6,6 +6,7 @@ import inspect
 import re
 import typing
 
+import _loader_streams as streams
 import pytest
 import torch
 from torch.utils.data import (
@@ -27,8 +28,6 @@ from trainer_resume.loaders import (
     ResumableDataLoader,
     build_batch_sampler,
 )
-
-import _loader_streams as streams
 
 
 def test_signature_is_dataloaders_plus_keyword_only_resumable_options():
@@ -79,7 +78,10 @@ def test_plain_mode_accepts_a_plain_infinite_sampler():
 @pytest.mark.parametrize(
     "arguments",
     [
-        pytest.param(lambda ds: {"sampler": InfiniteRandomSampler(ds, resumable=True)}, id="resumable-sampler"),
+        pytest.param(
+            lambda ds: {"sampler": InfiniteRandomSampler(ds, resumable=True)},
+            id="resumable-sampler",
+        ),
         pytest.param(
             lambda ds: {
                 "batch_sampler": build_batch_sampler(
@@ -102,13 +104,17 @@ def test_a_resumable_sampler_in_a_plain_loader_raises_resumable_mode_required(ar
         pytest.param(lambda ds: {"sampler": InfiniteRandomSampler(ds)}, id="plain-sampler"),
         pytest.param(
             lambda ds: {
-                "batch_sampler": build_batch_sampler("naive", ds, 2, repeat=True, shuffle=True, drop_last=False)
+                "batch_sampler": build_batch_sampler(
+                    "naive", ds, 2, repeat=True, shuffle=True, drop_last=False
+                )
             },
             id="plain-batch-sampler",
         ),
     ],
 )
-def test_a_resumable_loader_with_a_plain_sampler_of_this_package_raises_resumable_mode_required(arguments):
+def test_a_resumable_loader_with_a_plain_sampler_of_this_package_raises_resumable_mode_required(
+    arguments,
+):
     dataset = streams.AugmentedDataset()
     with pytest.raises(ResumableModeRequiredError) as caught:
         ResumableDataLoader(dataset, resumable=True, **arguments(dataset))
@@ -144,17 +150,22 @@ class _Unordered(torch.utils.data.Sampler):
     "arguments",
     [
         pytest.param(lambda ds: {"dataset": _Stream()}, id="iterable-dataset"),
-        pytest.param(lambda ds: {"sampler": _SamplerSubclass(ds, resumable=True)}, id="sampler-subclass"),
+        pytest.param(
+            lambda ds: {"sampler": _SamplerSubclass(ds, resumable=True)}, id="sampler-subclass"
+        ),
         pytest.param(lambda ds: {"sampler": _RandomSubclass(ds)}, id="torch-sampler-subclass"),
         pytest.param(lambda ds: {"sampler": _Unordered()}, id="custom-sampler"),
         pytest.param(
-            lambda ds: {"batch_sampler": _BatchSubclass(SequentialSampler(ds), 2, False)}, id="batch-sampler-subclass"
+            lambda ds: {"batch_sampler": _BatchSubclass(SequentialSampler(ds), 2, False)},
+            id="batch-sampler-subclass",
         ),
         pytest.param(
-            lambda ds: {"batch_sampler": BatchSampler(_Unordered(), 2, False)}, id="batch-sampler-over-custom"
+            lambda ds: {"batch_sampler": BatchSampler(_Unordered(), 2, False)},
+            id="batch-sampler-over-custom",
         ),
         pytest.param(
-            lambda ds: {"sampler": InfiniteRandomSampler(ds, resumable=True), "in_order": False}, id="in-order-false"
+            lambda ds: {"sampler": InfiniteRandomSampler(ds, resumable=True), "in_order": False},
+            id="in-order-false",
         ),
     ],
 )
@@ -164,7 +175,9 @@ def test_configurations_that_cannot_resume_exactly_are_refused_with_the_fix_name
     with pytest.raises(UnsupportedResumeConfigurationError) as caught:
         ResumableDataLoader(resumable=True, **options)
     assert caught.value.code == 332
-    assert re.search(r"give it state_dict|use a map-style|leave in_order=True|itself", str(caught.value))
+    assert re.search(
+        r"give it state_dict|use a map-style|leave in_order=True|itself", str(caught.value)
+    )
 
 
 def test_a_sampler_built_for_another_dataset_size_is_an_argument_error():
@@ -240,14 +253,30 @@ def _corrupt(target="sampler", drop=(), **changes):
 @pytest.mark.parametrize(
     ("make_state", "error"),
     [
-        pytest.param(lambda: _corrupt(format="trainer_resume.loader/2"), LoaderStateError, id="format"),
+        pytest.param(
+            lambda: _corrupt(format="trainer_resume.loader/2"), LoaderStateError, id="format"
+        ),
         pytest.param(lambda: _corrupt(batch_size=3), LoaderStateError, id="batch-size"),
-        pytest.param(lambda: _corrupt(delivered_batches=2), LoaderStateError, id="delivered-vs-sampler"),
-        pytest.param(lambda: _corrupt(augmentation_seed=-1), LoaderStateError, id="augmentation-seed"),
+        pytest.param(
+            lambda: _corrupt(delivered_batches=2), LoaderStateError, id="delivered-vs-sampler"
+        ),
+        pytest.param(
+            lambda: _corrupt(augmentation_seed=-1), LoaderStateError, id="augmentation-seed"
+        ),
         pytest.param(lambda: _corrupt(drop=("sampler",)), LoaderStateError, id="missing-sampler"),
-        pytest.param(lambda: _corrupt(sampler={"consumed": 5}), LoaderStateError, id="sampler-cursor"),
-        pytest.param(lambda: _corrupt(sampler={"seed": "x"}), ResumableSamplerGeneratorError, id="sampler-seed"),
-        pytest.param(lambda: _corrupt("naive", batch_size=4), LoaderStateError, id="batch-state-into-sampler-mode"),
+        pytest.param(
+            lambda: _corrupt(sampler={"consumed": 5}), LoaderStateError, id="sampler-cursor"
+        ),
+        pytest.param(
+            lambda: _corrupt(sampler={"seed": "x"}),
+            ResumableSamplerGeneratorError,
+            id="sampler-seed",
+        ),
+        pytest.param(
+            lambda: _corrupt("naive", batch_size=4),
+            LoaderStateError,
+            id="batch-state-into-sampler-mode",
+        ),
         pytest.param(lambda: [], LoaderStateError, id="not-a-dict"),
     ],
 )

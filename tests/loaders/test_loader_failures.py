@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import _loader_streams as streams
 import pytest
 import torch
 
@@ -14,8 +15,6 @@ from trainer_resume.errors import (
     LoaderFetchFailedError,
     LoaderStateError,
 )
-
-import _loader_streams as streams
 
 WORKERS = [0, pytest.param(2, marks=pytest.mark.slow)]
 
@@ -28,7 +27,9 @@ def _reference(target: str, count: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 def _first_batch_containing(batches: list[torch.Tensor], index: int) -> int:
-    return next(number for number, batch in enumerate(batches) if index in batch[:-1, 0].long().tolist())
+    return next(
+        number for number, batch in enumerate(batches) if index in batch[:-1, 0].long().tolist()
+    )
 
 
 @pytest.mark.parametrize("workers", WORKERS)
@@ -72,7 +73,10 @@ def test_resume_after_a_worker_died_restarts_at_the_last_delivered_batch(tmp_pat
     flag.touch()
     torch.manual_seed(0)
     loader = streams.make_loader(
-        "sampler", num_workers=2, prefetch_factor=1, dataset=streams.FlagExitingDataset(str(flag), bad)
+        "sampler",
+        num_workers=2,
+        prefetch_factor=1,
+        dataset=streams.FlagExitingDataset(str(flag), bad),
     )
     iterator = iter(loader)
     got = []
@@ -109,12 +113,16 @@ def test_a_failing_collate_raises_fetch_failed_naming_the_batch():
 @pytest.mark.slow
 def test_a_worker_exception_that_cannot_be_pickled_is_reported_with_its_worker_traceback():
     torch.manual_seed(0)
-    loader = streams.make_loader("sampler", num_workers=2, dataset=streams.UnpicklableFailureDataset())
+    loader = streams.make_loader(
+        "sampler", num_workers=2, dataset=streams.UnpicklableFailureDataset()
+    )
     with pytest.raises(LoaderFetchFailedError, match="UnpicklableError") as caught:
         next(iter(loader))
     cause = caught.value.__cause__
     assert isinstance(cause, RuntimeError) and "sample 0 is unreadable" in str(cause)
-    assert "UnpicklableError" in str(cause) and "__getitem__" in str(cause)  # the worker's traceback
+    assert "UnpicklableError" in str(cause) and "__getitem__" in str(
+        cause
+    )  # the worker's traceback
 
 
 def test_commit_failure_blocks_state_and_iteration_until_load_state_dict(monkeypatch):
@@ -159,10 +167,14 @@ def test_moving_the_sampler_under_the_loader_is_a_commit_failure():
 
 
 @pytest.mark.parametrize("workers", WORKERS)
-def test_close_invalidates_iterators_and_the_next_iter_starts_at_the_first_undelivered_batch(workers):
+def test_close_invalidates_iterators_and_the_next_iter_starts_at_the_first_undelivered_batch(
+    workers,
+):
     expected = _reference("class_balance", 7)
     torch.manual_seed(0)
-    loader = streams.make_loader("class_balance", num_workers=workers, prefetch_factor=3 if workers else None)
+    loader = streams.make_loader(
+        "class_balance", num_workers=workers, prefetch_factor=3 if workers else None
+    )
     old = iter(loader)
     got = [next(old) for _ in range(3)]
     loader.close()

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import collections
 
+import _loader_streams as streams
 import pytest
 import torch
 
 from trainer_resume.rng import derive_seed, random_state, rng_scope
-
-import _loader_streams as streams
 
 AFTER = 9  # batches compared after the last pause point (crosses at least one more cycle)
 
@@ -50,7 +49,9 @@ def test_resume_in_spawned_process_continues_the_uninterrupted_stream(
         got = resumed_in_spawned_process[f"{target}/{workers}/{k}"]
         assert len(got) == len(batches) - k
         for offset, (expected, actual) in enumerate(zip(batches[k:], got)):
-            assert torch.equal(expected, actual), f"paused after {k} batches: batch {k + offset} differs"
+            assert torch.equal(expected, actual), (
+                f"paused after {k} batches: batch {k + offset} differs"
+            )
 
 
 @pytest.mark.slow
@@ -139,7 +140,12 @@ def test_a_full_cycle_after_resume_has_no_duplicate_and_no_gap(k):
     fresh.load_state_dict(loader.state_dict())
     consumed = fresh.state_dict()["sampler"]["consumed"]
     cycle_end = (consumed // streams.SIZE + 1) * streams.SIZE
-    ids = torch.cat([batch[:, 0] for batch in _take(fresh, (cycle_end + streams.SIZE - consumed) // streams.BATCH + 1)])
+    ids = torch.cat(
+        [
+            batch[:, 0]
+            for batch in _take(fresh, (cycle_end + streams.SIZE - consumed) // streams.BATCH + 1)
+        ]
+    )
     first_full_cycle = ids[cycle_end - consumed : cycle_end - consumed + streams.SIZE]
     assert sorted(first_full_cycle.long().tolist()) == list(range(streams.SIZE))
 

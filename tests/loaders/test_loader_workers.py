@@ -5,15 +5,16 @@ from __future__ import annotations
 import functools
 import warnings
 
+import _loader_streams as streams
 import pytest
 import torch
-
-import _loader_streams as streams
 
 pytestmark = pytest.mark.slow
 
 
-def _stream(target: str, count: int, *, repeat: bool = True, seed: int = 0, **options) -> list[torch.Tensor]:
+def _stream(
+    target: str, count: int, *, repeat: bool = True, seed: int = 0, **options
+) -> list[torch.Tensor]:
     torch.manual_seed(seed)
     loader = streams.make_loader(target, repeat=repeat, **options)
     batches = []
@@ -35,7 +36,9 @@ def _assert_same(expected, got):
 def test_persistent_workers_over_several_cycles_and_a_resume_give_the_single_process_stream():
     expected = _stream("class_balance", 14, repeat=False)
     torch.manual_seed(0)
-    loader = streams.make_loader("class_balance", repeat=False, num_workers=2, persistent_workers=True)
+    loader = streams.make_loader(
+        "class_balance", repeat=False, num_workers=2, persistent_workers=True
+    )
     got = list(loader)  # cycle 0
     iterator = iter(loader)
     got += [next(iterator), next(iterator)]
@@ -44,7 +47,9 @@ def test_persistent_workers_over_several_cycles_and_a_resume_give_the_single_pro
     got += list(loader)
     _assert_same(expected[:12], got)
 
-    resumed = streams.make_loader("class_balance", repeat=False, num_workers=2, persistent_workers=True)
+    resumed = streams.make_loader(
+        "class_balance", repeat=False, num_workers=2, persistent_workers=True
+    )
     resumed.load_state_dict(state)
     tail = list(resumed) + list(resumed)
     _assert_same(expected[6:12], tail)
@@ -52,7 +57,9 @@ def test_persistent_workers_over_several_cycles_and_a_resume_give_the_single_pro
     loader.close()
 
 
-def test_spawned_workers_with_worker_init_fn_and_pin_memory_give_the_single_process_stream(tmp_path):
+def test_spawned_workers_with_worker_init_fn_and_pin_memory_give_the_single_process_stream(
+    tmp_path,
+):
     expected = _stream("sampler", 6)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pin_memory without an accelerator warns

@@ -5,14 +5,13 @@ import pickle
 import random
 from collections import Counter
 
+import _reuse_child as helpers
 import numpy as np
 import pytest
 import torch
 
 from trainer_resume.loaders.reuse import ReuseDataLoader, ReuseDataset, ReusePolicy
 from trainer_resume.rng import derive_seed
-
-import _reuse_child as helpers
 
 SIZE = 24
 
@@ -71,7 +70,8 @@ def test_build_calls_per_epoch_follow_the_staggered_expiry(tmp_path, size, lifet
             1
             for index in range(size)
             if epoch == 0
-            or brute_force_generation(index, epoch, lifetime) != brute_force_generation(index, epoch - 1, lifetime)
+            or brute_force_generation(index, epoch, lifetime)
+            != brute_force_generation(index, epoch - 1, lifetime)
         )
         for epoch in range(epochs)
     ]
@@ -85,7 +85,9 @@ def test_a_sample_is_the_same_throughout_its_generation_and_new_after_it(tmp_pat
     served = serve_epochs(make_dataset(tmp_path, lifetime=lifetime), 8)
     for index in range(SIZE):
         for first, second in ((e, e + 1) for e in range(7)):
-            same = brute_force_generation(index, first, lifetime) == brute_force_generation(index, second, lifetime)
+            same = brute_force_generation(index, first, lifetime) == brute_force_generation(
+                index, second, lifetime
+            )
             equal = torch.equal(served[first, index]["x"], served[second, index]["x"])
             assert equal == same, (index, first)
 
@@ -125,7 +127,9 @@ def test_build_is_reproducible_whatever_the_callers_random_state_and_leaves_it_a
         ({"fingerprint": None}, {"fingerprint": 1, "scale": 2.0}),
     ],
 )
-def test_changed_settings_over_the_same_directory_never_serve_an_old_sample(tmp_path, first, second):
+def test_changed_settings_over_the_same_directory_never_serve_an_old_sample(
+    tmp_path, first, second
+):
     serve_epochs(make_dataset(tmp_path / "shared", **first), 2)
     assert any((tmp_path / "shared").iterdir())
     changed = make_dataset(tmp_path / "shared", **second)
@@ -143,7 +147,11 @@ def test_damaged_sample_file_is_rebuilt_with_the_same_result(tmp_path, damage):
     original = dataset[3]  # phase 0: stored at epoch 0, served again at epochs 1 and 2
     path = dataset.path(3)
     content = path.read_bytes()
-    damaged = {"truncate": content[: len(content) // 2], "garbage": bytes(range(256)) * 8, "empty": b""}[damage]
+    damaged = {
+        "truncate": content[: len(content) // 2],
+        "garbage": bytes(range(256)) * 8,
+        "empty": b"",
+    }[damage]
     path.write_bytes(damaged)
     dataset.set_epoch(1)
     with pytest.warns(RuntimeWarning, match="00000003.pt"):
@@ -231,7 +239,10 @@ def test_custom_save_and_load_are_used_for_samples_outside_the_safe_set(tmp_path
     ("sample", "named"),
     [
         (object(), "builtins.object"),
-        ({"image": np.zeros(2)}, r"sample\['image'\] is a numpy.ndarray \(convert with torch.from_numpy\)"),
+        (
+            {"image": np.zeros(2)},
+            r"sample\['image'\] is a numpy.ndarray \(convert with torch.from_numpy\)",
+        ),
         ([torch.zeros(1), helpers.Point(0.0, 1.0)], r"sample\[1\] is a .*Point"),
     ],
 )

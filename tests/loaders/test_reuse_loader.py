@@ -4,13 +4,12 @@ import subprocess
 import sys
 from collections import Counter
 
+import _reuse_child as helpers
 import pytest
 import torch
 from torch.utils.data import SequentialSampler
 
 from trainer_resume.loaders.reuse import ReuseDataLoader, ReusePolicy
-
-import _reuse_child as helpers
 
 SIZE = helpers.SIZE
 
@@ -65,19 +64,27 @@ def test_shuffle_true_serves_each_epochs_closed_form_order(tmp_path):
 
 def test_without_shuffle_the_order_is_sequential(tmp_path):
     loader = helpers.make_loader(tmp_path, shuffle=False)
-    assert [indices(batches) for batches in helpers.run_epochs(loader, 2)] == [list(range(SIZE))] * 2
+    assert [indices(batches) for batches in helpers.run_epochs(loader, 2)] == [
+        list(range(SIZE))
+    ] * 2
 
 
 def test_a_user_sampler_is_respected_and_samples_do_not_depend_on_the_order(tmp_path):
     reverse = list(reversed(range(SIZE)))
-    mine = helpers.run_epochs(helpers.make_loader(tmp_path / "a", shuffle=False, sampler=reverse), 4)
+    mine = helpers.run_epochs(
+        helpers.make_loader(tmp_path / "a", shuffle=False, sampler=reverse), 4
+    )
     shuffled = helpers.run_epochs(helpers.make_loader(tmp_path / "b"), 4)
     for epoch in range(4):
         assert indices(mine[epoch]) == reverse
         by_index, reference = samples_by_index(mine[epoch]), samples_by_index(shuffled[epoch])
         for index in range(SIZE):
             for name in reference[index]:
-                assert torch.equal(by_index[index][name], reference[index][name]), (epoch, index, name)
+                assert torch.equal(by_index[index][name], reference[index][name]), (
+                    epoch,
+                    index,
+                    name,
+                )
 
 
 def test_a_user_batch_sampler_is_respected(tmp_path):
@@ -91,7 +98,9 @@ def test_dataloader_arguments_are_passed_through(tmp_path):
     def collate(samples):
         return {"index": torch.stack([s["index"] for s in samples]) * 10}
 
-    loader = helpers.make_loader(tmp_path, batch_size=7, drop_last=True, collate_fn=collate, shuffle=False)
+    loader = helpers.make_loader(
+        tmp_path, batch_size=7, drop_last=True, collate_fn=collate, shuffle=False
+    )
     batches = list(loader)
     assert len(loader) == len(batches) == SIZE // 7
     assert batches[0]["index"].tolist() == [0, 10, 20, 30, 40, 50, 60]
@@ -123,11 +132,17 @@ def test_lifetime_one_loader_writes_nothing(tmp_path):
 def test_inputs_are_identical_for_zero_and_four_workers(tmp_path, persistent_workers):
     single = helpers.run_epochs(helpers.make_loader(tmp_path / "w0", tmp_path / "log0"), 5)
     loader = helpers.make_loader(
-        tmp_path / "w4", tmp_path / "log4", num_workers=4, persistent_workers=persistent_workers, timeout=60
+        tmp_path / "w4",
+        tmp_path / "log4",
+        num_workers=4,
+        persistent_workers=persistent_workers,
+        timeout=60,
     )
     assert_epochs_equal(single, helpers.run_epochs(loader, 5))
     # The same samples were built in the same epochs, whichever process built them.
-    assert sorted(helpers.logged_calls(tmp_path / "log4")) == sorted(helpers.logged_calls(tmp_path / "log0"))
+    assert sorted(helpers.logged_calls(tmp_path / "log4")) == sorted(
+        helpers.logged_calls(tmp_path / "log0")
+    )
 
 
 @pytest.mark.slow
@@ -145,11 +160,21 @@ def test_spawned_persistent_workers_follow_the_epoch(tmp_path):
 
 @pytest.mark.slow
 def test_restart_in_a_new_process_with_start_epoch_matches_an_uninterrupted_run(tmp_path):
-    uninterrupted = helpers.run_epochs(helpers.make_loader(tmp_path / "ref", tmp_path / "log_ref"), 10)
+    uninterrupted = helpers.run_epochs(
+        helpers.make_loader(tmp_path / "ref", tmp_path / "log_ref"), 10
+    )
     helpers.run_epochs(helpers.make_loader(tmp_path / "run", tmp_path / "log_first"), 5)
     out = tmp_path / "child.pt"
     subprocess.run(
-        [sys.executable, helpers.__file__, str(tmp_path / "run"), str(out), str(tmp_path / "log_child"), "5", "10"],
+        [
+            sys.executable,
+            helpers.__file__,
+            str(tmp_path / "run"),
+            str(out),
+            str(tmp_path / "log_child"),
+            "5",
+            "10",
+        ],
         check=True,
         timeout=120,
     )
@@ -157,14 +182,18 @@ def test_restart_in_a_new_process_with_start_epoch_matches_an_uninterrupted_run(
     # The child reused the samples the first process stored: it built exactly what
     # the uninterrupted run built in epochs 5..9.
     child_calls = Counter(epoch for epoch, _ in helpers.logged_calls(tmp_path / "log_child"))
-    reference_calls = Counter(epoch for epoch, _ in helpers.logged_calls(tmp_path / "log_ref") if epoch >= 5)
+    reference_calls = Counter(
+        epoch for epoch, _ in helpers.logged_calls(tmp_path / "log_ref") if epoch >= 5
+    )
     assert child_calls == reference_calls
     assert 0 < child_calls[5] < SIZE
 
 
 @pytest.mark.slow
 def test_persistent_workers_serve_the_next_epoch_after_an_abandoned_one(tmp_path):
-    loader = helpers.make_loader(tmp_path / "w2", num_workers=2, persistent_workers=True, prefetch_factor=4, timeout=60)
+    loader = helpers.make_loader(
+        tmp_path / "w2", num_workers=2, persistent_workers=True, prefetch_factor=4, timeout=60
+    )
     abandoned = iter(loader)
     next(abandoned)
     after = helpers.run_epochs(loader, 2)

@@ -3,8 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer_resume.loaders.reuse import keyed_permutation
-from trainer_resume.loaders.reuse import ReusePolicy, ReuseSampler
+from trainer_resume.loaders.reuse import ReusePolicy, ReuseSampler, keyed_permutation
 from trainer_resume.rng import derive_seed
 
 
@@ -42,10 +41,15 @@ def rebuilds_per_epoch(size: int, lifetime: int, epochs: int) -> list[int]:
 def test_key_matches_brute_force_generations(lifetime):
     policy = ReusePolicy(lifetime, seed=99)
     for index in range(40):
-        for epoch, (generation, first_epoch, use) in enumerate(simulate_generations(index, lifetime, 30)):
+        for epoch, (generation, first_epoch, use) in enumerate(
+            simulate_generations(index, lifetime, 30)
+        ):
             key = policy.key(index, epoch)
             assert (key.index, key.epoch) == (index, epoch)
-            assert (key.generation, key.first_epoch, key.use) == (generation, first_epoch, use), (index, epoch)
+            assert (key.generation, key.first_epoch, key.use) == (generation, first_epoch, use), (
+                index,
+                epoch,
+            )
             assert key.seed == derive_seed(99, index, generation)
 
 
@@ -56,7 +60,10 @@ def test_after_epoch_zero_about_one_in_lifetime_samples_expire_per_epoch(size, l
     counts = [0] * 12
     for index in range(size):
         for epoch in range(12):
-            if epoch == 0 or policy.key(index, epoch).generation != policy.key(index, epoch - 1).generation:
+            if (
+                epoch == 0
+                or policy.key(index, epoch).generation != policy.key(index, epoch - 1).generation
+            ):
                 counts[epoch] += 1
     assert counts == rebuilds_per_epoch(size, lifetime, 12)
     assert counts[0] == size
@@ -191,4 +198,3 @@ def test_bad_key_and_order_arguments_are_refused():
     for position in (-1, 5):
         with pytest.raises(IndexError, match=str(position)):
             policy.order(position, 0, 5)
-

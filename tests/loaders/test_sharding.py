@@ -10,6 +10,7 @@ import collections
 import io
 from typing import Any
 
+import _loader_streams as streams
 import pytest
 import torch
 
@@ -20,8 +21,6 @@ from trainer_resume.loaders import (
     _sharding,
     build_batch_sampler,
 )
-
-import _loader_streams as streams
 
 SEED = 1234
 TARGETS = streams.TARGETS  # "sampler" plus every batch-sampler target
@@ -67,9 +66,7 @@ def _sampler(
     )
 
 
-def _loader(
-    target: str, *, world: int, rank: int, workers: int = 0
-) -> ResumableDataLoader:
+def _loader(target: str, *, world: int, rank: int, workers: int = 0) -> ResumableDataLoader:
     sampler = _sampler(target, world=world, rank=rank)
     dataset = streams.AugmentedDataset()
     generator = torch.Generator().manual_seed(
@@ -112,9 +109,7 @@ def test_sampler_rank_r_reads_every_world_th_position_of_the_global_stream(world
 
 @pytest.mark.parametrize("target", [t for t in TARGETS if t != "sampler"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_batch_sampler_rank_r_reads_whole_global_batches_r_plus_multiples_of_world(
-    target, world
-):
+def test_batch_sampler_rank_r_reads_whole_global_batches_r_plus_multiples_of_world(target, world):
     global_batches = _take(iter(_sampler(target, world=1, rank=0)), 12 * world)
     for rank in range(world):
         shard = _take(iter(_sampler(target, world=world, rank=rank)), 12)
@@ -154,9 +149,7 @@ def test_union_of_all_ranks_loaders_equals_the_global_stream_with_the_same_augme
 def test_resume_with_another_world_size_loses_and_repeats_nothing(target, new_world):
     old_world, steps_before, steps_after = 2, 5, 6
     before = [_loader(target, world=old_world, rank=rank) for rank in range(old_world)]
-    consumed = [
-        batch for loader in before for batch in _take(iter(loader), steps_before)
-    ]
+    consumed = [batch for loader in before for batch in _take(iter(loader), steps_before)]
     state = before[0].state_dict()
     assert all(
         loader.state_dict() == state for loader in before
@@ -197,10 +190,7 @@ def test_same_world_size_resume_continues_each_rank_exactly(target):
         torch.manual_seed(999)  # the state must win over fresh seeds
         fresh.load_state_dict(states[rank])
         resumed = _take(iter(fresh), after)
-        assert all(
-            torch.equal(a, b)
-            for a, b in zip(resumed, uninterrupted[rank][k:], strict=True)
-        )
+        assert all(torch.equal(a, b) for a, b in zip(resumed, uninterrupted[rank][k:], strict=True))
 
 
 def test_sharded_loader_with_workers_delivers_what_it_does_without():
@@ -219,11 +209,7 @@ def test_sharded_loader_with_workers_delivers_what_it_does_without():
 def test_states_without_num_replicas_read_as_one_replica(target):
     writer = _sampler(target, world=1, rank=0)
     writer.advance(7)
-    old = {
-        key: value
-        for key, value in writer.state_dict().items()
-        if key != "num_replicas"
-    }
+    old = {key: value for key, value in writer.state_dict().items() if key != "num_replicas"}
     reader = _sampler(target, world=1, rank=0)
     reader.load_state_dict(old)
     assert _take(iter(reader), 5) == _take(iter(writer), 5)
@@ -302,8 +288,7 @@ def test_repeat_false_iterations_end_at_the_cycle_with_equal_counts_per_rank():
     # 10 samples in batches of 5: 2 batches per cycle, one per rank.
     world = 2
     shards = [
-        _sampler("naive", world=world, rank=rank, repeat=False, batch=5)
-        for rank in range(world)
+        _sampler("naive", world=world, rank=rank, repeat=False, batch=5) for rank in range(world)
     ]
     first = [list(iter(shard)) for shard in shards]
     assert [len(batches) for batches in first] == [len(shard) for shard in shards] == [1, 1]
@@ -312,10 +297,7 @@ def test_repeat_false_iterations_end_at_the_cycle_with_equal_counts_per_rank():
 
 def test_resuming_repeat_false_where_the_rest_of_the_cycle_cannot_be_shared_fails_before_any_change():
     # 10 samples in batches of 1: 10 batches per cycle; after 1 step of 2 ranks, 8 are left.
-    writers = [
-        _sampler("naive", world=2, rank=rank, repeat=False, batch=1)
-        for rank in range(2)
-    ]
+    writers = [_sampler("naive", world=2, rank=rank, repeat=False, batch=1) for rank in range(2)]
     for writer in writers:
         writer.advance(1)
     state = writers[0].state_dict()

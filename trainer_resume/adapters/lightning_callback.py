@@ -67,7 +67,13 @@ from .lightning_pause_point import (
 )
 from .lightning_positions import DeliveredLoaderStates, LoaderPositionUnknown
 
-__all__ = ["ResumeCallback", "LightningPauseState", "PAUSE_KEY", "LIGHTNING_PAUSE_FORMAT", "DEFAULT_SIGNALS"]
+__all__ = [
+    "ResumeCallback",
+    "LightningPauseState",
+    "PAUSE_KEY",
+    "LIGHTNING_PAUSE_FORMAT",
+    "DEFAULT_SIGNALS",
+]
 
 DEFAULT_SIGNALS = DEFAULT_PAUSE_SIGNALS
 
@@ -274,7 +280,9 @@ class ResumeCallback(Callback):
         self._remove_reader(trainer)
         restore_fit_loop(trainer)
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         """Restore the previous signal handlers and checkpoint IO (``teardown`` is not called on errors)."""
         self._restore_signals()
         self._remove_reader(trainer)
@@ -385,7 +393,12 @@ class ResumeCallback(Callback):
         self._positions.on_train_batch_start(trainer)
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
     ) -> None:
         """Write the pause checkpoint when any rank asked for a pause."""
         # Every rank takes part in the reduction each batch, so all pause at the same step.
@@ -402,7 +415,9 @@ class ResumeCallback(Callback):
         self._paused_at = trainer.global_step
         trainer.should_stop = True
         stop_after_batch(trainer)
-        rank_zero_info(f"ResumeCallback: paused at step {trainer.global_step}; pause file {self.path}")
+        rank_zero_info(
+            f"ResumeCallback: paused at step {trainer.global_step}; pause file {self.path}"
+        )
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -437,7 +452,9 @@ class ResumeCallback(Callback):
         except LoaderPositionUnknown as exc:
             if self._writing_pause:
                 raise UnsupportedResumeConfigurationError(str(exc)) from exc
-            rank_zero_warn(f"ResumeCallback: this checkpoint's loader position may be ahead of training: {exc}")
+            rank_zero_warn(
+                f"ResumeCallback: this checkpoint's loader position may be ahead of training: {exc}"
+            )
             return
         if states is not None:
             fit_state["combined_loader"] = states
@@ -493,12 +510,18 @@ class ResumeCallback(Callback):
         if saved is None:
             detail = "the paused run had no config, this run has one"
         elif self._signature is None:
-            detail = "the paused run had a config; pass the same config to ResumeCallback(config=...)"
+            detail = (
+                "the paused run had a config; pass the same config to ResumeCallback(config=...)"
+            )
         else:
-            detail = config_difference(entry.get("config"), self._config) or "config signatures differ"
+            detail = (
+                config_difference(entry.get("config"), self._config) or "config signatures differ"
+            )
         raise ConfigSignatureMismatchError(f"{source}: {detail}")
 
-    def _rng_of_this_rank(self, entry: Mapping[str, Any], trainer: pl.Trainer, source: str) -> RandomState:
+    def _rng_of_this_rank(
+        self, entry: Mapping[str, Any], trainer: pl.Trainer, source: str
+    ) -> RandomState:
         states = entry.get("rng")
         saved_world = entry.get("world_size")
         if saved_world != trainer.world_size:

@@ -64,7 +64,10 @@ class DurableCheckpointIO(CheckpointIO):
         return self._key
 
     def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any | None = None
+        self,
+        checkpoint: dict[str, Any],
+        path: str | os.PathLike[str],
+        storage_options: Any | None = None,
     ) -> None:
         """Write ``checkpoint`` to ``path`` durably; the previous file survives any failure.
 
@@ -157,7 +160,10 @@ class PauseFileReader(CheckpointIO):
             return False
 
     def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any | None = None
+        self,
+        checkpoint: dict[str, Any],
+        path: str | os.PathLike[str],
+        storage_options: Any | None = None,
     ) -> None:
         """Delegate to the trainer's own IO."""
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
@@ -170,10 +176,14 @@ class PauseFileReader(CheckpointIO):
     ) -> dict[str, Any]:
         """Read the pause file durably, anything else through the trainer's own IO."""
         if self._is_pause_file(path):
-            return self._durable.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            return self._durable.load_checkpoint(
+                path, map_location=map_location, weights_only=weights_only
+            )
         if map_location is None:
             return self.inner.load_checkpoint(path, weights_only=weights_only)
-        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        return self.inner.load_checkpoint(
+            path, map_location=map_location, weights_only=weights_only
+        )
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Delegate to the trainer's own IO."""

@@ -36,11 +36,15 @@ def _fit_loop_parts(trainer: Any) -> tuple[Any, Any]:
 
 def _stateful(loader: Any) -> bool:
     # The same test as Lightning's ``_Stateful`` runtime protocol, which decides what is saved.
-    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+    return callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
+    )
 
 
 def _loader_states(combined_loader: Any) -> list[Any]:
-    return [cpu_state(loader.state_dict()) for loader in combined_loader.flattened if _stateful(loader)]
+    return [
+        cpu_state(loader.state_dict()) for loader in combined_loader.flattened if _stateful(loader)
+    ]
 
 
 def _prefetched(fetcher: Any) -> int:

@@ -167,7 +167,9 @@ def _worker_list(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not values or any(value < 0 for value in values):
         raise argparse.ArgumentTypeError(f"expected non-negative worker counts, got {text!r}")
     return list(dict.fromkeys(values))
@@ -189,7 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog="trainer-resume", description=_DESCRIPTION, epilog=_EXIT_TEXT, formatter_class=formatter
+        prog="trainer-resume",
+        description=_DESCRIPTION,
+        epilog=_EXIT_TEXT,
+        formatter_class=formatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -281,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
     )
     audit.add_argument(
-        "target", metavar="MODULE:FACTORY", help="the factory to audit, e.g. mypackage.data:make_dataset"
+        "target",
+        metavar="MODULE:FACTORY",
+        help="the factory to audit, e.g. mypackage.data:make_dataset",
     )
     audit.add_argument(
         "--workers",
@@ -290,7 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="0,2,4",
         help="comma-separated worker counts to run and compare; 0 is always included (default: 0,2)",
     )
-    audit.add_argument("--epochs", type=_positive, default=2, metavar="E", help="epochs per setting (default: 2)")
+    audit.add_argument(
+        "--epochs", type=_positive, default=2, metavar="E", help="epochs per setting (default: 2)"
+    )
     audit.add_argument(
         "--batches",
         type=_positive,
@@ -306,7 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="batch size when the factory returns a dataset (default: 8)",
     )
     audit.add_argument(
-        "--seed", type=int, default=0, help="seed of Python, NumPy and torch before each setting (default: 0)"
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of Python, NumPy and torch before each setting (default: 0)",
     )
     return parser
 

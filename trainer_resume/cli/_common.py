@@ -46,7 +46,9 @@ def read_key_file(path: str) -> bytes:
     return key
 
 
-def format_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, indent: str = "  ") -> str:
+def format_table(
+    header: Sequence[str], rows: Sequence[Sequence[object]], *, indent: str = "  "
+) -> str:
     """Left-aligned columns separated by two spaces; the header is underlined."""
     cells = [[str(cell) for cell in header]] + [[str(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in cells if i < len(row)) for i in range(len(header))]

@@ -216,7 +216,6 @@ def manifest_summary(manifest: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-
 # ---------------------------------------------------------------------- RNG
 
 

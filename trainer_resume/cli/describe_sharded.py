@@ -25,10 +25,7 @@ def is_sharded_pause(path: str) -> bool:
     """True for a directory holding a sharded pause's manifest or one of its generations."""
     if not os.path.isdir(path):
         return False
-    return any(
-        entry == MANIFEST_NAME or GENERATION.fullmatch(entry)
-        for entry in os.listdir(path)
-    )
+    return any(entry == MANIFEST_NAME or GENERATION.fullmatch(entry) for entry in os.listdir(path))
 
 
 def describe_sharded(path: str, *, key: bytes | None) -> dict[str, Any]:
@@ -65,4 +62,3 @@ def describe_sharded(path: str, *, key: bytes | None) -> dict[str, Any]:
     summary.update(described)
     summary["world_size"] = pause.manifest["world_size"]
     return summary
-

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from .batch_samplers import build_batch_sampler
 from .dataloader import ResumableDataLoader
-from .sampler import InfiniteRandomSampler
 
 # --- sample reuse ---------------------------------------------------------------
 from .reuse import ReuseDataLoader, ReuseDataset, ReuseKey, ReusePolicy, ReuseSampler
+from .sampler import InfiniteRandomSampler
 
 __all__ = [
     "InfiniteRandomSampler",

@@ -32,7 +32,14 @@ __all__ = ["Batch", "ResumableBatchSampler"]
 # the global one this rank's batch is read from (the batch itself is ``rank`` further).
 Batch = tuple[int, int, int, list[int]]
 
-_READABLE_SETTINGS = ("target", "batch_size", "shuffle", "drop_last", "dataset_size", "cycle_samples")
+_READABLE_SETTINGS = (
+    "target",
+    "batch_size",
+    "shuffle",
+    "drop_last",
+    "dataset_size",
+    "cycle_samples",
+)
 
 
 def _require_bool(name: str, value: Any) -> bool:
@@ -90,16 +97,22 @@ class ResumableBatchSampler(ResumableCursor[BatchSamplerState], Sampler[list[int
     ) -> None:
         self.num_replicas, self.rank = resolve_replicas(num_replicas, rank)
         if not keys.is_int(batch_size):
-            raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}: {batch_size!r}")
+            raise TypeError(
+                f"batch_size must be an int, got {type(batch_size).__name__}: {batch_size!r}"
+            )
         self.repeat = _require_bool("repeat", repeat)
         self.shuffle = _require_bool("shuffle", shuffle)
         self.drop_last = _require_bool("drop_last", drop_last)
         self.resumable = _require_bool("resumable", resumable)
         if batch_size < 1:
-            raise ResumableBatchConfigurationError(f"batch_size must be at least 1, got {batch_size}")
+            raise ResumableBatchConfigurationError(
+                f"batch_size must be at least 1, got {batch_size}"
+            )
         size = len(dataset)
         if size < 1:
-            raise ResumableBatchConfigurationError(f"{self.target!r} batch sampler got an empty dataset")
+            raise ResumableBatchConfigurationError(
+                f"{self.target!r} batch sampler got an empty dataset"
+            )
         self.batch_size = batch_size
         self._dataset_size = size
         self._configure(dataset, dict(options))
@@ -187,7 +200,9 @@ class ResumableBatchSampler(ResumableCursor[BatchSamplerState], Sampler[list[int
     def __len__(self) -> int:
         if self.repeat:
             raise TypeError(f"a {type(self).__name__} with repeat=True is endless and has no len()")
-        return self._batches_per_cycle // self.num_replicas  # this rank's share (divisible: checked at construction)
+        return (
+            self._batches_per_cycle // self.num_replicas
+        )  # this rank's share (divisible: checked at construction)
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.resumable:
@@ -213,7 +228,11 @@ class ResumableBatchSampler(ResumableCursor[BatchSamplerState], Sampler[list[int
                 order = None  # only the cycle being read is held
                 order, held = self._cycle_order(seed, batch_cycle), batch_cycle
             low = batch * size
-            yield (*divmod(cursor, count), batch_cycle * samples + low, order[low : low + size].tolist())
+            yield (
+                *divmod(cursor, count),
+                batch_cycle * samples + low,
+                order[low : low + size].tolist(),
+            )
             cursor += stride
 
     def _cycle_order(self, seed: int, cycle: int) -> torch.Tensor:
@@ -227,7 +246,9 @@ class ResumableBatchSampler(ResumableCursor[BatchSamplerState], Sampler[list[int
 
     def next_cursor(self, cycle: int, offset: int) -> tuple[int, int]:
         """The global cursor after this rank delivers the batch read from cursor ``(cycle, offset)``."""
-        return divmod(cycle * self._batches_per_cycle + offset + self.num_replicas, self._batches_per_cycle)
+        return divmod(
+            cycle * self._batches_per_cycle + offset + self.num_replicas, self._batches_per_cycle
+        )
 
     # --- state: ResumableCursor's guards call the hooks below -------------------
 
@@ -297,7 +318,9 @@ class ResumableBatchSampler(ResumableCursor[BatchSamplerState], Sampler[list[int
     def _advance(self, count: int) -> None:
         """Hook: ``count`` more batches delivered by this rank."""
         moved = count * self.num_replicas
-        cycle, offset = divmod(self._cycle * self._batches_per_cycle + self._offset + moved, self._batches_per_cycle)
+        cycle, offset = divmod(
+            self._cycle * self._batches_per_cycle + self._offset + moved, self._batches_per_cycle
+        )
         self.commit(cycle, offset)
 
     def _samples_at(self, cycle: int, offset: int) -> int:  # type: ignore[override]
@@ -338,5 +361,9 @@ class ResumableBatchSampler(ResumableCursor[BatchSamplerState], Sampler[list[int
             f"{type(self).__name__}(batch_size={self.batch_size}, dataset_size={self._dataset_size}, "
             f"cycle_samples={self._cycle_samples}, repeat={self.repeat}, shuffle={self.shuffle}, "
             f"drop_last={self.drop_last}, resumable={self.resumable}"
-            + (f", num_replicas={self.num_replicas}, rank={self.rank})" if self.num_replicas > 1 else ")")
+            + (
+                f", num_replicas={self.num_replicas}, rank={self.rank})"
+                if self.num_replicas > 1
+                else ")"
+            )
         )

@@ -60,7 +60,15 @@ def as_is(batch: Any) -> Any:
 class FetchFailure:
     """Returned instead of a batch when ``dataset[index]`` or ``collate_fn`` raised."""
 
-    __slots__ = ("exception", "first_position", "index", "position", "remote_traceback", "stage", "summary")
+    __slots__ = (
+        "exception",
+        "first_position",
+        "index",
+        "position",
+        "remote_traceback",
+        "stage",
+        "summary",
+    )
 
     def __init__(
         self,
@@ -82,7 +90,9 @@ class FetchFailure:
         if in_worker:
             # The failure crosses a process boundary: keep the exception only if it
             # survives pickling, and its formatted traceback in any case.
-            self.remote_traceback = "".join(traceback.format_exception(type(exception), exception, exception.__traceback__))
+            self.remote_traceback = "".join(
+                traceback.format_exception(type(exception), exception, exception.__traceback__)
+            )
             try:
                 self.exception = pickle.loads(pickle.dumps(exception))
             except Exception:
@@ -97,7 +107,9 @@ class FetchFailure:
 
     def describe(self) -> str:
         if self.stage == "dataset":
-            return f"dataset[{self.index!r}] raised {self.summary} (stream position {self.position})"
+            return (
+                f"dataset[{self.index!r}] raised {self.summary} (stream position {self.position})"
+            )
         return f"collate_fn raised {self.summary} on the batch starting at stream position {self.first_position}"
 
 
@@ -168,10 +180,16 @@ class BatchFetcher(Dataset):
             try:
                 samples = dataset.__getitems__(list(batch))
             except Exception as exc:
-                return FetchFailure(first_position, batch, first_position, "dataset", exc, in_worker=in_worker)
+                return FetchFailure(
+                    first_position, batch, first_position, "dataset", exc, in_worker=in_worker
+                )
         else:
             samples = []
-            seeds = derive_seeds(base, first_position, len(batch), stride=stride) if self.per_sample else ()
+            seeds = (
+                derive_seeds(base, first_position, len(batch), stride=stride)
+                if self.per_sample
+                else ()
+            )
             for offset, index in enumerate(batch):
                 if self.per_sample:
                     seed_cpu_generators(seeds[offset])
@@ -179,10 +197,14 @@ class BatchFetcher(Dataset):
                     samples.append(dataset[index])
                 except Exception as exc:
                     position = first_position + offset * stride
-                    return FetchFailure(first_position, index, position, "dataset", exc, in_worker=in_worker)
+                    return FetchFailure(
+                        first_position, index, position, "dataset", exc, in_worker=in_worker
+                    )
             if self.per_sample:
                 seed_cpu_generators(batch_seed(base, first_position))
         try:
             return self.collate_fn(samples if self.batched else samples[0])
         except Exception as exc:
-            return FetchFailure(first_position, None, first_position, "collate", exc, in_worker=in_worker)
+            return FetchFailure(
+                first_position, None, first_position, "collate", exc, in_worker=in_worker
+            )

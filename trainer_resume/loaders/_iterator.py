@@ -87,7 +87,9 @@ class ResumableIterator:
             self._stream.source.end_epoch(self.epoch)
             raise
         except Exception as exc:
-            raise self._fail_fetch(self._describe_pending(f"fetching failed: {type(exc).__name__}: {exc}")) from exc
+            raise self._fail_fetch(
+                self._describe_pending(f"fetching failed: {type(exc).__name__}: {exc}")
+            ) from exc
         except BaseException:
             # Interrupted inside the internal iterator (KeyboardInterrupt): its queues
             # may have lost a batch, so it is not reused; the cursor is exact anyway.
@@ -100,7 +102,9 @@ class ResumableIterator:
             self._stream.source.commit(before, after)
         except Exception as exc:
             # The batch is not handed out: the recorded position is now unknown.
-            self._stream.commit_failure = f"recording the delivered position failed: {type(exc).__name__}: {exc}"
+            self._stream.commit_failure = (
+                f"recording the delivered position failed: {type(exc).__name__}: {exc}"
+            )
             self._kill(LoaderCommitFailedError(self._stream.commit_failure))
             raise LoaderCommitFailedError(
                 f"{self._stream.commit_failure}; call load_state_dict() with a saved state to recover"
@@ -131,7 +135,9 @@ class ResumableIterator:
         self._kill(IteratorInvalidatedError(reason))
 
     def _fail_fetch(self, detail: str) -> LoaderFetchFailedError:
-        detail = f"{detail}; call close() on the loader, then iter() resumes at the last delivered batch"
+        detail = (
+            f"{detail}; call close() on the loader, then iter() resumes at the last delivered batch"
+        )
         self._stream.fetch_failure = detail
         self._kill(LoaderFetchFailedError(detail))
         return LoaderFetchFailedError(detail)

@@ -40,13 +40,9 @@ def resolve_replicas(num_replicas: Any, rank: Any) -> tuple[int, int]:
         rank = world[1] if world is not None else 0
     for name, value in (("num_replicas", num_replicas), ("rank", rank)):
         if not is_int(value):
-            raise TypeError(
-                f"{name} must be an int, got {type(value).__name__}: {value!r}"
-            )
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
     if not 0 <= rank < num_replicas:
-        raise ValueError(
-            f"rank must be in [0, num_replicas) = [0, {num_replicas}), got {rank}"
-        )
+        raise ValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got {rank}")
     return num_replicas, rank

@@ -54,7 +54,9 @@ def _check_contiguous(expected: Any, recorded: Any, what: str) -> None:
     # The sampler's cursor moved under the loader (advance/load_state_dict called on
     # the sampler directly): committing would record a position nobody delivered.
     if expected != recorded:
-        raise RuntimeError(f"the delivered batch starts at {what} {expected} but the sampler records {recorded}")
+        raise RuntimeError(
+            f"the delivered batch starts at {what} {expected} but the sampler records {recorded}"
+        )
 
 
 class _StreamSource:
@@ -93,7 +95,9 @@ class SamplerSource(_StreamSource):
     def tasks(self, pending: deque[Pending], augmentation_seed: int) -> Iterator[Task]:
         return self._tasks(self.sampler.consumed, self.sampler.reader(), pending, augmentation_seed)
 
-    def _tasks(self, cursor: int, reader: Any, pending: deque[Pending], base: int) -> Iterator[Task]:
+    def _tasks(
+        self, cursor: int, reader: Any, pending: deque[Pending], base: int
+    ) -> Iterator[Task]:
         # Cursors are global; this rank's samples sit at cursor + rank + i * stride.
         size, stride, rank = self.batch_size, self.sampler.num_replicas, self.sampler.rank
         if size is None:

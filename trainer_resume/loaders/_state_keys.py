@@ -32,7 +32,9 @@ OFFSET = "offset"
 SETTINGS = "settings"
 SETTINGS_DIGEST = "settings_digest"
 AUGMENTATION_SEED = "augmentation_seed"
-AUGMENTATION_SEEDING = "augmentation_seeding"  # "batch" or "sample" (absent in older states: "sample")
+AUGMENTATION_SEEDING = (
+    "augmentation_seeding"  # "batch" or "sample" (absent in older states: "sample")
+)
 BATCH_SIZE = "batch_size"
 DELIVERED_BATCHES = "delivered_batches"
 SAMPLER = "sampler"
@@ -56,7 +58,9 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_mapping(state: Any, what: str, required: Iterable[str], optional: Iterable[str] = ()) -> None:
+def check_mapping(
+    state: Any, what: str, required: Iterable[str], optional: Iterable[str] = ()
+) -> None:
     """Require a dict with every ``required`` key and nothing outside ``required | optional``."""
     if not isinstance(state, Mapping):
         raise LoaderStateError(f"{what} must be a dict, got {type(state).__name__}")
@@ -79,7 +83,9 @@ def check_count(state: Mapping[str, Any], what: str, key: str) -> int:
     """An int in ``[0, 2**63)`` (cursors, counts)."""
     value = state[key]
     if not is_int(value):
-        raise LoaderStateError(f"{what}[{key!r}] must be an int, got {type(value).__name__}: {value!r}")
+        raise LoaderStateError(
+            f"{what}[{key!r}] must be an int, got {type(value).__name__}: {value!r}"
+        )
     if not 0 <= value < SEED_LIMIT:
         raise LoaderStateError(f"{what}[{key!r}] = {value} is outside [0, 2**63)")
     return value

@@ -57,7 +57,9 @@ class ClassBalanceBatchSampler(ResumableBatchSampler):
         for members in self._members:
             size = len(members)
             if self.shuffle:
-                passes = [torch.randperm(size, generator=generator) for _ in range(-(-largest // size))]
+                passes = [
+                    torch.randperm(size, generator=generator) for _ in range(-(-largest // size))
+                ]
                 picks = torch.cat(passes)[:largest]
             else:
                 picks = (torch.arange(largest) + (cycle * largest) % size) % size
@@ -94,15 +96,21 @@ class BalanceBatchSampler(ResumableBatchSampler):
         groups, ratios = options.pop("groups"), options.pop("ratios")
         super()._configure(dataset, options)
         if not isinstance(ratios, Mapping):
-            raise TypeError(f"ratios must be a mapping {{group: float}}, got {type(ratios).__name__}")
+            raise TypeError(
+                f"ratios must be a mapping {{group: float}}, got {type(ratios).__name__}"
+            )
         keys = _groups.as_keys(groups, self._dataset_size, "groups")
         self.groups, self._members, group_of = _groups.group_indices(keys)
         known = set(self.groups)
         for group, ratio in ratios.items():
             if group not in known:
-                raise ResumableBatchConfigurationError(f"ratios[{group!r}] is set but group {group!r} has no index")
+                raise ResumableBatchConfigurationError(
+                    f"ratios[{group!r}] is set but group {group!r} has no index"
+                )
             if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
-                raise TypeError(f"ratios[{group!r}] must be a number, got {type(ratio).__name__}: {ratio!r}")
+                raise TypeError(
+                    f"ratios[{group!r}] must be a number, got {type(ratio).__name__}: {ratio!r}"
+                )
             if not math.isfinite(ratio) or ratio < 0:
                 raise ValueError(f"ratios[{group!r}] must be finite and >= 0, got {ratio!r}")
         self.ratios = {group: float(ratios.get(group, 1.0)) for group in self.groups}
@@ -110,7 +118,10 @@ class BalanceBatchSampler(ResumableBatchSampler):
             math.floor(self.ratios[group] * len(members) + _FLOOR_SLACK)
             for group, members in zip(self.groups, self._members)
         ]
-        self._digest_bytes = [*_groups.digest_parts(self.groups, group_of), repr(self._counts).encode()]
+        self._digest_bytes = [
+            *_groups.digest_parts(self.groups, group_of),
+            repr(self._counts).encode(),
+        ]
 
     def _raw_cycle_samples(self) -> int:
         return sum(self._counts)

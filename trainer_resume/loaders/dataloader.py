@@ -135,7 +135,9 @@ class ResumableDataLoader(DataLoader):
         if not isinstance(resumable, bool):
             raise TypeError(f"resumable must be a bool, got {type(resumable).__name__}")
         if augmentation_seeding not in (None, "batch", "sample"):
-            raise ValueError(f"augmentation_seeding must be 'batch', 'sample' or None, got {augmentation_seeding!r}")
+            raise ValueError(
+                f"augmentation_seeding must be 'batch', 'sample' or None, got {augmentation_seeding!r}"
+            )
         if resumable:
             check_resumable_configuration(dataset, sampler, batch_sampler, in_order)
         else:
@@ -183,7 +185,9 @@ class ResumableDataLoader(DataLoader):
             augmentation_seeding = "batch" if source.epochs else "sample"
         self.augmentation_seeding = augmentation_seeding
         self._stream = Stream(source, keys.draw_seed(generator))
-        self._engine: DataLoader | None = None  # internal loader whose persistent workers are reused
+        self._engine: DataLoader | None = (
+            None  # internal loader whose persistent workers are reused
+        )
         self._active: ResumableIterator | None = None
         self.__ready = True
 
@@ -334,7 +338,13 @@ class ResumableDataLoader(DataLoader):
         keys.check_mapping(
             state,
             what,
-            (keys.FORMAT, keys.AUGMENTATION_SEED, keys.BATCH_SIZE, keys.DELIVERED_BATCHES, keys.SAMPLER),
+            (
+                keys.FORMAT,
+                keys.AUGMENTATION_SEED,
+                keys.BATCH_SIZE,
+                keys.DELIVERED_BATCHES,
+                keys.SAMPLER,
+            ),
             (keys.AUGMENTATION_SEEDING,),
         )
         # States written before per-batch seeding existed seeded every sample.
@@ -348,7 +358,9 @@ class ResumableDataLoader(DataLoader):
         keys.check_count(state, what, keys.AUGMENTATION_SEED)
         batch_size = state[keys.BATCH_SIZE]
         if batch_size is not None and not keys.is_int(batch_size):
-            raise LoaderStateError(f"{what}[{keys.BATCH_SIZE!r}] must be an int or None, got {batch_size!r}")
+            raise LoaderStateError(
+                f"{what}[{keys.BATCH_SIZE!r}] must be an int or None, got {batch_size!r}"
+            )
         if batch_size != self.batch_size:
             raise LoaderStateError(
                 f"{what}[{keys.BATCH_SIZE!r}] is {batch_size!r} but this loader's batch_size is {self.batch_size!r}"
@@ -406,5 +418,7 @@ class ResumableDataLoader(DataLoader):
         if stream is None:
             if "resumable" not in self.__dict__:
                 raise RuntimeError(f"ResumableDataLoader.__init__ was not called before {method}")
-            raise ResumableModeRequiredError(f"ResumableDataLoader.{method} needs a loader built with resumable=True")
+            raise ResumableModeRequiredError(
+                f"ResumableDataLoader.{method} needs a loader built with resumable=True"
+            )
         return stream

@@ -151,7 +151,9 @@ class InfiniteRandomSampler(ResumableCursor[SamplerState], Sampler[int]):
         cycle = keys.check_count(state, what, keys.CYCLE)
         offset = keys.check_count(state, what, keys.OFFSET)
         if offset >= size:
-            raise LoaderStateError(f"{what}[{keys.OFFSET!r}] = {offset} is not below the dataset size {size}")
+            raise LoaderStateError(
+                f"{what}[{keys.OFFSET!r}] = {offset} is not below the dataset size {size}"
+            )
         if consumed != cycle * size + offset:
             raise LoaderStateError(
                 f"{what}: consumed {consumed} != cycle*dataset_size+offset = {cycle}*{size}+{offset}"
@@ -188,7 +190,9 @@ class InfiniteRandomSampler(ResumableCursor[SamplerState], Sampler[int]):
         self._consumed = consumed
 
     def __repr__(self) -> str:
-        shard = f", num_replicas={self.num_replicas}, rank={self.rank}" if self.num_replicas > 1 else ""
+        shard = (
+            f", num_replicas={self.num_replicas}, rank={self.rank}" if self.num_replicas > 1 else ""
+        )
         return (
             f"{type(self).__name__}(dataset_size={self._size}, resumable={self.resumable}{shard}"
             + (f", consumed={self._consumed})" if self.resumable else ")")

@@ -41,7 +41,12 @@ def _print_throughput(runs: dict[int, list[EpochRun]], out: TextIO) -> None:
         "\n  excluded as warm-up: iter() and the first batch of each epoch (worker start-up)",
         file=out,
     )
-    header = ["num_workers", *(f"epoch {e}" for e in range(1, epochs + 1)), "median", "warm-up excluded"]
+    header = [
+        "num_workers",
+        *(f"epoch {e}" for e in range(1, epochs + 1)),
+        "median",
+        "warm-up excluded",
+    ]
     rows = []
     for workers, epoch_runs in runs.items():
         rates = [run.samples_per_s for run in epoch_runs]
@@ -51,7 +56,9 @@ def _print_throughput(runs: dict[int, list[EpochRun]], out: TextIO) -> None:
                 workers,
                 *(f"{rate:.1f}" if rate is not None else "n/a" for rate in rates),
                 f"{statistics.median(known):.1f}" if known else "n/a",
-                ", ".join(f"{run.warmup_samples} samples/{run.warmup_s:.3f} s" for run in epoch_runs),
+                ", ".join(
+                    f"{run.warmup_samples} samples/{run.warmup_s:.3f} s" for run in epoch_runs
+                ),
             )
         )
     print(format_table(header, rows), file=out)
@@ -121,11 +128,15 @@ def run_audit(
             current = build_target(factory, num_workers=workers_count, batch_size=batch_size)
         seed_cpu_generators(seed)
         try:
-            runs[workers_count] = run_epochs(current.loader, dataset_size=dataset_size, epochs=epochs, batches=batches)
+            runs[workers_count] = run_epochs(
+                current.loader, dataset_size=dataset_size, epochs=epochs, batches=batches
+            )
         except AuditUsageError:
             raise
         except Exception as error:  # a loader that fails under one setting is a finding
-            failures.append(f"  FAILED num_workers={workers_count}: {type(error).__name__}: {error}")
+            failures.append(
+                f"  FAILED num_workers={workers_count}: {type(error).__name__}: {error}"
+            )
         finally:
             _close(current.loader)
     if failures:

@@ -220,7 +220,8 @@ def check_epochs(runs: dict[int, list[EpochRun]], size: int, endless: bool, out:
     if len(reference) > 1:
         same = all(indices == reference[0][0] for indices, _ in reference[1:])
         print(
-            "  order: " + ("the same in every epoch" if same else "differs between epochs (shuffled)"),
+            "  order: "
+            + ("the same in every epoch" if same else "differs between epochs (shuffled)"),
             file=out,
         )
     return problems

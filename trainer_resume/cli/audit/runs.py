@@ -58,7 +58,9 @@ def load_factory(target: str) -> Callable[..., Any]:
     """
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
-        raise AuditUsageError(f"expected MODULE:FACTORY (e.g. mypackage.data:make_dataset), got {target!r}")
+        raise AuditUsageError(
+            f"expected MODULE:FACTORY (e.g. mypackage.data:make_dataset), got {target!r}"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -69,7 +71,9 @@ def load_factory(target: str) -> Callable[..., Any]:
         try:
             obj = getattr(obj, part)
         except AttributeError as error:
-            raise AuditUsageError(f"module {module_name!r} has no attribute {attribute!r}") from error
+            raise AuditUsageError(
+                f"module {module_name!r} has no attribute {attribute!r}"
+            ) from error
     if not callable(obj):
         raise AuditUsageError(f"{target} is a {type(obj).__name__}, not a callable factory")
     return obj
@@ -80,7 +84,9 @@ def _accepts_num_workers(factory: Callable[..., Any]) -> bool:
         parameters = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(p.name == "num_workers" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    return any(
+        p.name == "num_workers" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
+    )
 
 
 def build_target(factory: Callable[..., Any], *, num_workers: int, batch_size: int) -> Target:
@@ -94,7 +100,9 @@ def build_target(factory: Callable[..., Any], *, num_workers: int, batch_size: i
         product = factory(num_workers=num_workers) if takes_workers else factory()
     except Exception as error:
         name = getattr(factory, "__qualname__", repr(factory))
-        raise AuditUsageError(f"the factory {name} raised {type(error).__name__}: {error}") from error
+        raise AuditUsageError(
+            f"the factory {name} raised {type(error).__name__}: {error}"
+        ) from error
     if isinstance(product, DataLoader):
         if not takes_workers:
             raise AuditUsageError(
@@ -108,11 +116,15 @@ def build_target(factory: Callable[..., Any], *, num_workers: int, batch_size: i
             )
         dataset = product.dataset
         if isinstance(dataset, IterableDataset):
-            raise AuditUsageError("the loader's dataset is an IterableDataset; only map-style datasets can be audited")
+            raise AuditUsageError(
+                "the loader's dataset is an IterableDataset; only map-style datasets can be audited"
+            )
         tag_loader(product)
         return Target(product, dataset, built_by_audit=False)
     if isinstance(product, IterableDataset):
-        raise AuditUsageError("the factory returned an IterableDataset; only map-style datasets can be audited")
+        raise AuditUsageError(
+            "the factory returned an IterableDataset; only map-style datasets can be audited"
+        )
     if not (hasattr(product, "__getitem__") and hasattr(product, "__len__")):
         raise AuditUsageError(
             f"the factory returned a {type(product).__name__}; expected a map-style dataset "
@@ -120,7 +132,11 @@ def build_target(factory: Callable[..., Any], *, num_workers: int, batch_size: i
         )
     # No collation: the samples are compared exactly as dataset[i] returned them.
     loader = DataLoader(
-        product, batch_size=batch_size, shuffle=False, num_workers=num_workers, collate_fn=keep_samples
+        product,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        collate_fn=keep_samples,
     )
     tag_loader(loader)
     return Target(loader, product, built_by_audit=True)
@@ -144,7 +160,9 @@ def is_endless(loader: DataLoader) -> bool:
     return False
 
 
-def run_epochs(loader: DataLoader, *, dataset_size: int, epochs: int, batches: int | None) -> list[EpochRun]:
+def run_epochs(
+    loader: DataLoader, *, dataset_size: int, epochs: int, batches: int | None
+) -> list[EpochRun]:
     """Iterate ``epochs`` passes; a pass ends with the iterator, after ``batches``
     batches, or (for an endless loader) after ``dataset_size`` samples."""
     endless = is_endless(loader)

@@ -31,7 +31,9 @@ PAUSE_FRACTION = 0.4  # default K: early enough to leave most of the run to comp
 
 
 @contextmanager
-def _progress(enabled: bool, total: int, description: str, initial: int = 0) -> Iterator[Callable[[int], None]]:
+def _progress(
+    enabled: bool, total: int, description: str, initial: int = 0
+) -> Iterator[Callable[[int], None]]:
     """A tqdm bar on stderr (shown on a terminal only) fed with completed step numbers."""
     if not enabled:
         yield lambda step: None
@@ -39,7 +41,9 @@ def _progress(enabled: bool, total: int, description: str, initial: int = 0) -> 
     from tqdm import tqdm
 
     # disable=None: no bar when stderr is not a terminal (logs, CI, pipes).
-    with tqdm(total=total, initial=initial, desc=description, unit="step", disable=None, leave=False) as bar:
+    with tqdm(
+        total=total, initial=initial, desc=description, unit="step", disable=None, leave=False
+    ) as bar:
         yield lambda step: bar.update(step - bar.n)
 
 
@@ -85,12 +89,20 @@ def run_demo(
         pause_file = directory / "pause.ckpt"
         pause_file.unlink(missing_ok=True)
         source = config_path or "the bundled configs/demo.yaml"
-        print(f"trainer-resume demo: {steps} steps of the example trainer; SIGTERM after step {pause_at}", file=out)
+        print(
+            f"trainer-resume demo: {steps} steps of the example trainer; SIGTERM after step {pause_at}",
+            file=out,
+        )
         print(f"  config: {source}{' with ' + ' '.join(overrides) if overrides else ''}", file=out)
-        print(f"  workdir: {directory}{'' if keep else ' (temporary; --workdir DIR keeps the files)'}", file=out)
+        print(
+            f"  workdir: {directory}{'' if keep else ' (temporary; --workdir DIR keeps the files)'}",
+            file=out,
+        )
         start = time.perf_counter()
         try:
-            results = _run_phases(directory, config_file, pause_file, steps, pause_at, progress, out)
+            results = _run_phases(
+                directory, config_file, pause_file, steps, pause_at, progress, out
+            )
         except DemoPhaseError as error:
             keep = True  # the logs and files explain the failure
             print(f"error: {error}\nthe demo's files are kept in {directory}", file=sys.stderr)
@@ -98,7 +110,10 @@ def run_demo(
         identical = print_report(results, out)
         print(f"\ndemo finished in {time.perf_counter() - start:.0f} s", file=out)
         if workdir:
-            print(f"pause file kept: {pause_file} (see: trainer-resume inspect {pause_file})", file=out)
+            print(
+                f"pause file kept: {pause_file} (see: trainer-resume inspect {pause_file})",
+                file=out,
+            )
         return EXIT_OK if identical else EXIT_CHECK_FAILED
     finally:
         if not keep:
@@ -106,7 +121,13 @@ def run_demo(
 
 
 def _run_phases(
-    directory: Path, config_file: Path, pause_file: Path, steps: int, pause_at: int, progress: bool, out: TextIO
+    directory: Path,
+    config_file: Path,
+    pause_file: Path,
+    steps: int,
+    pause_at: int,
+    progress: bool,
+    out: TextIO,
 ) -> Results:
     logs = directory / "logs"
     logs.mkdir(exist_ok=True)
@@ -120,11 +141,15 @@ def _run_phases(
             "--result", str(result_file), "--steps", str(steps),
         ]  # fmt: skip
         with _progress(progress, steps, f"{number}/4 {name}", initial=first) as on_step:
-            result = run_phase(arguments, log=logs / f"{mode}.log", on_step=on_step, sigterm_after=signal_at)
+            result = run_phase(
+                arguments, log=logs / f"{mode}.log", on_step=on_step, sigterm_after=signal_at
+            )
         return result, result_file
 
     reference, reference_file = phase(1, "reference", "reference")
-    print(f"  1/4 reference      steps 1-{steps} uninterrupted, {reference.seconds:.1f} s", file=out)
+    print(
+        f"  1/4 reference      steps 1-{steps} uninterrupted, {reference.seconds:.1f} s", file=out
+    )
 
     paused, paused_file = phase(2, "paused", "pause", signal_at=pause_at)
     if paused.paused_at is None or not pause_file.exists():
@@ -140,11 +165,21 @@ def _run_phases(
     )
 
     resumed, resumed_file = phase(3, "exact resume", "resume", first=k)
-    print(f"  3/4 exact resume   steps {k + 1}-{steps} in a fresh process, {resumed.seconds:.1f} s", file=out)
+    print(
+        f"  3/4 exact resume   steps {k + 1}-{steps} in a fresh process, {resumed.seconds:.1f} s",
+        file=out,
+    )
 
     weights, weights_file = phase(4, "weights-only", "weights-only", first=k)
-    print(f"  4/4 weights-only   steps {k + 1}-{steps} in a fresh process, {weights.seconds:.1f} s", file=out)
+    print(
+        f"  4/4 weights-only   steps {k + 1}-{steps} in a fresh process, {weights.seconds:.1f} s",
+        file=out,
+    )
 
     return Results.load(
-        reference=reference_file, paused=paused_file, resumed=resumed_file, weights_only=weights_file, pause_step=k
+        reference=reference_file,
+        paused=paused_file,
+        resumed=resumed_file,
+        weights_only=weights_file,
+        pause_step=k,
     )

@@ -54,7 +54,9 @@ def load_demo_config(path: str | None, overrides: Sequence[str]) -> DictConfig:
             config = OmegaConf.load(path)
     except FileNotFoundError as error:
         if path is None:
-            raise DemoConfigError(f"the bundled demo config is missing from this installation ({error})") from error
+            raise DemoConfigError(
+                f"the bundled demo config is missing from this installation ({error})"
+            ) from error
         raise DemoConfigError(f"config file not found: {path}") from None
     except (OSError, OmegaConfBaseException, ValueError) as error:
         raise DemoConfigError(f"cannot read config {path or 'demo.yaml'}: {error}") from error
@@ -65,7 +67,9 @@ def load_demo_config(path: str | None, overrides: Sequence[str]) -> DictConfig:
     for item in overrides:
         key, sep, _ = item.partition("=")
         if not sep or not key:
-            raise DemoConfigError(f"override {item!r} is not in key=value form (e.g. train.steps=60)")
+            raise DemoConfigError(
+                f"override {item!r} is not in key=value form (e.g. train.steps=60)"
+            )
     try:
         requested = OmegaConf.from_dotlist(list(overrides))
     except OmegaConfBaseException as error:

@@ -76,7 +76,9 @@ def run_phase(
     result = PhaseResult()
     start = time.perf_counter()
     with open(log, "w") as errors:
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, env=environment)
+        child = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=errors, text=True, env=environment
+        )
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_reader, args=(child.stdout, lines), daemon=True).start()
         try:
@@ -92,7 +94,11 @@ def run_phase(
                     step = int(value)
                     result.steps.append(step)
                     on_step(step)
-                    if sigterm_after is not None and result.signal_after is None and step >= sigterm_after:
+                    if (
+                        sigterm_after is not None
+                        and result.signal_after is None
+                        and step >= sigterm_after
+                    ):
                         child.send_signal(signal.SIGTERM)
                         result.signal_after = step
                 elif kind == "paused":
@@ -107,5 +113,7 @@ def run_phase(
     result.seconds = time.perf_counter() - start
     if status != 0:
         how = f"signal {-status}" if status < 0 else f"status {status}"
-        raise DemoPhaseError(f"the training subprocess exited with {how}; its log ({log}):\n{_log_tail(log)}")
+        raise DemoPhaseError(
+            f"the training subprocess exited with {how}; its log ({log}):\n{_log_tail(log)}"
+        )
     return result

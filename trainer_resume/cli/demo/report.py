@@ -9,8 +9,8 @@ from typing import Any, TextIO
 
 import torch
 
-from ...durable import load_checkpoint
 from ...difference import first_difference, max_abs_difference
+from ...durable import load_checkpoint
 from .._common import format_table
 
 __all__ = ["Results", "print_report"]
@@ -37,7 +37,9 @@ class Results:
     pause_step: int
 
     @classmethod
-    def load(cls, *, reference: Path, paused: Path, resumed: Path, weights_only: Path, pause_step: int) -> Results:
+    def load(
+        cls, *, reference: Path, paused: Path, resumed: Path, weights_only: Path, pause_step: int
+    ) -> Results:
         return cls(
             load_checkpoint(reference),
             load_checkpoint(paused),
@@ -78,7 +80,10 @@ def print_report(results: Results, out: TextIO) -> bool:
     rows.append(_row(f"per-step losses (steps 1-{steps})", _losses(reference), losses))
     rows.append(_row("RNG draws after the last step", expected["rng"], resumed["rng"]))
     identical = all(row[1] == "yes" for row in rows)
-    print(f"\nexact resume (paused at step {k}, resumed in a fresh process) vs uninterrupted reference", file=out)
+    print(
+        f"\nexact resume (paused at step {k}, resumed in a fresh process) vs uninterrupted reference",
+        file=out,
+    )
     print(format_table(("compared", "bit-identical", "max abs difference"), rows), file=out)
     print(f"  exact resume bit-identical: {'yes' if identical else 'no'}", file=out)
 
@@ -96,7 +101,9 @@ def print_report(results: Results, out: TextIO) -> bool:
     )
     rows = [("final weights", f"max abs difference {_difference(final_difference)}")]
     if gap is not None and gap.numel():
-        relative = float(gap.mean()) / float(after.abs().mean()) if float(after.abs().mean()) else math.inf
+        relative = (
+            float(gap.mean()) / float(after.abs().mean()) if float(after.abs().mean()) else math.inf
+        )
         rows.append(
             (
                 f"losses after step {k} (steps {k + 1}-{steps})",
@@ -104,7 +111,12 @@ def print_report(results: Results, out: TextIO) -> bool:
                 f"mean {_difference(float(gap.mean()))} ({relative:.0%} of the mean loss)",
             )
         )
-        rows.append(("first differing loss", f"step {k + 1 + differing[0]}" if differing else "none"))
+        rows.append(
+            ("first differing loss", f"step {k + 1 + differing[0]}" if differing else "none")
+        )
     print(format_table(("compared", "result"), rows), file=out)
-    print(f"  weights-only resume bit-identical: {'yes' if final_identical and not differing else 'no'}", file=out)
+    print(
+        f"  weights-only resume bit-identical: {'yes' if final_identical and not differing else 'no'}",
+        file=out,
+    )
     return identical

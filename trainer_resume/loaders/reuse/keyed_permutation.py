@@ -107,7 +107,9 @@ class KeyedPermutation:
         positions = np.asarray(positions)
         if positions.size and (positions.min() < 0 or positions.max() >= self.size):
             raise IndexError(f"positions must lie in range({self.size})")
-        values = _network_array(positions.astype(np.uint64), self._half, self._mask, self._round_keys)
+        values = _network_array(
+            positions.astype(np.uint64), self._half, self._mask, self._round_keys
+        )
         pending = np.flatnonzero(values >= np.uint64(self.size))
         while pending.size:
             walked = _network_array(values[pending], self._half, self._mask, self._round_keys)
@@ -128,7 +130,9 @@ def _network(value: int, half: int, mask: int, round_keys: tuple[int, ...]) -> i
     return (left << half) | right
 
 
-def _network_array(value: np.ndarray, half: int, mask: int, round_keys: tuple[int, ...]) -> np.ndarray:
+def _network_array(
+    value: np.ndarray, half: int, mask: int, round_keys: tuple[int, ...]
+) -> np.ndarray:
     shift, array_mask = np.uint64(half), np.uint64(mask)
     left, right = value >> shift, value & array_mask
     for round_key in round_keys:

@@ -111,8 +111,12 @@ class ReuseDataset(Dataset):
             raise TypeError(f"build must be callable, got {type(build).__name__}: {build!r}")
         check_int("size", size, 1)
         if not isinstance(policy, ReusePolicy):
-            raise TypeError(f"policy must be a ReusePolicy, got {type(policy).__name__}: {policy!r}")
-        if fingerprint is not None and (isinstance(fingerprint, bool) or not isinstance(fingerprint, (str, int))):
+            raise TypeError(
+                f"policy must be a ReusePolicy, got {type(policy).__name__}: {policy!r}"
+            )
+        if fingerprint is not None and (
+            isinstance(fingerprint, bool) or not isinstance(fingerprint, (str, int))
+        ):
             raise TypeError(
                 f"fingerprint must be a str, an int or None, got {type(fingerprint).__name__}: {fingerprint!r}"
             )
@@ -205,7 +209,9 @@ class ReuseDataset(Dataset):
         if save is None:
             check_storable(sample, index=key.index)
             save = default_save
-        record = make_record(key, lifetime=self.policy.lifetime, fingerprint=self.fingerprint, sample=sample)
+        record = make_record(
+            key, lifetime=self.policy.lifetime, fingerprint=self.fingerprint, sample=sample
+        )
         try:
             write_record(path, record, save)
         except OSError:
@@ -234,7 +240,9 @@ class ReuseSampler(Sampler[int]):
         super().__init__()
         check_int("size", size, 1)
         if not isinstance(policy, ReusePolicy):
-            raise TypeError(f"policy must be a ReusePolicy, got {type(policy).__name__}: {policy!r}")
+            raise TypeError(
+                f"policy must be a ReusePolicy, got {type(policy).__name__}: {policy!r}"
+            )
         self.size = size
         self.policy = policy
         self._epoch = check_int("epoch", epoch, 0)
@@ -306,13 +314,21 @@ class ReuseDataLoader(DataLoader):
         **dataloader_kwargs: Any,
     ) -> None:
         if "dataset" in dataloader_kwargs:
-            raise TypeError("ReuseDataLoader builds its own dataset; pass build, size and directory instead")
+            raise TypeError(
+                "ReuseDataLoader builds its own dataset; pass build, size and directory instead"
+            )
         policy = ReusePolicy(lifetime, seed)
         check_int("start_epoch", start_epoch, 0)
-        dataset = ReuseDataset(build, size, directory, policy, fingerprint=fingerprint, save=save, load=load)
+        dataset = ReuseDataset(
+            build, size, directory, policy, fingerprint=fingerprint, save=save, load=load
+        )
         kwargs = dict(dataloader_kwargs)
         sampler: ReuseSampler | None = None
-        if kwargs.get("shuffle") and kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None:
+        if (
+            kwargs.get("shuffle")
+            and kwargs.get("sampler") is None
+            and kwargs.get("batch_sampler") is None
+        ):
             del kwargs["shuffle"]
             sampler = ReuseSampler(size, policy, epoch=start_epoch)
             kwargs["sampler"] = sampler

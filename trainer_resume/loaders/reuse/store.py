@@ -56,7 +56,9 @@ def sample_path(directory: Path, index: int) -> Path:
     return directory / f"{index:08d}.pt"
 
 
-def make_record(key: ReuseKey, *, lifetime: int, fingerprint: str | int | None, sample: Any) -> SampleRecord:
+def make_record(
+    key: ReuseKey, *, lifetime: int, fingerprint: str | int | None, sample: Any
+) -> SampleRecord:
     """The record stored for ``sample``, built for ``key``."""
     return {
         "format": RECORD_FORMAT,
@@ -74,7 +76,9 @@ def _same(stored: Any, expected: Any) -> bool:
     return type(stored) is type(expected) and stored == expected
 
 
-def record_matches(record: Any, key: ReuseKey, *, lifetime: int, fingerprint: str | int | None) -> bool:
+def record_matches(
+    record: Any, key: ReuseKey, *, lifetime: int, fingerprint: str | int | None
+) -> bool:
     """Whether ``record`` holds the sample of ``key`` under this lifetime and fingerprint."""
     return (
         isinstance(record, dict)
