@@ -23,7 +23,7 @@ from trainer_resume.adapters.lightning import (
 from trainer_resume.errors import CheckpointFormatError, CheckpointSignatureError
 from trainer_resume.testing import first_difference
 
-KEY = b"files-key"
+KEY = b"files-key-of-16+bytes"
 
 
 class ConfiguredModel(child.Regressor):
@@ -140,7 +140,7 @@ def test_our_files_are_refused_without_their_key_and_foreign_files_with_a_format
     files: Path,
 ) -> None:
     with pytest.raises(CheckpointSignatureError):
-        plain_lightning_checkpoint(files / "durable.ckpt", key=b"another key")
+        plain_lightning_checkpoint(files / "durable.ckpt", key=b"another-key-of-16+bytes")
     with pytest.raises(CheckpointFormatError) as caught:
         load_from_checkpoint(ConfiguredModel, files / "plain.ckpt")
     assert caught.value.code == 321
