@@ -317,3 +317,35 @@ def test_writer_killed_at_random_moments_always_leaves_one_complete_version(tmp_
     assert kills_mid_write >= 1, "no kill landed during a write; the test proved nothing"
     save_checkpoint(versioned_state(on_disk + 1), path)
     assert temp_files(tmp_path) == []
+
+
+def _save_and_load_large(path: str, report: Any) -> None:
+    torch.set_num_threads(1)  # a forked child must not enter the parent's thread pool
+    state = {"w": torch.arange(3 << 20, dtype=torch.float32)}  # 12 MiB: hashed on several threads
+    try:
+        save_checkpoint(state, path)
+        report.send(torch.equal(load_checkpoint(path)["w"], state["w"]))
+    except BaseException as exc:  # reported, so the test shows what happened instead
+        report.send(repr(exc))
+
+
+@posix_only
+@pytest.mark.slow
+@fork_warnings
+def test_a_child_forked_after_large_saves_saves_and_loads_large_files(tmp_path: Path) -> None:
+    # Large files are hashed on blake3's thread pool, whose threads a forked child lacks.
+    large = {"w": torch.ones(3 << 20)}
+    save_checkpoint(large, tmp_path / "parent.pt")
+    assert torch.equal(load_checkpoint(tmp_path / "parent.pt")["w"], large["w"])
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_save_and_load_large, args=(str(tmp_path / "child.pt"), send))
+    child.start()
+    try:
+        assert receive.poll(60), "the forked child neither saved nor failed within 60 s"
+        assert receive.recv() is True
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join(10)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -133,11 +134,31 @@ def check_key(key: Any) -> bytes | None:
     return bytes(key)
 
 
+# blake3's multithreaded mode runs on one process-wide thread pool, whose threads do
+# not survive fork: a child forked after the pool started would wait for them forever
+# in its first threaded update. Such a child hashes on its own thread instead.
+_pool_used = False
+_pool_lost = False
+
+
+def _after_fork_in_child() -> None:
+    global _pool_lost
+    _pool_lost = _pool_lost or _pool_used
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def new_hasher(version: int, *, threaded: bool = False) -> Hasher:
     """A fresh payload hasher of format ``version`` (``threaded``: may use several cores)."""
+    global _pool_used
     if version == 1:
         return hashlib.sha256()
-    return blake3.blake3(max_threads=blake3.blake3.AUTO if threaded else 1)
+    if threaded and not _pool_lost:
+        _pool_used = True
+        return blake3.blake3(max_threads=blake3.blake3.AUTO)
+    return blake3.blake3(max_threads=1)
 
 
 def _signature(version: int, key: bytes, flags: int, length: int, digest: bytes) -> bytes:
