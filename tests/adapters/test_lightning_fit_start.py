@@ -11,7 +11,6 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from trainer_resume.adapters.lightning import ResumeCallback
 from trainer_resume.errors import (
@@ -89,8 +88,19 @@ def test_strict_false_accepts_a_plain_dataloader_with_a_warning_that_the_resume_
     assert trainer.global_step == 3
 
 
+class _SelfSavingLoader(DataLoader):
+    """A loader of another library that saves its own position (as torchdata's
+    ``StatefulDataLoader`` does): the callback sees only ``state_dict``/``load_state_dict``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches": 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
 def test_a_stateful_loader_the_library_cannot_vouch_for_gets_a_warning(tmp_path: Path) -> None:
-    loader = StatefulDataLoader(child.AugmentedDataset(16), batch_size=4, shuffle=True)
+    loader = _SelfSavingLoader(child.AugmentedDataset(16), batch_size=4, shuffle=True)
     with pytest.warns(UserWarning, match="cannot vouch"):
         _, trainer, _ = _fit(tmp_path, loader)
     assert trainer.global_step == 3
