@@ -41,7 +41,7 @@ FROZEN_CODES = {
     ),
     332: (
         "UnsupportedResumeConfigurationError",
-        "configuration cannot be resumed exactly (IterableDataset, sampler subclass, "
+        "configuration cannot be resumed exactly (stateless IterableDataset, sampler subclass, "
         "custom batch_sampler, in_order=False, collate_fn replaced)",
     ),
     333: ("LoaderStateError", "malformed loader/sampler state (format, cursor, index, sizes)"),

@@ -131,7 +131,7 @@ class ResumableModeRequiredError(ResumeError):
 class UnsupportedResumeConfigurationError(ResumeError):
     code = 332
     message = (
-        "configuration cannot be resumed exactly (IterableDataset, sampler subclass, "
+        "configuration cannot be resumed exactly (stateless IterableDataset, sampler subclass, "
         "custom batch_sampler, in_order=False, collate_fn replaced)"
     )
 

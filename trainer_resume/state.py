@@ -27,6 +27,9 @@ __all__ = [
     "EpochSamplerSettings",
     "EpochSamplerState",
     "StatefulSamplerState",
+    "IterableDatasetSettings",
+    "IterableWorkerState",
+    "IterableDatasetState",
     "LoaderState",
     "RankPauseState",
     "DistributedPauseState",
@@ -40,6 +43,7 @@ __all__ = [
     "EPOCH_SAMPLER_FORMAT",
     "LOADER_FORMAT",
     "STATEFUL_SAMPLER_FORMAT",
+    "ITERABLE_DATASET_FORMAT",
     "SHARDED_FORMAT",
     "ShardedFileEntry",
     "ShardedManifest",
@@ -53,6 +57,7 @@ BATCH_SAMPLER_FORMAT = "trainer_resume.batch_sampler/1"
 EPOCH_SAMPLER_FORMAT = "trainer_resume.epoch_sampler/1"
 LOADER_FORMAT = "trainer_resume.loader/1"
 STATEFUL_SAMPLER_FORMAT = "trainer_resume.stateful_sampler/1"
+ITERABLE_DATASET_FORMAT = "trainer_resume.iterable_dataset/1"
 
 
 def cpu_state(value: Any) -> Any:
@@ -254,6 +259,50 @@ class StatefulSamplerState(TypedDict):
     sampler_state: Any  # the sampler's state_dict() after the last delivered batch
 
 
+class IterableDatasetSettings(TypedDict):
+    """Settings of a loader over an ``IterableDataset``; a state loads only into a loader
+    with the same ones."""
+
+    num_workers: int
+    persistent_workers: bool
+    drop_last: bool
+
+
+class IterableWorkerState(TypedDict):
+    """What was delivered from one worker's copy of an ``IterableDataset`` (the only
+    copy with 0 workers) in the current pass."""
+
+    # dataset.state_dict() after the worker's last delivered batch, or after its part of
+    # the pass ended; None: the dataset has no state_dict(), or (non-persistent workers)
+    # the copy comes fresh from the main-process dataset as the pass starts.
+    dataset_state: Any
+    # The pass iterator's state_dict() after that batch; None before the worker's first
+    # batch of the pass (a new iter(dataset) starts it) or when the iterator has none.
+    iterator_state: Any
+    batches: int  # batches delivered from this worker in the current pass
+    ended: bool  # its part of the pass has ended (it yields nothing more in this pass)
+
+
+class IterableDatasetState(TypedDict):
+    """Position of a loader over a stateful ``IterableDataset``: batch ``offset`` of pass
+    ``epoch``, one record per worker.
+
+    ``offset == sum(worker["batches"])``. Batches come round-robin from the workers, as
+    with ``DataLoader``; ``next_worker`` follows the worker of the last delivered batch
+    (or ended part). After the last batch of a pass the position is ``(epoch + 1, 0)``:
+    the records then keep each copy's dataset state (persistent workers, 0 workers) or
+    are cleared (non-persistent workers copy the main-process dataset for every pass).
+    """
+
+    format: str  # "trainer_resume.iterable_dataset/1"
+    settings: IterableDatasetSettings
+    epoch: int  # passes ended before the current one (each iter(loader) is one)
+    offset: int  # batches delivered in the current pass
+    delivered: int  # batches delivered since the start, over all passes
+    next_worker: int  # the worker whose turn is next in the round-robin
+    workers: list[IterableWorkerState]  # by worker id (one entry with 0 workers)
+
+
 class _LoaderStateOptional(TypedDict, total=False):
     augmentation_seeding: (
         str  # "batch" or "sample"; absent in older states, which seeded per sample
@@ -270,7 +319,14 @@ class LoaderState(_LoaderStateOptional):
     augmentation_seed: int  # sample seed = derive_seed(augmentation_seed, stream position)
     batch_size: int | None  # the loader's batch_size (None with a batch sampler)
     delivered_batches: int
-    sampler: SamplerState | BatchSamplerState | EpochSamplerState | StatefulSamplerState
+    # The sampler's position, or for an IterableDataset the position of its workers.
+    sampler: (
+        SamplerState
+        | BatchSamplerState
+        | EpochSamplerState
+        | StatefulSamplerState
+        | IterableDatasetState
+    )
 
 
 class RankPauseState(TypedDict):

@@ -1,13 +1,16 @@
 """Which loader configurations resume exactly, and the source that reads each one.
 
 A resumable loader accepts the samplers whose order it can recompute from recorded
-seeds (torch's own samplers, exact types), the endless resumable samplers of this
-package, and nothing else: every other configuration is refused here, before the
-loader exists, with the error naming the fix.
+seeds (torch's own samplers, exact types), samplers and ``IterableDataset``s that save
+their own state, the endless resumable samplers of this package, and nothing else:
+every other configuration is refused here, before the loader exists, with the error
+naming the fix (an ``IterableDataset`` whose ``__iter__`` returns an object is checked
+when its first pass opens that iterator, which only then exists).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
@@ -15,6 +18,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from ..errors import ResumableModeRequiredError, UnsupportedResumeConfigurationError
 from ._batching import ResumableBatchSampler
 from ._epochs import EPOCH_SAMPLERS, EpochSource
+from ._iterable_source import IterableSource
 from ._sources import BatchSamplerSource, SamplerSource, Source
 from ._stateful import StatefulSource, is_stateful
 from .batch_samplers import BATCH_SAMPLER_TARGETS
@@ -58,20 +62,27 @@ def check_resumable_configuration(
     """Refuse, before anything is built, what a resumable loader cannot resume exactly.
 
     Raises:
-        UnsupportedResumeConfigurationError: an IterableDataset, ``in_order=False``, or a
-            sampler / batch sampler whose order cannot be recomputed.
+        UnsupportedResumeConfigurationError: ``in_order=False``, an IterableDataset that
+            has no state (its ``__iter__`` a generator), or a sampler / batch sampler whose
+            order cannot be recomputed.
         ResumableModeRequiredError: a sampler of this package built with ``resumable=False``.
     """
-    if isinstance(dataset, IterableDataset):
-        raise UnsupportedResumeConfigurationError(
-            f"{type(dataset).__name__} is an IterableDataset, whose position the loader cannot "
-            "record; use a map-style dataset (with __getitem__ and __len__) for resumable=True"
-        )
     if in_order is not True:
         raise UnsupportedResumeConfigurationError(
             "in_order=False delivers batches in completion order, which a resume cannot repeat; "
             "leave in_order=True (the default) with resumable=True"
         )
+    if isinstance(dataset, IterableDataset):
+        # A sampler, batch sampler or shuffle is torch's to refuse (DataLoader does).
+        if not is_stateful(dataset) and inspect.isgeneratorfunction(type(dataset).__iter__):
+            raise UnsupportedResumeConfigurationError(
+                f"{type(dataset).__name__} is an IterableDataset without state_dict() and "
+                "load_state_dict(), and its __iter__ is a generator (which has none either), so "
+                "its position cannot be recorded; give the dataset (or the iterator its "
+                "__iter__ returns) state_dict() and load_state_dict() (torchdata's Stateful "
+                "protocol), or use a map-style dataset"
+            )
+        return
     for given in (sampler, batch_sampler, getattr(batch_sampler, "sampler", None)):
         if _is_own_subclass(given):
             raise UnsupportedResumeConfigurationError(
@@ -116,6 +127,13 @@ def source_of(loader: DataLoader) -> tuple[Source, int | None]:
     """The source reading a checked loader's sampler, and the dataset size it was built for
     (``None`` where the loader's own ``len(dataset)`` was read)."""
     batch_sampler, sampler = loader.batch_sampler, loader.sampler
+    if isinstance(loader.dataset, IterableDataset):
+        return (
+            IterableSource(
+                loader.dataset, loader.num_workers, loader.persistent_workers, loader.drop_last
+            ),
+            None,
+        )
     if type(batch_sampler) in BATCH_SAMPLER_TARGETS.values():
         return BatchSamplerSource(batch_sampler), batch_sampler.dataset_size
     if type(sampler) is InfiniteRandomSampler:

@@ -24,14 +24,16 @@ import functools
 import pickle
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.utils.data import Dataset, get_worker_info
 
 from ..rng import derive_seed, derive_seeds, seed_cpu_generators
 from ._seeding import CallerGenerators, seed_batch
 
-__all__ = ["BatchFetcher", "FetchFailure", "as_is", "batch_seed"]
+__all__ = ["BatchFetcher", "FetchFailure", "as_is", "batch_seed", "run_seeded"]
+
+T = TypeVar("T")
 
 _COLLATE_SALT = 0x636F_6C6C_6174_65  # b"collate": keeps batch seeds apart from sample seeds
 _CALLER: list[CallerGenerators] = []  # this process's, made on first use (never pickled)
@@ -52,13 +54,23 @@ def _caller_generators() -> CallerGenerators:
     return _CALLER[0]
 
 
+def run_seeded(seed: Callable[[], None], fetch: Callable[[], T]) -> T:
+    """``seed()`` then ``fetch()``; in the main process the caller's generators come back after."""
+    if get_worker_info() is not None:
+        # In a worker nothing but these fetches draws from the global generators,
+        # and each fetch reseeds them, so there is no caller state to restore.
+        seed()
+        return fetch()
+    return _caller_generators().run(seed, fetch)
+
+
 def as_is(batch: Any) -> Any:
     """The collate function of the internal loader: batches are collated by :class:`BatchFetcher`."""
     return batch
 
 
 class FetchFailure:
-    """Returned instead of a batch when ``dataset[index]`` or ``collate_fn`` raised."""
+    """Returned instead of a batch when ``dataset[index]``, ``collate_fn`` or an iteration raised."""
 
     __slots__ = (
         "exception",
@@ -106,6 +118,8 @@ class FetchFailure:
             setattr(self, name, value)
 
     def describe(self) -> str:
+        if self.stage == "iteration":
+            return f"iterating the dataset raised {self.summary} ({self.index})"
         if self.stage == "dataset":
             return (
                 f"dataset[{self.index!r}] raised {self.summary} (stream position {self.position})"
@@ -163,13 +177,9 @@ class BatchFetcher(Dataset):
             seed = _seeded_per_sample  # _fetch seeds each sample and the collate itself
         else:
             seed = functools.partial(seed_batch, batch_seed(base, first_position))
-        if get_worker_info() is not None:
-            # In a worker nothing but these fetches draws from the global generators,
-            # and each fetch reseeds them, so there is no caller state to restore.
-            seed()
-            return self._fetch(base, first_position, indices, in_worker=True)
-        return _caller_generators().run(
-            seed, lambda: self._fetch(base, first_position, indices, in_worker=False)
+        in_worker = get_worker_info() is not None
+        return run_seeded(
+            seed, lambda: self._fetch(base, first_position, indices, in_worker=in_worker)
         )
 
     def _fetch(self, base: int, first_position: int, indices: Any, *, in_worker: bool) -> Any:

@@ -18,7 +18,7 @@ from ..errors import IteratorInvalidatedError, LoaderCommitFailedError, LoaderFe
 from ._fetch import FetchFailure
 from ._sources import Pending, Source
 
-__all__ = ["Stream", "ResumableIterator", "release", "shutdown"]
+__all__ = ["Stream", "ResumableIterator", "cause_of", "release", "shutdown"]
 
 
 class Stream:
@@ -79,27 +79,9 @@ class ResumableIterator:
         if self._exhausted:
             raise StopIteration
         self._stream.require_committable()
+        data = self._receive()
         try:
-            data = next(self._inner)
-        except StopIteration:
-            self._exhausted = True
-            self._inner = None
-            self._stream.source.end_epoch(self.epoch)
-            raise
-        except Exception as exc:
-            raise self._fail_fetch(
-                self._describe_pending(f"fetching failed: {type(exc).__name__}: {exc}")
-            ) from exc
-        except BaseException:
-            # Interrupted inside the internal iterator (KeyboardInterrupt): its queues
-            # may have lost a batch, so it is not reused; the cursor is exact anyway.
-            self._fail_fetch(self._describe_pending("fetching was interrupted"))
-            raise
-        if type(data) is FetchFailure:
-            raise self._fail_fetch(data.describe()) from _cause(data)
-        try:
-            _, before, after, last = self._pending.popleft()
-            self._stream.source.commit(before, after)
+            batch, last = self._commit(data)
         except Exception as exc:
             # The batch is not handed out: the recorded position is now unknown.
             self._stream.commit_failure = (
@@ -114,11 +96,47 @@ class ResumableIterator:
             # The iteration's last batch: end now instead of leaving a StopIteration
             # pending, which a consumer that stops after len(loader) batches would
             # otherwise meet as an empty next epoch.
+            self._finish()
+        return batch
+
+    def _pull(self) -> Any:
+        """The internal iterator's next item; its end closes the epoch, its failures kill this iterator."""
+        try:
+            return next(self._inner)
+        except StopIteration:
             self._exhausted = True
-            inner, self._inner = self._inner, None
-            self._pending.clear()
-            release(inner)
+            self._inner = None
+            self._stream.source.end_epoch(self.epoch)
+            raise
+        except Exception as exc:
+            raise self._fail_fetch(
+                self._describe_pending(f"fetching failed: {type(exc).__name__}: {exc}")
+            ) from exc
+        except BaseException:
+            # Interrupted inside the internal iterator (KeyboardInterrupt): its queues
+            # may have lost a batch, so it is not reused; the cursor is exact anyway.
+            self._fail_fetch(self._describe_pending("fetching was interrupted"))
+            raise
+
+    def _receive(self) -> Any:
+        """Hook: the next item that carries a batch, as the internal loader made it."""
+        data = self._pull()
+        if type(data) is FetchFailure:
+            raise self._fail_fetch(data.describe()) from cause_of(data)
         return data
+
+    def _commit(self, data: Any) -> tuple[Any, bool]:
+        """Hook: record ``data``'s batch as delivered; the batch and whether it ends the iteration."""
+        _, before, after, last = self._pending.popleft()
+        self._stream.source.commit(before, after)
+        return data, last
+
+    def _finish(self) -> None:
+        """The iteration is over: persistent workers stay for the next one."""
+        self._exhausted = True
+        inner, self._inner = self._inner, None
+        self._pending.clear()
+        release(inner)
 
     def retire(self, reason: str) -> None:
         """Replaced by a new iterator: later ``next()`` raises IteratorInvalidatedError;
@@ -156,7 +174,8 @@ class ResumableIterator:
         return what
 
 
-def _cause(failure: FetchFailure) -> BaseException:
+def cause_of(failure: FetchFailure) -> BaseException:
+    """The exception to chain a fetch failure's error from (rebuilt where it did not unpickle)."""
     cause = failure.exception
     if cause is None:
         return RuntimeError(

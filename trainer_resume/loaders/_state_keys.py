@@ -18,6 +18,7 @@ from ..errors import LoaderStateError, ResumableSamplerGeneratorError
 # The format markers live with the schemas in state.py; the loader modules read them here.
 from ..state import BATCH_SAMPLER_FORMAT as BATCH_SAMPLER_FORMAT
 from ..state import EPOCH_SAMPLER_FORMAT as EPOCH_SAMPLER_FORMAT
+from ..state import ITERABLE_DATASET_FORMAT as ITERABLE_DATASET_FORMAT
 from ..state import LOADER_FORMAT as LOADER_FORMAT
 from ..state import SAMPLER_FORMAT as SAMPLER_FORMAT
 from ..state import STATEFUL_SAMPLER_FORMAT as STATEFUL_SAMPLER_FORMAT
@@ -45,6 +46,12 @@ GENERATOR = "generator"
 SAMPLER_EPOCH = "sampler_epoch"
 SAMPLES = "samples"
 SAMPLER_STATE = "sampler_state"
+NEXT_WORKER = "next_worker"
+WORKERS = "workers"
+DATASET_STATE = "dataset_state"
+ITERATOR_STATE = "iterator_state"
+BATCHES = "batches"
+ENDED = "ended"
 
 SEED_LIMIT = 1 << 63  # seeds and positions stay below 2**63 (derive_seed's range)
 

@@ -22,6 +22,9 @@ from . import _state_keys as keys
 from ._batching import ResumableBatchSampler
 from ._configuration import check_resumable_configuration, source_of
 from ._fetch import BatchFetcher, as_is
+from ._iterable import PassPlan, PassReader
+from ._iterable_iterator import IterableIterator
+from ._iterable_source import IterableSource
 from ._iterator import ResumableIterator, Stream, shutdown
 from ._sources import Tasks
 from .sampler import InfiniteRandomSampler
@@ -62,6 +65,18 @@ class ResumableDataLoader(DataLoader):
       the last delivered batch (taken when that batch's indices were drawn), and each
       ``iter(loader)`` loads it and starts a new ``iter(sampler)``. Its order must
       follow from its state alone.
+    * An ``IterableDataset`` with ``state_dict()`` / ``load_state_dict()``, or whose
+      ``__iter__`` returns an iterator that has them (torchdata's ``Stateful``
+      protocol), with any ``num_workers``, ``persistent_workers``, ``prefetch_factor``,
+      ``batch_size`` (or ``None``) and ``drop_last``: each worker reads its own copy,
+      batched and delivered round-robin as by ``DataLoader``, and each ``iter(loader)``
+      is one pass. The state holds, per worker, the copy's and its iterator's
+      ``state_dict()`` after the last batch *delivered* from it, and whose turn is next;
+      a resume loads them into the new workers' copies. Non-persistent workers copy the
+      main-process dataset at every pass start (so a state saved between passes loads
+      nothing into them); persistent workers and 0 workers carry their copies' states
+      into the next pass. To know whether a pass has ended, :meth:`state_dict` (and
+      :attr:`epoch`) read one batch ahead and keep it for the next ``next()``.
     * ``sampler=`` a resumable :class:`InfiniteRandomSampler` (that exact class), or
       ``batch_sampler=`` a resumable sampler from :func:`build_batch_sampler`: one
       endless stream, described next.
@@ -75,10 +90,11 @@ class ResumableDataLoader(DataLoader):
     * Augmentation replays: ``augmentation_seed`` is drawn once at construction (from
       ``generator`` if given, else torch's default CPU generator) and saved in the
       state. With ``augmentation_seeding="batch"`` (the default over torch's and
-      stateful samplers) Python ``random``, NumPy's global generator and torch CPU are
-      seeded once per batch from its position, and its samples and ``collate_fn``
-      draw in order (a dataset's ``__getitems__`` is used when it has one). With
-      ``"sample"`` (the default for the endless samplers, required when they are
+      stateful samplers, the only one for an ``IterableDataset``) Python ``random``,
+      NumPy's global generator and torch CPU are seeded once per batch from its position
+      (for an ``IterableDataset``: its pass, worker and number in that worker's pass),
+      and its samples and ``collate_fn`` draw in order (a dataset's ``__getitems__``
+      is used when it has one). With ``"sample"`` (the default for the endless samplers, required when they are
       sharded) ``dataset[index]`` runs seeded by ``derive_seed(augmentation_seed,
       stream_position)``, as under ``rng_scope``, and ``collate_fn`` by a per-batch
       seed: a sample's augmentation then depends on neither batch size nor world size.
@@ -102,11 +118,14 @@ class ResumableDataLoader(DataLoader):
         ResumableModeRequiredError: a resumable sampler with ``resumable=False``, or
             ``resumable=True`` without one.
         UnsupportedResumeConfigurationError: with ``resumable=True``: an
-            IterableDataset, a sampler or batch sampler other than those above
-            (subclasses included), or ``in_order=False``.
+            IterableDataset without a state (its ``__iter__`` a generator; one that
+            returns an iterator without a state is refused by the first ``next()``), a
+            sampler or batch sampler other than those above (subclasses included), or
+            ``in_order=False``.
         ValueError: the sampler was built for a dataset of another size,
-            ``augmentation_seeding`` is unknown, or ``"batch"`` with a sharded endless
-            sampler (and every argument error ``DataLoader`` raises).
+            ``augmentation_seeding`` is unknown, ``"batch"`` with a sharded endless
+            sampler or ``"sample"`` with an IterableDataset (and every argument error
+            ``DataLoader`` raises, e.g. a sampler or ``shuffle`` with an IterableDataset).
     """
 
     def __init__(
@@ -174,6 +193,11 @@ class ResumableDataLoader(DataLoader):
             raise ValueError(
                 f"the sampler was built for {expected} samples but the dataset has {len(dataset)}"  # type: ignore[arg-type]
             )
+        if isinstance(source, IterableSource) and augmentation_seeding == "sample":
+            raise ValueError(
+                "augmentation_seeding='sample' seeds samples by their sampler position, which an "
+                "IterableDataset does not have; leave it unset (per batch)"
+            )
         if augmentation_seeding == "batch" and source.shards_stream:
             raise ValueError(
                 "augmentation_seeding='batch' with a sampler sharded over several ranks: a sample's "
@@ -211,6 +235,7 @@ class ResumableDataLoader(DataLoader):
         ``for epoch in range(loader.epoch, epochs)``.
         """
         source = self._require_stream("epoch").source
+        self._settle()
         return source.cursor[0] if source.epochs else 0
 
     @property
@@ -240,6 +265,9 @@ class ResumableDataLoader(DataLoader):
                 source.abandon(active.epoch)
         self._active = None
         source.begin(stream.augmentation_seed)
+        if isinstance(source, IterableSource):
+            self._active = self._iterate_passes(stream, source)
+            return self._active
         engine = self._engine
         if engine is None or not self._reuses_workers():
             engine = self._engine = self._build_engine(stream)
@@ -249,6 +277,53 @@ class ResumableDataLoader(DataLoader):
         epoch = source.cursor[0] if source.epochs else 0
         self._active = ResumableIterator(stream, inner, tasks.pending, epoch)
         return self._active
+
+    def _iterate_passes(self, stream: Stream, source: IterableSource) -> IterableIterator:
+        # Kept persistent workers read the next pass as they are only after a pass read
+        # to its end; anywhere else new workers load the delivered records.
+        keep = self._engine is not None and self._reuses_workers() and source.copies_current
+        plan = source.plan(kept=keep or self.num_workers == 0)
+        engine = self._engine
+        if engine is None or not keep:
+            self._drop_engine()
+            engine = self._engine = self._build_pass_engine(stream, source, plan)
+        with worker_start(engine):  # workers start with the pause signals blocked
+            inner = iter(engine)
+        return IterableIterator(stream, inner, source.cursor[0])
+
+    def _build_pass_engine(
+        self, stream: Stream, source: IterableSource, plan: PassPlan
+    ) -> DataLoader:
+        # The internal loader takes whole tagged batches as single items (batch_size=None).
+        seed_epoch = source.worker_seed_epoch()
+        worker_seeds = torch.Generator()
+        worker_seeds.manual_seed(
+            derive_seed(stream.augmentation_seed, _WORKER_SEED_SALT)
+            if seed_epoch is None  # persistent workers are seeded once, as with DataLoader
+            else derive_seed(stream.augmentation_seed, _WORKER_SEED_SALT, seed_epoch)
+        )
+        return DataLoader(
+            PassReader(
+                self.dataset,
+                self.collate_fn,
+                self.batch_size,
+                self.drop_last,
+                stream.augmentation_seed,
+                plan,
+            ),
+            batch_size=None,
+            num_workers=self.num_workers,
+            collate_fn=as_is,
+            pin_memory=self.pin_memory,
+            timeout=self.timeout,
+            worker_init_fn=self.worker_init_fn,
+            multiprocessing_context=self.multiprocessing_context,
+            generator=worker_seeds,
+            prefetch_factor=self.prefetch_factor,
+            persistent_workers=self.persistent_workers,
+            pin_memory_device=self.pin_memory_device,
+            in_order=True,
+        )
 
     def _reuses_workers(self) -> bool:
         return bool(self.persistent_workers and self.num_workers > 0)
@@ -300,6 +375,9 @@ class ResumableDataLoader(DataLoader):
         active, self._active = self._active, None
         if active is not None:
             active.invalidate(reason)
+        self._drop_engine()
+
+    def _drop_engine(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None and engine._iterator is not None:
             shutdown(engine._iterator)
@@ -322,6 +400,7 @@ class ResumableDataLoader(DataLoader):
         """
         stream = self._require_stream("state_dict")
         stream.require_committable()
+        self._settle()
         return self._collect_state(stream)
 
     def validate_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -412,6 +491,13 @@ class ResumableDataLoader(DataLoader):
         stream.augmentation_seed = state[keys.AUGMENTATION_SEED]
         stream.fetch_failure = None
         stream.commit_failure = None
+
+    def _settle(self) -> None:
+        # Over an IterableDataset a pass has ended only when the items after its last
+        # batch say so: read on to the next batch (kept, not delivered) to know it.
+        active = self._active
+        if isinstance(active, IterableIterator):
+            active.look_ahead()
 
     def _require_stream(self, method: str) -> Stream:
         stream = self.__dict__.get("_stream")

@@ -1,0 +1,180 @@
+"""Stateful IterableDatasets, loaders over them and pass-loop runs for the iterable-dataset tests.
+
+Module level on purpose: worker processes and a spawned process import this module by
+name to unpickle the datasets.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from trainer_resume.loaders import ResumableDataLoader
+
+# Items per worker with 3 workers: uneven, and worker 1 reads nothing. With 0 workers the
+# one process reads them all. Batches of 7: 4 + 0 + 2 per pass with 3 workers, 5 with 0.
+SHARES = (23, 0, 12)
+EPOCHS = 3
+
+
+def _share() -> tuple[int, int]:
+    """(first item, item count) of this process's part of the data."""
+    info = get_worker_info()
+    if info is None:
+        return 0, sum(SHARES)
+    return sum(SHARES[: info.id]), SHARES[info.id]
+
+
+def _row(number: int, passes: int) -> torch.Tensor:
+    """``[item id, pass, random.random(), numpy.random.rand(), torch.rand()]``: the id plus a
+    draw from each generator augmentation code typically uses."""
+    return torch.tensor(
+        [
+            float(number),
+            float(passes),
+            random.random(),
+            float(np.random.rand()),
+            float(torch.rand(())),
+        ],
+        dtype=torch.float64,
+    )
+
+
+class CountingStream(IterableDataset):
+    """A dataset with torchdata's Stateful protocol: its state is the position in the pass
+    and the passes read; its ``__iter__`` is a generator that reads the state."""
+
+    def __init__(self) -> None:
+        self.position = 0
+        self.passes = 0
+
+    def __iter__(self):
+        first, count = _share()
+        while self.position < count:
+            self.position += 1
+            yield _row(first + self.position - 1, self.passes)
+        self.position, self.passes = 0, self.passes + 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position, "passes": self.passes}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if set(state) != {"position", "passes"}:
+            raise KeyError(f"not a CountingStream state: {sorted(state)}")
+        self.position, self.passes = state["position"], state["passes"]
+
+
+class _Cursor:
+    """An iterator with state_dict() / load_state_dict(): the dataset has no state."""
+
+    def __init__(self) -> None:
+        self.first, self.count = _share()
+        self.position = 0
+
+    def __iter__(self) -> _Cursor:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.position >= self.count:
+            raise StopIteration
+        self.position += 1
+        return _row(self.first + self.position - 1, 0)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+class CursorStream(IterableDataset):
+    """A dataset without state whose ``__iter__`` returns a stateful iterator."""
+
+    def __iter__(self) -> _Cursor:
+        return _Cursor()
+
+
+class PlainStream(IterableDataset):
+    """No state anywhere: ``__iter__`` returns a plain list iterator."""
+
+    def __iter__(self):
+        return iter([torch.tensor([float(i)]) for i in range(5)])
+
+
+class GeneratorStream(IterableDataset):
+    """No state anywhere: ``__iter__`` is a generator."""
+
+    def __iter__(self):
+        yield from (torch.tensor([float(i)]) for i in range(5))
+
+
+class FailingStream(CountingStream):
+    """Raises while reading item ``bad`` of a pass as long as ``fail`` is set."""
+
+    def __init__(self, bad: int) -> None:
+        super().__init__()
+        self.bad = bad
+        self.fail = True
+
+    def __iter__(self):
+        for row in super().__iter__():
+            if self.fail and int(row[0]) == self.bad:
+                raise ValueError(f"cannot decode item {self.bad}")
+            yield row
+
+
+DATASETS = {"dataset-state": CountingStream, "iterator-state": CursorStream}
+
+
+def make_loader(
+    kind: str = "dataset-state",
+    batch_size: int | None = 7,
+    num_workers: int = 0,
+    persistent: bool = False,
+    **options: Any,
+) -> ResumableDataLoader:
+    return ResumableDataLoader(
+        DATASETS[kind](),
+        batch_size=batch_size,
+        num_workers=num_workers,
+        persistent_workers=persistent,
+        resumable=True,
+        **options,
+    )
+
+
+def run_passes(loader: ResumableDataLoader, epochs: int = EPOCHS, *, after: list | None = None):
+    """The usual epoch loop from the loader's own epoch counter to ``epochs``: batches, and
+    the state after each batch (``after`` gets the state after each epoch's loop too)."""
+    batches, states = [], []
+    for _ in range(loader.epoch, epochs):
+        for batch in loader:
+            batches.append(batch)
+            states.append(loader.state_dict())
+        if after is not None:
+            after.append(loader.state_dict())
+    return batches, states
+
+
+def resume_iterable_jobs(jobs: list[tuple[str, int | None, int, bool, dict]], out: str) -> None:
+    """Spawned-process entry: for each ``(kind, batch_size, num_workers, persistent, state)``
+    build a fresh loader, load ``state``, finish the pass loop and save the batches."""
+    try:
+        torch.manual_seed(987654321)  # seeded unlike the parent: the state must fix everything
+        random.seed(5)
+        np.random.seed(6)
+        results = []
+        for kind, batch_size, num_workers, persistent, state in jobs:
+            loader = make_loader(kind, batch_size, num_workers, persistent)
+            loader.load_state_dict(state)
+            results.append(run_passes(loader)[0])
+            loader.close()
+        torch.save({"results": results}, out)
+    except BaseException:
+        torch.save({"error": traceback.format_exc()}, out)
+        raise

@@ -1,0 +1,255 @@
+"""The delivered position of a loader over a stateful ``IterableDataset``: one record per worker.
+
+Each worker (one with 0 workers) reads its own copy of the dataset; the main process
+records, per worker, the copy's ``state_dict()`` and its iterator's after the last
+batch *delivered* from it (prefetched batches never count), how many batches it
+delivered in the current pass and whether its part of the pass has ended, plus the
+worker whose turn is next in torch's round-robin. Each ``iter(loader)`` is one pass.
+
+Where a pass starts from, as with ``DataLoader``:
+
+* non-persistent workers: fresh copies of the main-process dataset every pass (the
+  records are cleared when a pass ends);
+* persistent workers and 0 workers: the copies carry their state into the next pass
+  (each record keeps the dataset's state and forgets the finished iterator's).
+
+A pass read to its end leaves the copies exactly as recorded, so the next pass reads
+them as they are. Anywhere else (a resumed position, a pass left before its end,
+new workers where the copies carried state) every copy first loads its record: the
+copies then hold exactly what was delivered, never what was prefetched.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import LoaderStateError
+from ..state import IterableDatasetSettings, IterableDatasetState
+from . import _state_keys as keys
+from ._iterable import PassPlan, WorkerStart
+from ._stateful import is_stateful
+
+__all__ = ["IterableSource"]
+
+
+class _Record:
+    """What was delivered from one worker's copy."""
+
+    __slots__ = ("batches", "dataset_state", "ended", "iterator_state")
+
+    def __init__(self, dataset_state: Any = None) -> None:
+        self.dataset_state = dataset_state  # None: the copy as its pass starts it
+        self.iterator_state: Any = None  # None: no batch of this pass yet (or stateless)
+        self.batches = 0
+        self.ended = False
+
+
+class IterableSource:
+    """Positions of the workers reading a stateful ``IterableDataset``.
+
+    Args:
+        dataset: The user's dataset (with 0 workers, the copy that is read).
+        num_workers: The loader's ``num_workers``.
+        persistent_workers: The loader's ``persistent_workers``.
+        drop_last: The loader's ``drop_last``.
+    """
+
+    epochs = True  # each iter(loader) is one pass
+    format = keys.ITERABLE_DATASET_FORMAT
+    shards_stream = False
+    stride = 1
+
+    def __init__(
+        self, dataset: Any, num_workers: int, persistent_workers: bool, drop_last: bool
+    ) -> None:
+        self._count = max(num_workers, 1)
+        self._fresh_copies = num_workers > 0 and not persistent_workers
+        self._settings: IterableDatasetSettings = {
+            "num_workers": num_workers,
+            "persistent_workers": bool(persistent_workers),
+            "drop_last": bool(drop_last),
+        }
+        # With 0 workers the main-process dataset is the copy that is read: its state
+        # now is where a state saved before any batch starts, also in a loader that
+        # read on since.
+        origin = (
+            copy.deepcopy(dataset.state_dict())
+            if num_workers == 0 and is_stateful(dataset)
+            else None
+        )
+        self._records = [_Record(origin) for _ in range(self._count)]
+        self._epoch = 0
+        self._offset = 0
+        self._delivered = 0
+        self._next_worker = 0
+        # The copies the next pass would read as they are hold exactly the records (a
+        # pass read to its end, or nothing read yet).
+        self._current = True
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        return self._epoch, self._offset
+
+    @property
+    def copies_current(self) -> bool:
+        """Kept copies (persistent workers) may read the next pass as they are."""
+        return self._current and not self._progressed()
+
+    def _progressed(self) -> bool:
+        return any(record.batches or record.ended for record in self._records)
+
+    # --- passes ----------------------------------------------------------------------
+
+    def begin(self, augmentation_seed: int) -> None:
+        pass
+
+    def plan(self, kept: bool) -> PassPlan:
+        """How the copies start the pass that begins now (``kept``: they are the copies
+        the last pass read, not fresh ones from the main process)."""
+        if kept and self.copies_current:
+            starts: list[WorkerStart] | None = None
+        else:
+            progressed, turn = self._progressed(), self._next_worker
+            starts = [
+                (
+                    record.dataset_state,
+                    record.iterator_state,
+                    record.batches,
+                    record.ended,
+                    progressed and worker < turn and not record.ended,
+                )
+                for worker, record in enumerate(self._records)
+            ]
+        self._current = False  # the pass reads the copies on from here
+        return PassPlan(self._epoch, copy.deepcopy(starts))
+
+    def worker_seed_epoch(self) -> int | None:
+        """The pass whose number seeds fresh workers (``None``: persistent ones, seeded once)."""
+        return self._epoch if self._fresh_copies else None
+
+    def commit_batch(self, worker: int, states: tuple[Any, Any, bool]) -> None:
+        record = self._records[worker]
+        record.dataset_state, record.iterator_state, record.ended = states
+        record.batches += 1
+        self._next_worker = (worker + 1) % self._count
+        self._offset += 1
+        self._delivered += 1
+
+    def end_worker(self, worker: int, dataset_state: Any) -> None:
+        """``worker``'s part of the pass is over (its end was received, nothing delivered)."""
+        record = self._records[worker]
+        if record.ended:
+            return  # its last batch said so already, as a resumed pass that skips the end
+        record.dataset_state, record.iterator_state, record.ended = dataset_state, None, True
+        self._next_worker = (worker + 1) % self._count
+
+    def end_epoch(self, number: int) -> None:
+        """The pass ``number`` was read to its end: the copies hold exactly the records."""
+        if self._epoch == number:
+            self._next_pass()
+            self._current = True
+
+    def abandon(self, number: int) -> None:
+        """An iterator of pass ``number`` was replaced after delivering: the next pass starts
+        from the delivered records (the copies read ahead of them)."""
+        if self._epoch == number:
+            self._next_pass()
+
+    def _next_pass(self) -> None:
+        self._epoch, self._offset, self._next_worker = self._epoch + 1, 0, 0
+        for record in self._records:
+            if self._fresh_copies:
+                record.dataset_state = None
+            record.iterator_state, record.batches, record.ended = None, 0, False
+
+    # --- state -----------------------------------------------------------------------
+
+    def state(self) -> IterableDatasetState:
+        return {
+            keys.FORMAT: keys.ITERABLE_DATASET_FORMAT,
+            keys.SETTINGS: dict(self._settings),
+            keys.EPOCH: self._epoch,
+            keys.OFFSET: self._offset,
+            keys.DELIVERED: self._delivered,
+            keys.NEXT_WORKER: self._next_worker,
+            keys.WORKERS: [
+                {
+                    keys.DATASET_STATE: copy.deepcopy(record.dataset_state),
+                    keys.ITERATOR_STATE: copy.deepcopy(record.iterator_state),
+                    keys.BATCHES: record.batches,
+                    keys.ENDED: record.ended,
+                }
+                for record in self._records
+            ],
+        }  # type: ignore[return-value]
+
+    def validate(self, state: Mapping[str, Any]) -> None:
+        what = "iterable dataset state"
+        keys.check_mapping(
+            state,
+            what,
+            (
+                keys.FORMAT,
+                keys.SETTINGS,
+                keys.EPOCH,
+                keys.OFFSET,
+                keys.DELIVERED,
+                keys.NEXT_WORKER,
+                keys.WORKERS,
+            ),
+        )
+        keys.check_format(state, what, keys.ITERABLE_DATASET_FORMAT)
+        settings = state[keys.SETTINGS]
+        if not isinstance(settings, Mapping):
+            raise LoaderStateError(f"{what}[{keys.SETTINGS!r}] must be a dict")
+        for name, value in self._settings.items():
+            saved = settings.get(name)
+            if type(saved) is not type(value) or saved != value:
+                raise LoaderStateError(
+                    f"{what}: {name} was {saved!r}, this loader has {value!r}; build the loader "
+                    f"with {name}={saved!r} (each worker's copy of the dataset has its own state)"
+                )
+        keys.check_count(state, what, keys.EPOCH)
+        offset = keys.check_count(state, what, keys.OFFSET)
+        delivered = keys.check_count(state, what, keys.DELIVERED)
+        turn = keys.check_count(state, what, keys.NEXT_WORKER)
+        if turn >= self._count:
+            raise LoaderStateError(
+                f"{what}[{keys.NEXT_WORKER!r}] = {turn} but the loader reads with {self._count} "
+                "worker(s)"
+            )
+        workers = state[keys.WORKERS]
+        if not isinstance(workers, list) or len(workers) != self._count:
+            raise LoaderStateError(
+                f"{what}[{keys.WORKERS!r}] must be a list of {self._count} dict(s)"
+            )
+        batches = 0
+        for worker, record in enumerate(workers):
+            where = f"{what}[{keys.WORKERS!r}][{worker}]"
+            keys.check_mapping(
+                record,
+                where,
+                (keys.DATASET_STATE, keys.ITERATOR_STATE, keys.BATCHES, keys.ENDED),
+            )
+            batches += keys.check_count(record, where, keys.BATCHES)
+            if type(record[keys.ENDED]) is not bool:
+                raise LoaderStateError(f"{where}[{keys.ENDED!r}] must be a bool")
+        if batches != offset or delivered < offset:
+            raise LoaderStateError(
+                f"{what}: the workers delivered {batches} batch(es) in the pass, but "
+                f"{keys.OFFSET!r} = {offset} and {keys.DELIVERED!r} = {delivered}"
+            )
+
+    def apply(self, state: Mapping[str, Any]) -> None:
+        for record, saved in zip(self._records, state[keys.WORKERS]):
+            record.dataset_state = copy.deepcopy(saved[keys.DATASET_STATE])
+            record.iterator_state = copy.deepcopy(saved[keys.ITERATOR_STATE])
+            record.batches, record.ended = saved[keys.BATCHES], saved[keys.ENDED]
+        self._epoch, self._offset = state[keys.EPOCH], state[keys.OFFSET]
+        self._delivered, self._next_worker = state[keys.DELIVERED], state[keys.NEXT_WORKER]
+        self._current = False
+
+    def delivered_batches(self, state: Mapping[str, Any]) -> int:
+        return state[keys.DELIVERED]
