@@ -2,8 +2,8 @@
 
 1. ``pause()`` blocking time against ``state_dict()`` + ``torch.save`` + flush + fsync
    of the same state (model and AdamW state) for a ~100M-parameter model (``--quick``:
-   ~10M). Target: ratio <= 1.15. ``save_checkpoint`` of the same state is timed too,
-   which separates the durable write's cost (temp file, SHA-256, fsync of file and
+   ~10M). Target: ratio <= 0.95. ``save_checkpoint`` of the same state is timed too,
+   which separates the durable write's cost (temp file, BLAKE3, fsync of file and
    directory, rename) from the mixin's. After one warm-up round the writers take
    turns in rotating order, each after ``os.sync()``; the median is reported.
 2. The pause file size when the regular checkpoint shares the model and optimizer
@@ -38,6 +38,8 @@ from torch import nn
 from trainer_resume.durable import save_checkpoint
 from trainer_resume.mixin import TrainingResumeMixin, serialized_training, training_step
 from trainer_resume.state import cpu_state
+
+PAUSE_TARGET = 0.95  # pause() / (torch.save + fsync), medians
 
 
 def build_model(width: int, layers: int) -> nn.Sequential:
@@ -246,9 +248,9 @@ def main() -> None:
             f"{blocking['pause_bytes'] / mb:.0f} MB",
         ),
         (
-            "pause / torch.save ratio (target <= 1.15)",
+            f"pause / torch.save ratio (target <= {PAUSE_TARGET})",
             f"{blocking['ratio']:.3f}",
-            "ok" if blocking["ratio"] <= 1.15 else "ABOVE TARGET",
+            "ok" if blocking["ratio"] <= PAUSE_TARGET else "ABOVE TARGET",
         ),
         ("pause file, shared keys", f"{sizes['shared_bytes'] / mb:.0f} MB", ""),
         (

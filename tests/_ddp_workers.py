@@ -64,8 +64,10 @@ class IdDataset(Dataset):
         return (-x if random.random() < 0.5 else x), self.y[index], index
 
 
-class DDPTrainer(TrainingResumeMixin):
-    """A DDP-wrapped model with Dropout, AdamW and a per-step LR schedule."""
+class RankTrainer(TrainingResumeMixin):
+    """What every distributed test rank shares: the model's layers (Dropout), AdamW, a
+    per-step LR schedule, the loader, the seeds. Subclasses distribute the model
+    (:meth:`_distribute`); without a process group it stays a plain module."""
 
     def __init__(self) -> None:
         torch.manual_seed(0)
@@ -79,7 +81,7 @@ class DDPTrainer(TrainingResumeMixin):
             nn.Linear(hidden, 1),
         )
         distributed = dist.is_available() and dist.is_initialized()
-        self.model = DistributedDataParallel(self.module) if distributed else self.module
+        self.model = self._distribute(self.module) if distributed else self.module
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=CONFIG["optim"]["lr"])
         decay = CONFIG["optim"]["decay"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: decay**step)
@@ -103,12 +105,13 @@ class DDPTrainer(TrainingResumeMixin):
         random.seed(100 + rank)
         np.random.seed(100 + rank)
         self.batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.kill_in_pause: int | None = (
-            None  # completed step at which this rank dies inside pause()
-        )
+        self.kill_in_pause: int | None = None  # completed step at which this rank dies in pause()
         self.extra = {"marker": 1}
         self.checkpoint_in_step = False  # the next step asks for a resume point (this rank only)
         self._initialize_training_resume(CONFIG, version="1")
+
+    def _distribute(self, module: nn.Module) -> nn.Module:
+        raise NotImplementedError
 
     def _resume_objects(self) -> dict[str, Any]:
         return {
@@ -143,6 +146,13 @@ class DDPTrainer(TrainingResumeMixin):
         if self.checkpoint_in_step:
             self.checkpoint_in_step = False
             self.checkpoint()  # taken by every rank when this step completes
+
+
+class DDPTrainer(RankTrainer):
+    """The shared rank trainer with its model wrapped in DistributedDataParallel."""
+
+    def _distribute(self, module: nn.Module) -> nn.Module:
+        return DistributedDataParallel(module)
 
 
 def _kill_at_replace(trainer: DDPTrainer, step: int) -> None:

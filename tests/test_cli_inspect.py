@@ -365,7 +365,8 @@ SHARDED_STEPS = 3
 def sharded_pause(tmp_path):
     """A sharded pause directory of an FSDP2 model, paused by a one-rank gloo group."""
     import torch.distributed as dist
-    from _fsdp_workers import BATCH, FSDPTrainer
+    from _ddp_workers import BATCH
+    from _fsdp_workers import FSDPTrainer
 
     from trainer_resume.rng import random_state, restore_random_state
 

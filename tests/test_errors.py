@@ -60,7 +60,7 @@ FROZEN_CODES = {
     ),
     339: (
         "CheckpointSignatureError",
-        "a signing key was given and the file's HMAC is missing or wrong",
+        "a signing key was given and the file's signature (MAC) is missing or wrong",
     ),
     340: (
         "RunFinishedError",

@@ -341,7 +341,8 @@ def test_resume_points_refuse_settings_that_cannot_work(tmp_path, options, error
 
 def test_resume_points_of_a_sharded_model_are_refused_before_anything_is_written(tmp_path):
     import torch.distributed as dist
-    from _fsdp_workers import CONFIG, FSDPTrainer
+    from _ddp_workers import CONFIG
+    from _fsdp_workers import FSDPTrainer
 
     from trainer_resume import UnsupportedResumeConfigurationError
 

@@ -17,7 +17,7 @@ from _point_trainers import CRASH_STEPS, crash_config, train_with_points
 from _trainers import TinyTrainer
 
 from trainer_resume import load_checkpoint
-from trainer_resume.point_files import latest_checkpoint, point_name
+from trainer_resume.point_files import latest_checkpoint, list_points, point_name
 
 pytestmark = [
     pytest.mark.slow,
@@ -45,6 +45,11 @@ def wait_for(condition, child, what: str, seconds: float = 60.0) -> None:
         assert child.is_alive() or condition(), f"child exited with {child.exitcode} before {what}"
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.002)
+
+
+def newest_point(directory) -> int:
+    found = list_points(directory) if os.path.isdir(directory) else []
+    return found[-1][0] if found else 0
 
 
 def test_run_killed_20_times_at_random_moments_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
@@ -75,6 +80,10 @@ def test_run_killed_20_times_at_random_moments_ends_bit_identical_to_an_uninterr
             # background write or a rename).
             target = start + moments.randint(1, 8)
             wait_for((losses / f"{target:06d}.pt").exists, child, f"step {target}")
+            if kill % 2:
+                # Every other child lives until a point beyond its resume is in place:
+                # however slowly a loaded machine writes, the run moves forward.
+                wait_for(lambda s=start: newest_point(points) > s, child, f"a point after {start}")
             time.sleep(moments.uniform(0.0, 0.005))
         finally:
             child.kill()
@@ -87,6 +96,7 @@ def test_run_killed_20_times_at_random_moments_ends_bit_identical_to_an_uninterr
 
     print("resumed at", resumed_at)
     assert resumed_at[0] == 0 and resumed_at[-1] > 0, resumed_at
+    assert resumed_at == sorted(resumed_at), resumed_at
     for step, expected in enumerate(expected_losses, start=1):
         assert torch.equal(torch.load(losses / f"{step:06d}.pt"), expected), f"loss of step {step}"
     final = torch.load(losses / "final.pt")

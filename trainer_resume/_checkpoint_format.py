@@ -64,6 +64,7 @@ __all__ = [
     "Header",
     "check_key",
     "new_hasher",
+    "usable_cores",
     "pack_header",
     "parse_header",
     "verify_signature",
@@ -150,14 +151,22 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def new_hasher(version: int, *, threaded: bool = False) -> Hasher:
-    """A fresh payload hasher of format ``version`` (``threaded``: may use several cores)."""
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def new_hasher(version: int, *, threads: int = 1) -> Hasher:
+    """A fresh payload hasher of format ``version`` that may use up to ``threads`` cores."""
     global _pool_used
     if version == 1:
         return hashlib.sha256()
-    if threaded and not _pool_lost:
+    if threads > 1 and not _pool_lost:
         _pool_used = True
-        return blake3.blake3(max_threads=blake3.blake3.AUTO)
+        return blake3.blake3(max_threads=threads)
     return blake3.blake3(max_threads=1)
 
 

@@ -163,7 +163,7 @@ class ResumableBatchConfigurationError(ResumeError):
 
 class CheckpointSignatureError(ResumeError):
     code = 339
-    message = "a signing key was given and the file's HMAC is missing or wrong"
+    message = "a signing key was given and the file's signature (MAC) is missing or wrong"
 
 
 class RunFinishedError(ResumeError):

@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--key-file",
         metavar="F",
-        help="file whose bytes (all of them, exactly) are the HMAC signing key; "
+        help="file whose bytes (all of them, exactly) are the signing key; "
         "the signature is then required and verified",
     )
 
