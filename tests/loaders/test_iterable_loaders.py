@@ -95,6 +95,22 @@ def test_three_workers_with_uneven_shares_resume_the_uninterrupted_passes(
         )
 
 
+@pytest.mark.slow
+def test_the_prefetch_depth_changes_neither_the_batches_nor_the_resume():
+    def run(prefetch_factor, state=None):
+        torch.manual_seed(0)
+        loader = iterables.make_loader("dataset-state", 7, 3, prefetch_factor=prefetch_factor)
+        if state is not None:
+            loader.load_state_dict(state)
+        return iterables.run_passes(loader)
+
+    shallow, _ = run(1)
+    deep, states = run(4)
+    _assert_same(shallow, deep, "prefetch 4 vs 1")
+    for k in (1, 10):
+        _assert_same(deep[k:], run(1, states[k - 1])[0], f"prefetch 4 resumed with 1 at {k}")
+
+
 @pytest.mark.parametrize(
     ("num_workers", "persistent"),
     [
@@ -381,3 +397,16 @@ def test_resume_in_a_new_process_continues_the_uninterrupted_pass_loop(tmp_path)
     )["results"]
     for (what, batches), got in zip(expected, results):
         _assert_same(batches, got, what)
+
+
+def test_a_record_its_dataset_refuses_is_reported_by_the_first_next_naming_the_dataset_call():
+    _, states, _ = _uninterrupted("dataset-state", 7)
+    state = states[2]
+    record = state["sampler"]["workers"][0]
+    state["sampler"]["workers"][0] = {**record, "dataset_state": {"position": 14}}
+    loader = iterables.make_loader("dataset-state", 7)
+    loader.load_state_dict(state)  # the dataset's own check runs where the pass opens
+    with pytest.raises(LoaderFetchFailedError, match="not a CountingStream state") as caught:
+        next(iter(loader))
+    assert caught.value.code == 335
+    assert loader.state_dict()["delivered_batches"] == 2

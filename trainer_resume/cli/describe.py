@@ -41,7 +41,14 @@ from ..checkpoint_files import (
 from ..errors import CheckpointCorruptedError, CheckpointFormatError
 from ..finished import finished_marker_path
 from ..point_files import SkippedCheckpointWarning, candidates, point_name
-from ..state import BATCH_SAMPLER_FORMAT, EPOCH_SAMPLER_FORMAT, SAMPLER_FORMAT, SHARDED_FORMAT
+from ..state import (
+    BATCH_SAMPLER_FORMAT,
+    EPOCH_SAMPLER_FORMAT,
+    ITERABLE_DATASET_FORMAT,
+    SAMPLER_FORMAT,
+    SHARDED_FORMAT,
+    STATEFUL_SAMPLER_FORMAT,
+)
 
 __all__ = [
     "NOT_VERIFIED",
@@ -185,8 +192,13 @@ def loader_position(state: Any) -> dict[str, Any]:
     ):
         position["num_replicas"] = settings["num_replicas"]
     sampler_format = inner.get("format")
-    if sampler_format in (BATCH_SAMPLER_FORMAT, EPOCH_SAMPLER_FORMAT):
-        position["offset_unit"] = "batches"  # batches delivered within the cycle or epoch
+    if sampler_format in (
+        BATCH_SAMPLER_FORMAT,
+        EPOCH_SAMPLER_FORMAT,
+        STATEFUL_SAMPLER_FORMAT,
+        ITERABLE_DATASET_FORMAT,
+    ):
+        position["offset_unit"] = "batches"  # batches delivered within the cycle, epoch or pass
     elif sampler_format == SAMPLER_FORMAT:
         position["offset_unit"] = "samples"
     if "delivered_batches" in state:
