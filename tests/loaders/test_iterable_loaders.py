@@ -410,3 +410,28 @@ def test_a_record_its_dataset_refuses_is_reported_by_the_first_next_naming_the_d
         next(iter(loader))
     assert caught.value.code == 335
     assert loader.state_dict()["delivered_batches"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_pass_left_early_starts_the_next_from_what_was_delivered_not_what_was_read_ahead(
+    persistent,
+):
+    def run(prefetch_factor):
+        torch.manual_seed(0)
+        loader = iterables.make_loader(
+            "dataset-state", 7, 3, persistent, prefetch_factor=prefetch_factor
+        )
+        iterator = iter(loader)
+        first = [next(iterator) for _ in range(3)]  # worker 0 twice, worker 2 once
+        loader.state_dict()
+        rest, _ = iterables.run_passes(loader)  # its first iter() leaves pass 0
+        loader.close()
+        return first + rest
+
+    shallow, deep = run(1), run(6)
+    _assert_same(shallow, deep, "prefetch 6 vs 1")
+    next_pass = [int(row[0]) for row in shallow[3]]
+    # Persistent copies go on from worker 0's delivered position (item 14); fresh ones
+    # copy the main-process dataset and start over.
+    assert next_pass == (list(range(14, 21)) if persistent else list(range(7)))

@@ -78,10 +78,18 @@ class PassPlan:
         self.epoch, self.starts = state
 
 
+_SCALARS = (int, float, str, bool, type(None))
+
+
 def _snapshot(value: Any) -> Any:
     # A copy: the object goes on changing after the batch is handed over, and a worker's
     # queue pickles what it sends later, on its own thread.
-    return copy.deepcopy(value.state_dict()) if is_stateful(value) else None
+    if not is_stateful(value):
+        return None
+    state = value.state_dict()
+    if type(state) is dict and all(type(item) in _SCALARS for item in state.values()):
+        return dict(state)  # the common small state: a flat copy is a deep one (many µs less)
+    return copy.deepcopy(state)
 
 
 class PassReader(IterableDataset):
@@ -175,7 +183,6 @@ class PassReader(IterableDataset):
             return
         stopped = [False]  # the iterator stopped (inside a partial batch)
         while True:
-            where = f"worker {worker}, batch {batches} of pass {epoch}"
             try:
                 batch = run_seeded(
                     functools.partial(seed_batch, derive_seed(base, batches)),
@@ -187,6 +194,7 @@ class PassReader(IterableDataset):
                     else (_snapshot(self.dataset), _snapshot(iterator), stopped[0])
                 )
             except Exception as exc:
+                where = f"worker {worker}, batch {batches} of pass {epoch}"
                 failure = FetchFailure(0, where, 0, "iteration", exc, in_worker=in_worker)
                 yield FAILED, worker, failure, None
                 return
