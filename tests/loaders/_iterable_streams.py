@@ -69,6 +69,30 @@ class CountingStream(IterableDataset):
         self.position, self.passes = state["position"], state["passes"]
 
 
+class EpochStream(CountingStream):
+    """``set_epoch(e)`` before each pass, as training loops do; the epoch is in the state
+    and in column 1 (``100 * epoch + passes``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        for row in super().__iter__():
+            row[1] += 100 * self.epoch
+            yield row
+
+    def state_dict(self) -> dict[str, int]:
+        return {**super().state_dict(), "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        super().load_state_dict({key: state[key] for key in ("position", "passes")})
+        self.epoch = state["epoch"]
+
+
 class _Cursor:
     """An iterator with state_dict() / load_state_dict(): the dataset has no state."""
 

@@ -399,17 +399,56 @@ def test_resume_in_a_new_process_continues_the_uninterrupted_pass_loop(tmp_path)
         _assert_same(batches, got, what)
 
 
-def test_a_record_its_dataset_refuses_is_reported_by_the_first_next_naming_the_dataset_call():
-    _, states, _ = _uninterrupted("dataset-state", 7)
-    state = states[2]
-    record = state["sampler"]["workers"][0]
-    state["sampler"]["workers"][0] = {**record, "dataset_state": {"position": 14}}
+def _with_refused_record(state: dict) -> dict:
+    sampler = state["sampler"]
+    workers = [dict(record) for record in sampler["workers"]]
+    workers[0]["dataset_state"] = {"position": 14}  # CountingStream refuses it
+    return {**state, "sampler": {**sampler, "workers": workers}}
+
+
+def test_a_dataset_state_the_main_process_dataset_refuses_is_a_loader_state_error():
+    batches, states, _ = _uninterrupted("dataset-state", 7)
+    torch.manual_seed(0)
     loader = iterables.make_loader("dataset-state", 7)
-    loader.load_state_dict(state)  # the dataset's own check runs where the pass opens
+    iterator = iter(loader)
+    next(iterator)
+    before = loader.state_dict()
+    with pytest.raises(LoaderStateError, match="not a CountingStream state") as caught:
+        loader.load_state_dict(_with_refused_record(states[2]))
+    assert caught.value.code == 333 and "CountingStream.load_state_dict()" in str(caught.value)
+    assert first_difference(before, loader.state_dict()) is None
+    _assert_same(batches[1:5], list(loader), "the pass resumes at the delivered position")
+
+
+@pytest.mark.slow
+def test_a_dataset_state_a_worker_copy_refuses_is_reported_by_the_first_next():
+    _, states, _ = _uninterrupted("dataset-state", 7, 3)
+    loader = iterables.make_loader("dataset-state", 7, 3)
+    loader.load_state_dict(_with_refused_record(states[2]))  # workers load when they start
     with pytest.raises(LoaderFetchFailedError, match="not a CountingStream state") as caught:
         next(iter(loader))
     assert caught.value.code == 335
     assert loader.state_dict()["delivered_batches"] == 2
+
+
+def test_changes_to_the_dataset_between_load_state_dict_and_the_next_pass_apply_as_in_the_saved_run():
+    def passes(state=None):
+        torch.manual_seed(0)
+        loader = ResumableDataLoader(iterables.EpochStream(), batch_size=7, resumable=True)
+        if state is not None:
+            loader.load_state_dict(state)
+        batches, states = [], []
+        for epoch in range(loader.epoch, 3):
+            loader.dataset.set_epoch(epoch)  # the usual call at the top of each epoch
+            for batch in loader:
+                batches.append(batch)
+                states.append(loader.state_dict())
+        return batches, states
+
+    batches, states = passes()
+    assert [int(batch[0, 1]) for batch in batches[::5]] == [0, 101, 202]
+    for k in (3, 5):  # mid-pass, and after the last batch of pass 0
+        _assert_same(batches[k:], passes(states[k - 1])[0], f"resumed after {k}")
 
 
 @pytest.mark.slow

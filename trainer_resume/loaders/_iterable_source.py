@@ -71,9 +71,9 @@ class IterableSource:
             "persistent_workers": bool(persistent_workers),
             "drop_last": bool(drop_last),
         }
-        # With 0 workers the main-process dataset is the copy that is read: its state
-        # now is where a state saved before any batch starts, also in a loader that
-        # read on since.
+        # With 0 workers the main-process dataset is the copy that is read: its state now
+        # is where a state saved before any batch starts, also in a loader that read on.
+        self._main = dataset if num_workers == 0 else None
         origin = (
             copy.deepcopy(dataset.state_dict())
             if num_workers == 0 and is_stateful(dataset)
@@ -84,8 +84,9 @@ class IterableSource:
         self._offset = 0
         self._delivered = 0
         self._next_worker = 0
-        # The copies the next pass would read as they are hold exactly the records (a
-        # pass read to its end, or nothing read yet).
+        # The kept copies (persistent workers' or, with 0 workers, the main-process
+        # dataset) hold the records' dataset states: after a pass read to its end, before
+        # anything was read, or (0 workers) after a state was loaded into the dataset.
         self._current = True
 
     @property
@@ -107,14 +108,15 @@ class IterableSource:
 
     def plan(self, kept: bool) -> PassPlan:
         """How the copies start the pass that begins now (``kept``: they are the copies
-        the last pass read, not fresh ones from the main process)."""
-        if kept and self.copies_current:
-            starts: list[WorkerStart] | None = None
-        else:
+        the last pass read or a state was loaded into, not fresh ones from the main
+        process)."""
+        loaded = kept and self._current  # their dataset states are the records' already
+        starts: list[WorkerStart] | None = None
+        if not (loaded and not self._progressed()):
             progressed, turn = self._progressed(), self._next_worker
             starts = [
                 (
-                    record.dataset_state,
+                    None if loaded else record.dataset_state,
                     record.iterator_state,
                     record.batches,
                     record.ended,
@@ -243,13 +245,26 @@ class IterableSource:
             )
 
     def apply(self, state: Mapping[str, Any]) -> None:
-        for record, saved in zip(self._records, state[keys.WORKERS]):
-            record.dataset_state = copy.deepcopy(saved[keys.DATASET_STATE])
-            record.iterator_state = copy.deepcopy(saved[keys.ITERATOR_STATE])
-            record.batches, record.ended = saved[keys.BATCHES], saved[keys.ENDED]
+        saved = state[keys.WORKERS]
+        main = self._main
+        if main is not None and saved[0][keys.DATASET_STATE] is not None:
+            # The main-process dataset takes its state now, so what the caller changes in
+            # it before the next pass (a set_epoch()) applies on top, as in the saved run.
+            try:
+                main.load_state_dict(copy.deepcopy(saved[0][keys.DATASET_STATE]))
+            except Exception as exc:
+                self._current = False  # the next pass loads the unchanged records again
+                raise LoaderStateError(
+                    f"{type(main).__name__}.load_state_dict() refused the saved dataset state: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        for record, entry in zip(self._records, saved):
+            record.dataset_state = copy.deepcopy(entry[keys.DATASET_STATE])
+            record.iterator_state = copy.deepcopy(entry[keys.ITERATOR_STATE])
+            record.batches, record.ended = entry[keys.BATCHES], entry[keys.ENDED]
         self._epoch, self._offset = state[keys.EPOCH], state[keys.OFFSET]
         self._delivered, self._next_worker = state[keys.DELIVERED], state[keys.NEXT_WORKER]
-        self._current = False
+        self._current = main is not None  # workers load their records when they start
 
     def delivered_batches(self, state: Mapping[str, Any]) -> int:
         return state[keys.DELIVERED]
