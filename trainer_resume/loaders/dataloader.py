@@ -72,7 +72,8 @@ class ResumableDataLoader(DataLoader):
       batched and delivered round-robin as by ``DataLoader``, and each ``iter(loader)``
       is one pass. The state holds, per worker, the copy's and its iterator's
       ``state_dict()`` after the last batch *delivered* from it, and whose turn is next;
-      a resume loads them into the new workers' copies. Non-persistent workers copy the
+      a resume loads them into the new workers' copies (with 0 workers into the
+      dataset, in :meth:`load_state_dict`). Non-persistent workers copy the
       main-process dataset at every pass start (so a state saved between passes loads
       nothing into them); persistent workers and 0 workers carry their copies' states
       into the next pass. To know whether a pass has ended, :meth:`state_dict` (and
