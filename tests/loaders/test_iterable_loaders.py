@@ -204,6 +204,17 @@ def test_the_state_counts_delivered_batches_not_the_batch_read_ahead():
     assert second[0, 0] == 7 and loader.state_dict()["sampler"]["offset"] == 2
 
 
+def test_a_consumer_that_stops_after_the_passs_last_batch_gets_full_passes():
+    batches, _, _ = _uninterrupted("dataset-state", 7)
+    torch.manual_seed(0)
+    loader = iterables.make_loader("dataset-state", 7)
+    got = []
+    for _ in range(iterables.EPOCHS):
+        iterator = iter(loader)
+        got.extend(next(iterator) for _ in range(5))  # never asks for the end
+    _assert_same(batches, got, "passes read without their end")
+
+
 def test_an_iterator_replaced_before_its_first_batch_keeps_the_loaded_position():
     batches, states, _ = _uninterrupted("dataset-state", 7)
     loader = iterables.make_loader("dataset-state", 7)

@@ -255,6 +255,9 @@ class ResumableDataLoader(DataLoader):
         if stream.fetch_failure is not None:
             raise LoaderFetchFailedError(stream.fetch_failure)
         source = stream.source
+        # A consumer that stopped after a pass's last batch left its end unread: reading
+        # on ends that pass here, instead of abandoning it and reading its end as the next.
+        self._settle()
         active = self._active
         if active is not None and active.alive:
             if not source.epochs:
