@@ -258,8 +258,10 @@ def test_augmentation_draws_leave_the_callers_generators_as_they_were_with_zero_
     random.seed(1)
     np.random.seed(2)
     torch.manual_seed(3)
-    batches = list(loader)
-    loader.state_dict()
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        loader.state_dict()  # reads the next batch ahead, in the caller's process too
     got = (random.random(), float(np.random.rand()), float(torch.rand(())))
     assert got == expected and len(batches) == 5
     assert len({float(batch[0, 2]) for batch in batches}) == 5  # reseeded per batch
