@@ -9,8 +9,10 @@ import _loader_streams as streams
 import numpy as np
 import pytest
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, get_worker_info
 
+from trainer_resume import TrainingResumeMixin, training_step
 from trainer_resume.errors import (
     IteratorInvalidatedError,
     LoaderFetchFailedError,
@@ -18,7 +20,7 @@ from trainer_resume.errors import (
     UnsupportedResumeConfigurationError,
 )
 from trainer_resume.loaders import ResumableDataLoader
-from trainer_resume.testing import first_difference
+from trainer_resume.testing import assert_training_resume, first_difference
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -487,3 +489,57 @@ def test_a_pass_left_early_starts_the_next_from_what_was_delivered_not_what_was_
     # Persistent copies go on from worker 0's delivered position (item 14); fresh ones
     # copy the main-process dataset and start over.
     assert next_pass == (list(range(14, 21)) if persistent else list(range(7)))
+
+
+class _PassTrainer(TrainingResumeMixin):
+    """Trains on an iterable loader pass after pass, starting a new pass when one ends."""
+
+    def __init__(self, workers: int) -> None:
+        torch.manual_seed(5)
+        random.seed(5)
+        np.random.seed(5)
+        self.model = nn.Linear(5, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.5)
+        self.loader = iterables.make_loader("dataset-state", 7, workers, workers > 0)
+        self.batches = iter(self.loader)
+        self._initialize_training_resume({"workers": workers}, version="1")
+
+    def _resume_objects(self):
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def _resume_loaders(self):
+        return {"train": self.loader}
+
+    def _rebuild_resume_iterators(self):
+        self.batches = iter(self.loader)
+
+    @training_step
+    def step(self):
+        batch = next(self.batches, None)
+        if batch is None:  # the pass has ended: the next one
+            self.batches = iter(self.loader)
+            batch = next(self.batches)
+        loss = self.model(batch.float()).pow(2).mean() * (1 + random.random())
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+
+@pytest.mark.parametrize(
+    ("workers", "pause_after"),
+    [(0, 5), (0, 7), pytest.param(3, 6, marks=pytest.mark.slow)],
+)
+def test_a_trainer_over_an_iterable_loader_pauses_and_resumes_bit_identically(
+    tmp_path, workers, pause_after
+):
+    # Passes of 5 batches with 0 workers, 6 with 3: the pause after 5 (or 6) is at the end
+    # of the first pass, the one after 7 in the middle of the second.
+    assert_training_resume(
+        lambda: _PassTrainer(workers),
+        lambda trainer: trainer.step(),
+        tmp_path / "pause.ckpt",
+        pause_after,
+        13,
+        lambda trainer: dict(trainer.model.state_dict()),
+    )
