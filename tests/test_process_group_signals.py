@@ -165,7 +165,7 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_interpreter_exit_with_workers_still_running_does_not_hang(tmp_path, method):
+def test_interpreter_exit_with_workers_still_running_neither_hangs_nor_reports_them_killed(tmp_path, method):
     # multiprocessing's exit handler stops daemon children with SIGTERM, which these
     # workers ignore; it would then wait for them forever.
     script = tmp_path / "child.py"
@@ -181,3 +181,8 @@ def test_interpreter_exit_with_workers_still_running_does_not_hang(tmp_path, met
     )
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.strip() == "fetched"
+    # Killing the workers at exit is not reported as a failure (torch's SIGCHLD handler
+    # would say "DataLoader worker (pid N) is killed by signal: Killed").
+    assert "Traceback" not in finished.stderr and "killed by signal" not in finished.stderr, (
+        finished.stderr
+    )

@@ -53,6 +53,7 @@ _PROTECTED_SERVERS: set[int] = set()
 _WARNED: set[str] = set()
 # multiprocessing children started inside the block: they ignore multiprocessing's SIGTERM.
 _SHIELDED: weakref.WeakSet[Any] = weakref.WeakSet()
+_EXIT_JOIN_S = 5.0  # a SIGKILLed child is gone at once; this only bounds a stuck reap
 
 
 class PauseSignalWarning(UserWarning):
@@ -184,14 +185,41 @@ def _warn_once(key: str, message: str) -> None:
     warnings.warn(message, PauseSignalWarning, stacklevel=4)
 
 
+def _alive(child: Any) -> bool:
+    try:
+        return bool(child.is_alive())
+    except (AssertionError, ValueError, OSError):
+        return False  # not our child (a forked copy of this registry) or already closed
+
+
+def _quiet_sigchld() -> Any:
+    """Set SIGCHLD to its default disposition; the previous handler, or None if none is set."""
+    if not hasattr(signal, "SIGCHLD"):
+        return None
+    try:
+        return signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    except ValueError:  # not the main thread: leave it
+        return None
+
+
 def _kill_shielded_children() -> None:
     # Runs before multiprocessing's exit handler, whose SIGTERM these children ignore.
-    for child in list(_SHIELDED):
-        try:
-            if child.is_alive():
-                child.kill()
-        except (AssertionError, ValueError, OSError):
-            pass  # not our child (a forked copy of this registry) or already closed
+    alive = [child for child in list(_SHIELDED) if _alive(child)]
+    if not alive:
+        return
+    # torch's SIGCHLD handler would report each worker killed here as a failed worker
+    # ("DataLoader worker (pid N) is killed by signal") in whatever code runs next; at
+    # exit there is nothing to report, so the default disposition holds until they are
+    # reaped. Exit handlers run in the main thread, where signal handlers may be set.
+    previous = _quiet_sigchld()
+    try:
+        for child in alive:
+            child.kill()
+        for child in alive:
+            child.join(_EXIT_JOIN_S)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGCHLD, previous)
 
 
 def _forget_after_fork() -> None:
