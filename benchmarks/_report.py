@@ -132,6 +132,26 @@ def cpu_ratio_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
     return checks or [_missing(target, source, "no run at a target setting")]
 
 
+def seeding_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
+    """Seeding and handing back the generators, per batch without workers, <= ~15 µs."""
+    source = "loader_throughput.json"
+    if data is None:
+        return [_missing("seeding + hand-back per batch", source, "no result from this run")]
+    try:
+        measured, limit = data["seeding_us_per_batch"], data["seeding_target_us"]
+    except (KeyError, TypeError) as error:
+        target = "seeding + hand-back per batch"
+        return [_missing(target, source, f"not in this JSON ({type(error).__name__}: {error})")]
+    return [
+        TargetCheck(
+            f"seeding + hand-back per batch <= {limit:.0f} µs (num_workers=0)",
+            _status(measured <= limit),
+            f"{measured:.1f} µs per batch",
+            source,
+        )
+    ]
+
+
 def _medians(runs: Mapping[str, Sequence[float]]) -> dict[int, float]:
     return {int(position): statistics.median(times) for position, times in runs.items() if times}
 
@@ -335,6 +355,7 @@ def check_targets(results: Results) -> list[TargetCheck]:
     return [
         *throughput_checks(results.get("loader_throughput")),
         *cpu_ratio_checks(results.get("loader_throughput")),
+        *seeding_checks(results.get("loader_throughput")),
         *resume_checks(results.get("loader_resume")),
         *pause_time_checks(results.get("checkpointing"), results.get("pause")),
         *resume_time_checks(results.get("checkpointing")),

@@ -24,6 +24,11 @@ workers), >= 0.85 at 0 µs per sample without workers, and at every point at lea
 StatefulDataLoader's within 0.02; and ResumableDataLoader / DataLoader samples/s
 >= 0.97 at 200 µs per sample.
 
+Then the per-batch price of replayable augmentation without workers, on its own:
+seeding Python, NumPy and torch CPU for one batch and handing the caller's states
+back (``CallerGenerators.run`` around ``seed_batch`` and an empty fetch), the
+minimum over repeats of the mean of many calls. Target: about 15 µs per batch.
+
 Then state_dict() cost: for ResumableDataLoader and StatefulDataLoader, mid-stream
 (each call follows one more delivered batch, 0 µs per sample), the median of
 ``--state-calls`` individually timed calls, and the size of the pickled state.
@@ -45,6 +50,7 @@ import argparse
 import pickle
 import resource
 import time
+import timeit
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -167,6 +173,22 @@ def state_dict_cost(kind: str, workers: int, calls: int, warmup: int) -> tuple[l
     return times, size
 
 
+SEEDING_TARGET_US = 15.0  # seeding + hand-back per batch, num_workers=0
+
+
+def seeding_cost_us(calls: int, repeats: int) -> float:
+    """Microseconds per batch to seed the global generators and hand the caller's back."""
+    from trainer_resume.loaders._seeding import CallerGenerators, seed_batch
+
+    generators = CallerGenerators()
+    seed = 0x1234_5678_9ABC_DEF0
+
+    def one_batch() -> None:
+        generators.run(lambda: seed_batch(seed), lambda: None)
+
+    return min(timeit.timeit(one_batch, number=calls) / calls for _ in range(repeats)) * 1e6
+
+
 def _runs_text(values: list[float]) -> str:
     return " ".join(f"{value:,.0f}" for value in values)
 
@@ -265,6 +287,20 @@ def main() -> None:
         rows,
     )
 
+    seeding_us = seeding_cost_us(calls=2000 if args.quick else 20000, repeats=7)
+    print_table(
+        "Replayable augmentation without workers, per batch: seed Python, NumPy and torch CPU, "
+        "then hand the caller's states back (min of 7 repeats).",
+        ["µs per batch", "target µs", "status"],
+        [
+            [
+                f"{seeding_us:.1f}",
+                f"{SEEDING_TARGET_US:.0f}",
+                "ok" if seeding_us <= SEEDING_TARGET_US else "ABOVE TARGET",
+            ]
+        ],
+    )
+
     state_costs = []
     for workers in args.workers:
         for kind in (kind for kind in kinds if kind != "torch"):
@@ -311,6 +347,8 @@ def main() -> None:
             "stateful_dataloader_skipped": None if stateful is not None else why,
             "target_ratio_at_200us": TARGET,
             "results": results,
+            "seeding_us_per_batch": seeding_us,
+            "seeding_target_us": SEEDING_TARGET_US,
             "state_dict_cost": state_costs,
         },
     )

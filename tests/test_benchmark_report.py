@@ -16,6 +16,7 @@ from benchmarks._report import (
     render_results,
     resume_checks,
     resume_time_checks,
+    seeding_checks,
     throughput_checks,
     worst_pause_size,
 )
@@ -131,6 +132,18 @@ def test_stateful_loader_that_stays_flat_is_a_miss_and_one_position_is_not_measu
     assert "beyond one epoch" in single.measured
 
 
+def test_seeding_per_batch_passes_within_its_target_and_is_not_measured_when_absent() -> None:
+    data = _throughput(1.0)
+    data.update(seeding_us_per_batch=14.2, seeding_target_us=15.0)
+    [ok] = seeding_checks(data)
+    assert ok.status == PASS and "14.2 µs" in ok.measured
+    data["seeding_us_per_batch"] = 16.0
+    [missed] = seeding_checks(data)
+    assert missed.status == MISS
+    [absent] = seeding_checks(_throughput(1.0))
+    assert absent.status == NOT_MEASURED
+
+
 def test_pause_time_ratio_passes_at_095_and_misses_above() -> None:
     [ok] = pause_time_checks(_checkpointing(0.95, 1.0, 1.0), None)
     [missed] = pause_time_checks(_checkpointing(1.2, 1.0, 1.0), None)
@@ -221,7 +234,7 @@ def test_rendered_results_show_each_check_status_and_figure() -> None:
     assert "**MISS** | num_workers=2: 0.900" in text
     assert "not available: missing" in text
     assert "fsync 1.000 s" in text
-    assert "3 passed, 1 missed, 3 not measured." in text  # no CPU figures in this JSON
+    assert "3 passed, 1 missed, 4 not measured." in text  # no CPU or seeding figures here
 
 
 def test_throughput_checks_each_num_workers_row_at_200us_separately() -> None:

@@ -165,7 +165,9 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_interpreter_exit_with_workers_still_running_neither_hangs_nor_reports_them_killed(tmp_path, method):
+def test_interpreter_exit_with_workers_still_running_neither_hangs_nor_reports_them_killed(
+    tmp_path, method
+):
     # multiprocessing's exit handler stops daemon children with SIGTERM, which these
     # workers ignore; it would then wait for them forever.
     script = tmp_path / "child.py"
