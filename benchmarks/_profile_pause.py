@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
 
-    from pause import BenchTrainer, torch_save_fsync
+    from benchmarks.pause import BenchTrainer, torch_save_fsync
 
     label = args.size or ("10M" if args.quick else "100M")
     width, layers = SIZES[label]

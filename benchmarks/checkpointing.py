@@ -110,7 +110,8 @@ def tensor_bytes(*states: Any) -> int:
 def build_model(width: int, layers: int) -> tuple[Any, Any]:
     """Model + AdamW after one step: exp_avg and exp_avg_sq exist for every parameter."""
     import torch
-    from pause import build_model
+
+    from benchmarks.pause import build_model
 
     torch.manual_seed(0)
     model = build_model(width, layers)
@@ -143,7 +144,7 @@ def _timed_with_peak(action: Callable[[], Any]) -> dict[str, Any]:
 
 
 def _child_pause(width: int, layers: int, directory: Path) -> dict[str, Any]:
-    from pause import BenchTrainer
+    from benchmarks.pause import BenchTrainer
 
     model, optimizer = build_model(width, layers)
     state_bytes = tensor_bytes(model.state_dict(), optimizer.state_dict())
@@ -157,7 +158,8 @@ def _child_pause(width: int, layers: int, directory: Path) -> dict[str, Any]:
 
 def _child_torch(width: int, layers: int, directory: Path, *, fsync: bool) -> dict[str, Any]:
     import torch
-    from pause import torch_save_fsync
+
+    from benchmarks.pause import torch_save_fsync
 
     model, optimizer = build_model(width, layers)
     state_bytes = tensor_bytes(model.state_dict(), optimizer.state_dict())
@@ -191,8 +193,9 @@ def _child_lightning(width: int, layers: int, directory: Path) -> dict[str, Any]
 
     import pytorch_lightning as pl
     import torch
-    from pause import build_model
     from torch.utils.data import DataLoader
+
+    from benchmarks.pause import build_model
 
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -237,7 +240,8 @@ def _child_lightning(width: int, layers: int, directory: Path) -> dict[str, Any]
 def _child_accelerate(width: int, layers: int, directory: Path) -> dict[str, Any]:
     import torch
     from accelerate import Accelerator
-    from pause import build_model
+
+    from benchmarks.pause import build_model
 
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
@@ -257,7 +261,8 @@ def _child_accelerate(width: int, layers: int, directory: Path) -> dict[str, Any
 def _child_interleaved(width: int, layers: int, directory: Path, rounds: int) -> dict[str, Any]:
     """Both save pairs and both load pairs, ``rounds`` times, interleaved in this one process."""
     import torch
-    from pause import BenchTrainer, torch_save_fsync
+
+    from benchmarks.pause import BenchTrainer, torch_save_fsync
 
     model, optimizer = build_model(width, layers)
     trainer = BenchTrainer(model, optimizer, shared=False)
@@ -589,7 +594,8 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(directory, ignore_errors=True)
 
     import torch
-    from pause import BenchTrainer, build_model, measure_overhead
+
+    from benchmarks.pause import BenchTrainer, build_model, measure_overhead
 
     calls = args.overhead_calls or (50_000 if args.quick else 200_000)
     tiny = build_model(4, 1)
