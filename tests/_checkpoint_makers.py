@@ -7,6 +7,7 @@ per test session (the distributed one spawns two ranks).
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ def _net() -> nn.Module:
 class MixinTrainer(TrainingResumeMixin):
     def __init__(self, *, num_replicas: int = 1, resume_points: Any = None) -> None:
         torch.manual_seed(0)
+        random.seed(0)  # the pause's Python RNG position must not depend on earlier tests
         self.model = _net()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
         data = TensorDataset(torch.randn(DATASET_SIZE, 4), torch.randn(DATASET_SIZE, 3))
