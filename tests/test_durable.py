@@ -162,6 +162,33 @@ def test_tensors_sharing_storage_still_share_it_after_load(tmp_path: Path) -> No
     assert loaded["view"][0, 1].item() == -1.0
 
 
+def test_loaded_entries_keep_identity_parameter_type_and_requires_grad(tmp_path: Path) -> None:
+    shared = torch.arange(4.0)
+    weight = torch.nn.Parameter(torch.randn(2, 3))
+    frozen = torch.nn.Parameter(torch.randn(3), requires_grad=False)
+    save_checkpoint({"a": shared, "b": shared, "w": weight, "f": frozen}, tmp_path / "p.pt")
+    loaded = load_checkpoint(tmp_path / "p.pt")
+    assert loaded["a"] is loaded["b"]
+    assert type(loaded["w"]) is torch.nn.Parameter and loaded["w"].requires_grad
+    assert type(loaded["f"]) is torch.nn.Parameter and not loaded["f"].requires_grad
+    assert torch.equal(loaded["w"], weight) and torch.equal(loaded["f"], frozen)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_loaded_tensors_do_not_keep_the_verified_copy_mapped(tmp_path: Path) -> None:
+    # An optimizer keeps its loaded state as is: were the tensors views of the copy, the
+    # whole copy would stay in memory for the rest of the run.
+    state = {"w": torch.randn(1 << 20), "m": {"exp_avg": torch.randn(1 << 18)}}
+    save_checkpoint(state, tmp_path / "big.pt")
+    loaded = load_checkpoint(tmp_path / "big.pt")
+    maps = Path("/proc/self/maps").read_text()
+    assert "trainer-resume-payload" not in maps
+    assert torch.equal(loaded["w"], state["w"])
+    assert torch.equal(loaded["m"]["exp_avg"], state["m"]["exp_avg"])
+    loaded["m"]["exp_avg"].add_(1.0)  # ordinary, writable memory
+    assert torch.equal(loaded["m"]["exp_avg"], state["m"]["exp_avg"] + 1.0)
+
+
 def test_saved_file_is_documented_header_followed_by_plain_torch_payload(saved: Path) -> None:
     data = saved.read_bytes()
     marker, version, flags, crc, length, digest, signature = LAYOUT.unpack(data[:HEADER_SIZE])

@@ -9,7 +9,7 @@ that nothing else can change, hashed there and loaded from there.
 On Linux the copy is a ``memfd`` (anonymous shared memory) filled in the kernel
 (``sendfile``, no pass through Python) and then sealed against writes, growth and
 shrinking, so not even another process that opens it through ``/proc`` can change
-it; ``torch.load`` reads it by its ``/proc/self/fd`` path. Elsewhere (no
+it; ``torch.load`` maps it by its ``/proc/self/fd`` path. Elsewhere (no
 ``memfd_create`` or no ``/proc``) the copy is an ordinary private buffer.
 
 Memory: while loading, the copy (1x the payload) and the loaded tensors (1x) exist

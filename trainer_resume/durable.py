@@ -150,9 +150,10 @@ def load_checkpoint(
     The payload is copied once into sealed memory; marker, version, length, digest,
     (with ``key``) the signature and the archive's structure are checked on that
     copy before anything is unpickled, and that same copy is unpickled with
-    ``torch.load(weights_only=True)``. Peak memory is about 2x the payload (the
-    copy plus the loaded tensors, see :mod:`trainer_resume._sealed_copy`); the copy
-    is released before this returns.
+    ``torch.load(weights_only=True)`` (mapped, then every tensor moved to ordinary
+    memory). Peak memory is about 2x the payload (the copy plus the loaded tensors,
+    see :mod:`trainer_resume._sealed_copy`); the copy is released before this
+    returns.
 
     Args:
         path: The checkpoint file.
