@@ -65,6 +65,18 @@ class SealedCopy:
         """A seekable file object over the copy (for ``torch.load`` without a path)."""
         return _MemoryReader(self.view)
 
+    def unmap(self) -> None:
+        """Drop this object's mapping of a ``memfd`` copy (``view`` goes); ``path`` stays
+        readable. The copy's pages are then mapped once, by whoever reads ``path``."""
+        if self._memfd is None:
+            return  # a plain buffer: the view is the copy
+        view = self.__dict__.pop("view", None)
+        if view is not None:
+            view.release()
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
     def close(self) -> None:
         """Release this object's hold on the copy; loaded tensors keep their own mapping."""
         view = self.__dict__.pop("view", None)

@@ -124,6 +124,8 @@ def load_payload(copy: SealedCopy, map_location: Any, where: str) -> Any:
     """
     mapped = copy.path is not None
     source: Any = copy.path if mapped else copy.reader()
+    if mapped:
+        copy.unmap()  # verified and checked: torch's mapping is the only one from here
     try:
         obj = torch.load(source, map_location=map_location, weights_only=True, mmap=mapped)
     except pickle.UnpicklingError as exc:
