@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import secrets
+import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -179,12 +180,14 @@ def _drop_cached_pages(path: str) -> None:
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:
         return
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags)  # O_NONBLOCK: a FIFO at that path must not block here
     except OSError:
         return  # no previous file (or not ours to read): nothing cached to drop
     try:
-        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except OSError:
         pass
     finally:
