@@ -157,7 +157,9 @@ def _into_own_memory(obj: Any) -> None:
     subclass (``Parameter``), ``requires_grad`` and aliasing are kept. Tensors of
     other layouts (sparse, quantized) are rare in a state and keep their mapping.
     """
-    copies: dict[int, Any] = {}
+    # storage address -> (that storage, its copy): holding the original keeps its
+    # address from being reused by a copy made later in the walk
+    copies: dict[int, tuple[Any, Any]] = {}
     seen: set[int] = set()
     stack = [obj]
     with torch.no_grad():
@@ -172,10 +174,10 @@ def _into_own_memory(obj: Any) -> None:
                 if value.is_quantized:
                     continue
                 storage = value.untyped_storage()
-                own = copies.get(storage._cdata)
-                if own is None:
-                    own = copies[storage._cdata] = storage.clone()
-                value.set_(own, value.storage_offset(), value.size(), value.stride())
+                entry = copies.get(storage._cdata)
+                if entry is None:
+                    entry = copies[storage._cdata] = (storage, storage.clone())
+                value.set_(entry[1], value.storage_offset(), value.size(), value.stride())
             elif isinstance(value, dict):
                 stack.extend(value.values())
                 metadata = getattr(value, "_metadata", None)
