@@ -45,6 +45,7 @@ __all__ = [
     "PauseSignalWarning",
     "pause_signals",
     "pause_signals_blocked",
+    "quiet_child_exits",
     "worker_start",
 ]
 
@@ -202,6 +203,23 @@ def _quiet_sigchld() -> Any:
         return None
 
 
+@contextmanager
+def quiet_child_exits() -> Iterator[None]:
+    """While workers are being stopped, their exits are not reported as failures.
+
+    torch's SIGCHLD handler raises "DataLoader worker (pid N) is killed by signal" in
+    whatever the main thread runs when a worker dies; a worker being stopped (killed
+    at exit, or one that aborts in its own interpreter shutdown after its last batch)
+    has nothing left to report. Elsewhere than the main thread this changes nothing.
+    """
+    previous = _quiet_sigchld()
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGCHLD, previous)
+
+
 def _kill_shielded_children() -> None:
     # Runs before multiprocessing's exit handler, whose SIGTERM these children ignore.
     alive = [child for child in list(_SHIELDED) if _alive(child)]
@@ -211,15 +229,11 @@ def _kill_shielded_children() -> None:
     # ("DataLoader worker (pid N) is killed by signal") in whatever code runs next; at
     # exit there is nothing to report, so the default disposition holds until they are
     # reaped. Exit handlers run in the main thread, where signal handlers may be set.
-    previous = _quiet_sigchld()
-    try:
+    with quiet_child_exits():
         for child in alive:
             child.kill()
         for child in alive:
             child.join(_EXIT_JOIN_S)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGCHLD, previous)
 
 
 def _forget_after_fork() -> None:

@@ -6,6 +6,7 @@ module by name to unpickle what the tests send it.
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import multiprocessing
@@ -102,6 +103,12 @@ def mark_worker(directory: str, worker_id: int) -> None:
     assert info is not None and info.id == worker_id
     Path(directory, f"worker-{worker_id}").touch()
     random.random()  # drawing from the worker's generators must not change the stream
+
+
+def abort_at_exit(worker_id: int) -> None:
+    """A worker_init_fn whose worker aborts in its own interpreter exit (SIGABRT), as a
+    native library that leaves a thread running can make it do."""
+    atexit.register(os.abort)
 
 
 def batches_per_cycle(target: str) -> int:

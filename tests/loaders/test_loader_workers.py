@@ -74,3 +74,18 @@ def test_spawned_workers_with_worker_init_fn_and_pin_memory_give_the_single_proc
         )
     _assert_same(expected, got)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["worker-0", "worker-1"]
+
+
+def test_closing_a_loader_whose_spawned_workers_abort_as_they_exit_raises_nothing():
+    # torch's SIGCHLD handler would raise "DataLoader worker (pid N) is killed by signal:
+    # Aborted" inside close(), after every batch had been delivered.
+    expected = _stream("sampler", 3)
+    got = _stream(
+        "sampler",
+        3,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        worker_init_fn=streams.abort_at_exit,
+        prefetch_factor=1,
+    )
+    _assert_same(expected, got)

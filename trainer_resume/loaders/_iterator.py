@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any
 
 from ..errors import IteratorInvalidatedError, LoaderCommitFailedError, LoaderFetchFailedError
+from ..pause_signals import quiet_child_exits
 from ._fetch import FetchFailure
 from ._sources import Pending, Source
 
@@ -43,7 +44,8 @@ def shutdown(inner: Any) -> None:
     """Stop the workers of an internal torch iterator now (no-op for single-process ones)."""
     stop = getattr(inner, "_shutdown_workers", None)
     if stop is not None:
-        stop()
+        with quiet_child_exits():  # a worker that dies in its own exit is not a failure now
+            stop()
 
 
 def release(inner: Any) -> None:
