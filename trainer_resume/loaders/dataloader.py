@@ -306,7 +306,7 @@ class ResumableDataLoader(DataLoader):
             if seed_epoch is None  # persistent workers are seeded once, as with DataLoader
             else derive_seed(stream.augmentation_seed, _WORKER_SEED_SALT, seed_epoch)
         )
-        return DataLoader(
+        return self._internal_loader(
             PassReader(
                 self.dataset,
                 self.collate_fn,
@@ -315,7 +315,18 @@ class ResumableDataLoader(DataLoader):
                 stream.augmentation_seed,
                 plan,
             ),
+            worker_seeds,
+        )
+
+    def _internal_loader(
+        self, dataset: Any, worker_seeds: torch.Generator, sampler: Any = None
+    ) -> DataLoader:
+        """The internal loader over ``dataset``: one item per batch, this loader's worker
+        settings, worker base seeds from ``worker_seeds``."""
+        return DataLoader(
+            dataset,
             batch_size=None,
+            sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=as_is,
             pin_memory=self.pin_memory,
@@ -337,7 +348,7 @@ class ResumableDataLoader(DataLoader):
         # its sampler yields (first position, indices) tasks from the committed cursor.
         worker_seeds = torch.Generator()
         worker_seeds.manual_seed(derive_seed(stream.augmentation_seed, _WORKER_SEED_SALT))
-        return DataLoader(
+        return self._internal_loader(
             BatchFetcher(
                 self.dataset,
                 self.collate_fn,
@@ -345,19 +356,8 @@ class ResumableDataLoader(DataLoader):
                 stream.source.stride,
                 per_sample=self.augmentation_seeding == "sample",
             ),
-            batch_size=None,
-            sampler=Tasks(stream.source, stream.augmentation_seed),
-            num_workers=self.num_workers,
-            collate_fn=as_is,
-            pin_memory=self.pin_memory,
-            timeout=self.timeout,
-            worker_init_fn=self.worker_init_fn,
-            multiprocessing_context=self.multiprocessing_context,
-            generator=worker_seeds,
-            prefetch_factor=self.prefetch_factor,
-            persistent_workers=self.persistent_workers,
-            pin_memory_device=self.pin_memory_device,
-            in_order=True,
+            worker_seeds,
+            Tasks(stream.source, stream.augmentation_seed),
         )
 
     def close(self) -> None:
