@@ -310,19 +310,13 @@ class EpochSource:
             ),
         )
         keys.check_format(state, what, keys.EPOCH_SAMPLER_FORMAT)
-        settings = state[keys.SETTINGS]
-        if not isinstance(settings, Mapping):
-            raise LoaderStateError(f"{what}[{keys.SETTINGS!r}] must be a dict")
-        for name, value in self._settings.items():
-            if (
-                name not in settings
-                or settings[name] != value
-                or type(settings[name]) is not type(value)
-            ):
-                raise LoaderStateError(
-                    f"{what}: setting {name!r} was {settings.get(name)!r}, this loader has {value!r}; "
-                    f"build the loader with the arguments the state was saved with"
-                )
+        mismatch = keys.mismatched_setting(state, what, self._settings)
+        if mismatch is not None:
+            name, saved, value = mismatch
+            raise LoaderStateError(
+                f"{what}: setting {name!r} was {saved!r}, this loader has {value!r}; "
+                f"build the loader with the arguments the state was saved with"
+            )
         keys.check_count(state, what, keys.EPOCH)
         offset = keys.check_count(state, what, keys.OFFSET)
         keys.check_count(state, what, keys.DELIVERED)

@@ -203,16 +203,13 @@ class IterableSource:
             ),
         )
         keys.check_format(state, what, keys.ITERABLE_DATASET_FORMAT)
-        settings = state[keys.SETTINGS]
-        if not isinstance(settings, Mapping):
-            raise LoaderStateError(f"{what}[{keys.SETTINGS!r}] must be a dict")
-        for name, value in self._settings.items():
-            saved = settings.get(name)
-            if type(saved) is not type(value) or saved != value:
-                raise LoaderStateError(
-                    f"{what}: {name} was {saved!r}, this loader has {value!r}; build the loader "
-                    f"with {name}={saved!r} (each worker's copy of the dataset has its own state)"
-                )
+        mismatch = keys.mismatched_setting(state, what, self._settings)
+        if mismatch is not None:
+            name, saved, value = mismatch
+            raise LoaderStateError(
+                f"{what}: {name} was {saved!r}, this loader has {value!r}; build the loader "
+                f"with {name}={saved!r} (each worker's copy of the dataset has its own state)"
+            )
         keys.check_count(state, what, keys.EPOCH)
         offset = keys.check_count(state, what, keys.OFFSET)
         delivered = keys.check_count(state, what, keys.DELIVERED)

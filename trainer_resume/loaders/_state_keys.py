@@ -114,6 +114,26 @@ def check_equal(state: Mapping[str, Any], what: str, key: str, expected: Any, hi
         raise LoaderStateError(f"{what}[{key!r}] is {value!r} but this {hint} is {expected!r}")
 
 
+def mismatched_setting(
+    state: Mapping[str, Any], what: str, expected: Mapping[str, Any]
+) -> tuple[str, Any, Any] | None:
+    """The first of ``expected``'s settings that ``state[SETTINGS]`` lacks or holds with
+    another type or value, as ``(name, saved or None, expected)``; None when all match.
+
+    Raises:
+        LoaderStateError: ``state[SETTINGS]`` is not a dict.
+    """
+    settings = state[SETTINGS]
+    if not isinstance(settings, Mapping):
+        raise LoaderStateError(f"{what}[{SETTINGS!r}] must be a dict")
+    for name, value in expected.items():
+        if name not in settings or type(settings[name]) is not type(value):
+            return name, settings.get(name), value
+        if settings[name] != value:
+            return name, settings[name], value
+    return None
+
+
 def check_replicas(state: Mapping[str, Any], what: str) -> int:
     """The optional ``num_replicas`` entry: an int >= 1; states written before it existed read as 1."""
     if NUM_REPLICAS not in state:
