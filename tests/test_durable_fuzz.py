@@ -1,11 +1,14 @@
 """Fuzzed checkpoint files: every damaged or malformed file is refused with a catalogue
 error, damaged bytes before torch.load is even called, and a trainer is never touched.
 
-The file is kept small (a few KiB) so that thousands of variants take seconds.
+The file is kept small (a few KiB) so that thousands of variants take seconds. Every
+test runs on both load paths: tensor records read ahead into their own storages, and
+the whole payload copied (the path taken when the zip directory cannot be planned from).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import random
 import struct
@@ -21,6 +24,7 @@ import pytest
 import torch
 from _trainers import TinyTrainer
 
+import trainer_resume.durable as durable
 from trainer_resume.durable import (
     load_checkpoint,
     read_checkpoint_header,
@@ -49,6 +53,13 @@ def small_state() -> dict[str, Any]:
     }
 
 
+@pytest.fixture(autouse=True, params=["read-ahead", "whole-copy"])
+def load_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "whole-copy":
+        monkeypatch.setattr(durable, "read_ahead_supported", lambda: False)
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
 def good(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     path = tmp_path_factory.mktemp("fuzz") / "good.ckpt"
@@ -57,16 +68,23 @@ def good(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 
 @pytest.fixture
-def loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts torch.load calls: damaged bytes must be refused before any."""
-    calls: list[int] = []
-    real = torch.load
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Counts unpickling calls (``torch.load`` and the zip loader under it, which the
+    read-ahead load calls directly): damaged bytes must be refused before any."""
+    calls: list[str] = []
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
+    def counting(owner: Any, name: str) -> None:
+        real = getattr(owner, name)
 
-    monkeypatch.setattr(torch, "load", counting)
+        @functools.wraps(real)
+        def count(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, count)
+
+    counting(torch, "load")
+    counting(torch.serialization, "_load")
     return calls
 
 
@@ -89,7 +107,7 @@ def reframed(payload: bytes, *, flags: int = 0, signature: bytes = bytes(32)) ->
 
 
 def test_1000_random_single_bit_flips_are_all_refused_as_corrupted_before_loading(
-    tmp_path: Path, good: bytes, loads: list[int]
+    tmp_path: Path, good: bytes, loads: list[str]
 ) -> None:
     rng = random.Random(20261201)
     bits = rng.sample(range(len(good) * 8), 1000)
@@ -104,7 +122,7 @@ def test_1000_random_single_bit_flips_are_all_refused_as_corrupted_before_loadin
 
 
 def test_every_truncation_length_is_refused_as_corrupted_before_loading(
-    tmp_path: Path, good: bytes, loads: list[int]
+    tmp_path: Path, good: bytes, loads: list[str]
 ) -> None:
     path = tmp_path / "cut.ckpt"
     for length in range(len(good)):  # every length: the file is small
@@ -115,7 +133,7 @@ def test_every_truncation_length_is_refused_as_corrupted_before_loading(
 
 @pytest.mark.parametrize("change", ["xor-ff", "zero", "plus-one"])
 def test_every_header_byte_altered_is_refused_before_loading(
-    tmp_path: Path, good: bytes, loads: list[int], change: str
+    tmp_path: Path, good: bytes, loads: list[str], change: str
 ) -> None:
     path = tmp_path / "header.ckpt"
     for offset in range(HEADER_SIZE):
@@ -191,7 +209,7 @@ WHILE_UNPICKLING: dict[str, Callable[[bytes], bytes]] = {
 
 @pytest.mark.parametrize("damage", sorted(BEFORE_UNPICKLING))
 def test_broken_zip_behind_a_valid_header_is_refused_before_loading(
-    tmp_path: Path, good: bytes, loads: list[int], damage: str
+    tmp_path: Path, good: bytes, loads: list[str], damage: str
 ) -> None:
     data = reframed(BEFORE_UNPICKLING[damage](_payload(good)))
     error = refused(tmp_path / "zip.ckpt", data)

@@ -17,18 +17,19 @@ past the end of a too-short record. So the archive is checked first:
 from __future__ import annotations
 
 import functools
+import io
 import pickletools
 import struct
 import warnings
 import zipfile
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-from ._sealed_copy import SealedCopy
 from .errors import CheckpointFormatError
 
-__all__ = ["check_archive"]
+__all__ = ["Archive", "Payload", "check_archive"]
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (fixed fields), name length, extra length
 _LOCAL_MAGIC = b"PK\x03\x04"
@@ -44,19 +45,48 @@ class _Global:
         self.module, self.name = module, name
 
 
-def check_archive(copy: SealedCopy, where: str) -> None:
+class Payload(Protocol):
+    """The verified payload bytes, however they are held in memory."""
+
+    size: int
+
+    def reader(self) -> io.RawIOBase: ...
+
+    def read(self, start: int, end: int) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Archive:
+    """What the check found: the archive's folder (``prefix``, with its slash) and
+    every entry's name -> (start, end) of its bytes in the payload (``records``)."""
+
+    prefix: str
+    records: dict[str, tuple[int, int]]
+
+
+def check_archive(payload: Payload, where: str, *, tensors: bool = True) -> Archive:
     """Refuse a payload whose zip structure or tensor records ``torch.load`` would misread.
+
+    Args:
+        payload: The verified bytes.
+        where: The file, for messages.
+        tensors: Also scan the pickle for the tensor records it needs (each must
+            exist and be large enough). Needed before a mapped load, which trusts
+            the pickle's sizes; a load that reads each record checks them itself.
 
     Raises:
         CheckpointFormatError: The archive is malformed (321); the message says how.
     """
-    records = _records(copy, where)
+    records = _records(payload, where)
     pickles = [name for name in records if name.count("/") == 1 and name.endswith("/data.pkl")]
     if len(pickles) != 1:
         raise CheckpointFormatError(f"{where}: the payload holds no single torch.save pickle")
     prefix = pickles[0][: -len("data.pkl")]
+    if f"{prefix}constants.pkl" in records:
+        raise CheckpointFormatError(f"{where}: the payload is a TorchScript archive")
     start, end = records[pickles[0]]
-    for key, nbytes in _storages(bytes(copy.view[start:end]), where):
+    needed = _storages(payload.read(start, end), where) if tensors else []
+    for key, nbytes in needed:
         record = records.get(f"{prefix}data/{key}")
         if record is None:
             raise CheckpointFormatError(f"{where}: the tensor record data/{key} is missing")
@@ -65,13 +95,14 @@ def check_archive(copy: SealedCopy, where: str) -> None:
                 f"{where}: the tensor record data/{key} holds {record[1] - record[0]} bytes, "
                 f"its tensor needs {nbytes}"
             )
+    return Archive(prefix, records)
 
 
-def _records(copy: SealedCopy, where: str) -> dict[str, tuple[int, int]]:
+def _records(payload: Payload, where: str) -> dict[str, tuple[int, int]]:
     """Name -> (start, end) of every entry's bytes in the payload."""
-    size = len(copy.view)
+    size = payload.size
     try:
-        with zipfile.ZipFile(copy.reader()) as archive:
+        with zipfile.ZipFile(payload.reader()) as archive:
             entries = archive.infolist()
     except _DIRECTORY_ERRORS as exc:
         raise CheckpointFormatError(
@@ -80,12 +111,12 @@ def _records(copy: SealedCopy, where: str) -> dict[str, tuple[int, int]]:
     records: dict[str, tuple[int, int]] = {}
     for entry in entries:
         name, start = entry.filename, entry.header_offset
-        head = bytes(copy.view[start : start + _LOCAL_HEADER.size])
+        head = payload.read(start, start + _LOCAL_HEADER.size)
         if len(head) < _LOCAL_HEADER.size:
             raise CheckpointFormatError(f"{where}: zip entry {name!r} starts outside the payload")
         magic, name_length, extra_length = _LOCAL_HEADER.unpack(head)
         name_start = start + _LOCAL_HEADER.size
-        stored_name = bytes(copy.view[name_start : name_start + name_length])
+        stored_name = payload.read(name_start, name_start + name_length)
         if magic != _LOCAL_MAGIC or stored_name != name.encode("utf-8", "surrogateescape"):
             raise CheckpointFormatError(f"{where}: zip entry {name!r} has no matching local header")
         if entry.compress_type != zipfile.ZIP_STORED or entry.file_size != entry.compress_size:

@@ -1,10 +1,12 @@
-"""A private, immutable in-memory copy of a file's payload: the bytes verified are the
-bytes loaded.
+"""A private, immutable in-memory copy of a file's whole payload: the bytes verified
+are the bytes loaded.
 
 Verifying a file and then letting ``torch.load`` read it again would check one
 version of the bytes and unpickle another if the file changes in between (a
-concurrent writer, a swapped file). So the payload is copied once into memory
-that nothing else can change, hashed there and loaded from there.
+concurrent writer, a swapped file). Most payloads are read record by record into
+their tensors' own storages (:mod:`trainer_resume._direct_copy`); one whose zip
+directory does not allow that (or that changed while it was read) is copied here
+once into memory that nothing else can change, hashed there and loaded from there.
 
 On Linux the copy is a ``memfd`` (anonymous shared memory) filled in the kernel
 (``sendfile``, no pass through Python) and then sealed against writes, growth and
@@ -37,11 +39,13 @@ class SealedCopy:
 
     Attributes:
         view: The copied bytes (read-only).
+        size: Their length.
         path: A path ``torch.load`` can read the copy from, or None when
             the copy is a plain buffer (load from :meth:`reader` then).
     """
 
     def __init__(self, fd: int, offset: int, length: int, where: str) -> None:
+        self.size = length
         self.path: str | None = None
         self._memfd: int | None = None
         self._map: mmap.mmap | None = None
@@ -64,6 +68,10 @@ class SealedCopy:
     def reader(self) -> io.RawIOBase:
         """A seekable file object over the copy (for ``torch.load`` without a path)."""
         return _MemoryReader(self.view)
+
+    def read(self, start: int, end: int) -> bytes:
+        """The copied bytes from ``start`` to ``end`` (clipped to the copy)."""
+        return bytes(self.view[start:end])
 
     def unmap(self) -> None:
         """Drop this object's mapping of a ``memfd`` copy (``view`` goes); ``path`` stays

@@ -1,25 +1,37 @@
 """How the checkpoint code calls ``torch.save`` and ``torch.load``.
 
 Writing skips torch's per-record CRC-32 (the checkpoint's own digest covers every
-byte, and torch reads such archives). Loading is weights-only, from a verified
-sealed copy, and every way a payload can fail to load becomes a catalogue error.
+byte, and torch reads such archives). Loading is weights-only, from verified bytes
+in memory (tensor records read ahead into their own storages, or a sealed copy of
+the whole payload), and every way a payload can fail to load becomes a catalogue
+error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
+import os
 import pickle
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from ._direct_copy import DirectCopy
 from ._sealed_copy import SealedCopy
 from ._weights_only import refusal_reason
 from .errors import CheckpointFormatError, UnsafeCheckpointError
 
-__all__ = ["MAX_NESTING", "check_nesting", "crc32_skipped", "load_payload"]
+__all__ = [
+    "MAX_NESTING",
+    "check_nesting",
+    "crc32_skipped",
+    "load_payload",
+    "load_read_ahead",
+    "read_ahead_supported",
+]
 
 # Deeper nesting than this is refused on save and on load: code that walks a
 # state recursively (Python's recursion limit is 1000 frames) must not fail on a
@@ -106,6 +118,72 @@ def check_nesting(obj: Any, where: str, *, error: type[Exception] = ValueError) 
         stack.extend((child, depth + 1) for child in children)
 
 
+def read_ahead_supported() -> bool:
+    """Whether this torch can unpickle with storages read ahead (see :func:`load_read_ahead`).
+
+    Asked at every load (a microsecond next to one): the answer follows whatever
+    ``torch.serialization._load`` is at that moment.
+    """
+    load = getattr(torch.serialization, "_load", None)
+    if not callable(load) or not hasattr(os, "preadv"):
+        return False
+    if not hasattr(torch._C, "PyTorchFileReader"):
+        return False
+    try:
+        parameters = list(inspect.signature(load).parameters)
+    except (TypeError, ValueError):
+        return False
+    return parameters[:4] == ["zip_file", "map_location", "pickle_module", "pickle_file"]
+
+
+def load_read_ahead(copy: DirectCopy, prefix: str, map_location: Any, where: str) -> Any:
+    """Unpickle the verified payload in ``copy``, weights-only, with its storages read ahead.
+
+    This is ``torch.load(weights_only=True)`` of a zip archive (the same unpickler
+    and storage handling: ``torch.serialization._load``), with one difference: a
+    tensor record is not read from the archive into a new storage, the storage
+    ``copy`` already read it into is used. Each storage is its own allocation, as
+    with ``torch.load``; nothing of ``copy`` stays alive but the storages the
+    loaded object uses. Peak memory: the storages plus the bytes between them.
+
+    Raises:
+        CheckpointFormatError, UnsafeCheckpointError: As :func:`load_payload`.
+    """
+    from torch import _weights_only_unpickler
+
+    def load() -> Any:
+        archive = _ReadAheadArchive(torch._C.PyTorchFileReader(copy.reader()), copy, prefix)
+        try:
+            return torch.serialization._load(  # type: ignore[attr-defined]
+                archive, map_location, _weights_only_unpickler, "data.pkl", encoding="utf-8"
+            )
+        except pickle.UnpicklingError as exc:  # worded as torch.load words it
+            advice = getattr(torch.serialization, "_get_wo_message", None)
+            if advice is None:
+                raise
+            raise pickle.UnpicklingError(advice(str(exc))) from None
+
+    obj = _unpickled(load, where)
+    check_nesting(obj, where, error=CheckpointFormatError)
+    return obj
+
+
+class _ReadAheadArchive:
+    """torch's zip reader, but tensor records come from storages already read."""
+
+    def __init__(self, archive: Any, copy: DirectCopy, prefix: str) -> None:
+        self._archive, self._copy, self._prefix = archive, copy, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._archive, name)
+
+    def get_storage_from_record(self, name: str, nbytes: int, storage_type: Any) -> Any:
+        found = self._copy.storage(self._prefix + name, nbytes)
+        if found is None:  # a record longer than its tensor: read its first bytes
+            return self._archive.get_storage_from_record(name, nbytes, storage_type)
+        return found
+
+
 def load_payload(copy: SealedCopy, map_location: Any, where: str) -> Any:
     """``torch.load`` the verified payload in ``copy``, weights-only.
 
@@ -126,8 +204,20 @@ def load_payload(copy: SealedCopy, map_location: Any, where: str) -> Any:
     source: Any = copy.path if mapped else copy.reader()
     if mapped:
         copy.unmap()  # verified and checked: torch's mapping is the only one from here
+    obj = _unpickled(
+        lambda: torch.load(source, map_location=map_location, weights_only=True, mmap=mapped),
+        where,
+    )
+    check_nesting(obj, where, error=CheckpointFormatError)
+    if mapped:
+        _into_own_memory(obj)
+    return obj
+
+
+def _unpickled(load: Callable[[], Any], where: str) -> Any:
+    """``load()``, with every way it can fail on a bad payload turned into our error."""
     try:
-        obj = torch.load(source, map_location=map_location, weights_only=True, mmap=mapped)
+        return load()
     except pickle.UnpicklingError as exc:
         text = str(exc)
         if any(word in text for word in _UNSAFE_WORDS):
@@ -142,10 +232,6 @@ def load_payload(copy: SealedCopy, map_location: Any, where: str) -> Any:
             f"{where}: the payload is not a readable torch.save archive "
             f"({type(exc).__name__}: {_first_line(str(exc))})"
         ) from exc
-    check_nesting(obj, where, error=CheckpointFormatError)
-    if mapped:
-        _into_own_memory(obj)
-    return obj
 
 
 def _into_own_memory(obj: Any) -> None:

@@ -7,23 +7,25 @@ layout, the algorithms of each format version and what the digest protects
 against with and without a key. Files are written in format version 2 (BLAKE3);
 version 1 files (SHA-256) are still read.
 
-Loading copies the payload once into private memory that nothing else can change
-(:mod:`trainer_resume._sealed_copy`), verifies that copy and unpickles that copy,
-weights-only: a file rewritten while it is loaded is either refused or loaded
-exactly as verified. Every malformed file is refused with a catalogue error.
+Loading reads the payload once into private memory, its tensor records straight
+into their own storages (:mod:`trainer_resume._direct_copy`; or, when that cannot
+be planned, the whole payload into sealed memory: :mod:`trainer_resume._sealed_copy`),
+verifies those bytes and unpickles those same bytes, weights-only: a file
+rewritten while it is loaded is either refused or loaded exactly as verified.
+Every malformed file is refused with a catalogue error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ._archive_check import check_archive
+from ._archive_check import Archive, Payload, check_archive
 from ._atomic import DigestingWriter, TempFile, replace_atomically
 from ._checkpoint_format import (
     FORMAT_VERSION,
@@ -38,8 +40,15 @@ from ._checkpoint_format import (
     usable_cores,
     verify_signature,
 )
+from ._direct_copy import DirectCopy, Unplannable, is_tensor_record, plan_records
 from ._sealed_copy import SealedCopy
-from ._torch_io import check_nesting, crc32_skipped, load_payload
+from ._torch_io import (
+    check_nesting,
+    crc32_skipped,
+    load_payload,
+    load_read_ahead,
+    read_ahead_supported,
+)
 from .errors import CheckpointCorruptedError, CheckpointFormatError
 
 __all__ = [
@@ -147,13 +156,16 @@ def load_checkpoint(
 ) -> Any:
     """Verify and load a file written by :func:`save_checkpoint`.
 
-    The payload is copied once into sealed memory; marker, version, length, digest,
-    (with ``key``) the signature and the archive's structure are checked on that
-    copy before anything is unpickled, and that same copy is unpickled with
-    ``torch.load(weights_only=True)`` (mapped, then every tensor moved to ordinary
-    memory). Peak memory is about 2x the payload (the copy plus the loaded tensors,
-    see :mod:`trainer_resume._sealed_copy`); the copy is released before this
-    returns.
+    The payload is read once into memory, each tensor record straight into a
+    storage of its own; marker, version, length, digest, (with ``key``) the
+    signature and the archive's structure are checked on those bytes before
+    anything is unpickled, and those same bytes are unpickled by
+    ``torch.load``'s weights-only unpickler, which is given the storages already
+    read. Peak memory is about 1x the payload. When the zip directory does not
+    allow reading record by record (or the file changed between reading its
+    directory and reading its bytes), the payload is copied whole into sealed
+    memory, verified and loaded from there (peak about 2x, see
+    :mod:`trainer_resume._sealed_copy`).
 
     Args:
         path: The checkpoint file.
@@ -175,8 +187,8 @@ def load_checkpoint(
     """
     key = check_key(key)
     where = os.fsdecode(path)
-    with _verified_copy(where, key) as (_, copy):
-        return load_payload(copy, map_location, where)
+    with _verified_copy(where, key) as (_, load):
+        return load(map_location)
 
 
 def read_checkpoint_header(
@@ -204,26 +216,93 @@ def read_checkpoint_header(
 
 
 @contextlib.contextmanager
-def _verified_copy(path: str, key: bytes | None) -> Iterator[tuple[Header, SealedCopy]]:
-    """Check ``path``'s header, then copy its payload once, hash the copy and check it."""
+def _verified_copy(path: str, key: bytes | None) -> Iterator[tuple[Header, _Load]]:
+    """Check ``path``'s header, read its payload once into memory, verify those bytes.
+
+    Yields the header and a function that unpickles the verified bytes. The tensor
+    records are read straight into their own storages when the zip directory
+    allows it (:mod:`trainer_resume._direct_copy`); otherwise, or when the file
+    changed between reading its directory and reading it whole, the payload is
+    copied whole into sealed memory (:mod:`trainer_resume._sealed_copy`).
+    """
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
-        size = os.fstat(fd).st_size
-        header = parse_header(_read_head(fd), size, path)
-        copy = SealedCopy(fd, HEADER_SIZE, header.length, path)
+        header = parse_header(_read_head(fd), os.fstat(fd).st_size, path)
+        direct = _read_ahead(fd, header, key, path)
+        if direct is not None:
+            copy, prefix = direct
+            with copy:
+                yield header, lambda location: load_read_ahead(copy, prefix, location, path)
+            return
+        sealed = SealedCopy(fd, HEADER_SIZE, header.length, path)
     finally:
         os.close(fd)
-    with copy:
-        threads = usable_cores() if header.length >= THREADED_HASH_MIN else 1
-        hasher = new_hasher(header.version, threads=threads)
-        hasher.update(copy.view)
-        if hasher.digest() != header.digest:
-            raise CheckpointCorruptedError(f"{path}: payload {header.algorithm} mismatch")
-        verify_signature(header, key, path)
-        if copy.view[: len(_ZIP_MAGIC)] != _ZIP_MAGIC:
-            raise CheckpointFormatError(f"{path}: payload is not a torch.save archive")
-        check_archive(copy, path)
-        yield header, copy
+    with sealed:
+        hasher = new_hasher(header.version, threads=_hash_threads(header))
+        hasher.update(sealed.view)
+        _verify(header, hasher.digest(), key, sealed, path)
+        yield header, lambda location: load_payload(sealed, location, path)
+
+
+_Load = Callable[[MapLocation], Any]
+
+
+def _read_ahead(
+    fd: int, header: Header, key: bytes | None, path: str
+) -> tuple[DirectCopy, str] | None:
+    """The payload read record by record and verified, with its archive's folder;
+    None when it must be copied whole instead."""
+    if not read_ahead_supported():
+        return None
+    # One core reads, the others hash (on two cores a hashing pool would compete
+    # with the reads: slower, measured).
+    hasher = new_hasher(header.version, threads=_hash_threads(header) - 1)
+    try:
+        copy = DirectCopy(
+            fd,
+            HEADER_SIZE,
+            header.length,
+            plan_records(fd, HEADER_SIZE, header.length),
+            hasher,
+            path,
+        )
+    except Unplannable:
+        return None
+    try:
+        archive = _verify(header, hasher.digest(), key, copy, path, tensors=False)
+        placed = copy.placement()
+        tensor_records = {name for name in archive.records if is_tensor_record(name)}
+        if tensor_records == set(placed) and all(
+            archive.records[name] == span for name, span in placed.items()
+        ):
+            return copy, archive.prefix
+    except BaseException:
+        copy.close()
+        raise
+    copy.close()  # the file changed after its directory was read: copy it whole
+    return None
+
+
+def _verify(
+    header: Header,
+    digest: bytes,
+    key: bytes | None,
+    payload: Payload,
+    path: str,
+    *,
+    tensors: bool = True,
+) -> Archive:
+    """Check the payload's digest, signature and archive structure (in that order)."""
+    if digest != header.digest:
+        raise CheckpointCorruptedError(f"{path}: payload {header.algorithm} mismatch")
+    verify_signature(header, key, path)
+    if payload.read(0, len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+        raise CheckpointFormatError(f"{path}: payload is not a torch.save archive")
+    return check_archive(payload, path, tensors=tensors)
+
+
+def _hash_threads(header: Header) -> int:
+    return usable_cores() if header.length >= THREADED_HASH_MIN else 1
 
 
 def _read_head(fd: int) -> bytes:
