@@ -24,7 +24,6 @@ the storages become the loaded tensors' own memory, as with ``torch.load``.
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import io
 import os
@@ -36,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ._byte_readers import FileWindow, PiecesReader
 from .errors import CheckpointCorruptedError
 
 __all__ = ["DirectCopy", "Record", "Unplannable", "is_tensor_record", "plan_records"]
@@ -77,7 +77,7 @@ def plan_records(fd: int, offset: int, length: int) -> list[Record]:
             entries (the whole-payload copy then verifies and reports the damage).
     """
     try:
-        with zipfile.ZipFile(_FileWindow(fd, offset, length)) as archive:
+        with zipfile.ZipFile(FileWindow(fd, offset, length)) as archive:
             entries = archive.infolist()
     except Exception as exc:  # whatever a damaged directory makes zipfile raise
         raise Unplannable(str(exc)) from exc
@@ -178,7 +178,7 @@ class DirectCopy:
 
     def reader(self) -> io.RawIOBase:
         """A seekable file object over the payload as read (for the zip reader)."""
-        return _PiecesReader(self._starts, self._views, self.size)
+        return PiecesReader(self._starts, self._views, self.size)
 
     def read(self, start: int, end: int) -> bytes:
         """The payload's bytes from ``start`` to ``end`` (clipped to its size)."""
@@ -282,73 +282,3 @@ class _HashedStream:
             pending.cancel()
         self._helper.shutdown(wait=True)
         self._pending.clear()
-
-
-class _FileWindow(io.RawIOBase):
-    """Read-only, seekable file object over ``length`` bytes of ``fd`` from ``offset``."""
-
-    def __init__(self, fd: int, offset: int, length: int) -> None:
-        super().__init__()
-        self._fd, self._offset, self._length = fd, offset, length
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
-        if base + pos < 0:
-            raise ValueError(f"negative seek position {base + pos}")
-        self._pos = base + pos
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        target = memoryview(buffer).cast("B")
-        count = max(0, min(len(target), self._length - self._pos))
-        got = os.preadv(self._fd, [target[:count]], self._offset + self._pos) if count else 0
-        self._pos += got
-        return got
-
-
-class _PiecesReader(io.RawIOBase):
-    """Read-only, seekable file object over consecutive in-memory pieces."""
-
-    def __init__(self, starts: list[int], views: list[memoryview], size: int) -> None:
-        super().__init__()
-        self._starts, self._views, self._size = starts, views, size
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + pos < 0:
-            raise ValueError(f"negative seek position {base + pos}")
-        self._pos = base + pos
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        target = memoryview(buffer).cast("B")
-        done = 0
-        while done < len(target) and self._pos < self._size:
-            index = bisect.bisect_right(self._starts, self._pos) - 1
-            view = self._views[index]
-            inside = self._pos - self._starts[index]
-            take = min(len(target) - done, len(view) - inside)
-            target[done : done + take] = view[inside : inside + take]
-            done += take
-            self._pos += take
-        return done

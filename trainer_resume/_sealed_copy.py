@@ -24,8 +24,8 @@ from __future__ import annotations
 import io
 import mmap
 import os
-from typing import Any
 
+from ._byte_readers import PiecesReader
 from .errors import CheckpointCorruptedError
 
 __all__ = ["SealedCopy"]
@@ -67,7 +67,7 @@ class SealedCopy:
 
     def reader(self) -> io.RawIOBase:
         """A seekable file object over the copy (for ``torch.load`` without a path)."""
-        return _MemoryReader(self.view)
+        return PiecesReader([0], [self.view], len(self.view))
 
     def read(self, start: int, end: int) -> bytes:
         """The copied bytes from ``start`` to ``end`` (clipped to the copy)."""
@@ -147,35 +147,3 @@ def _read_buffer(fd: int, offset: int, length: int, where: str) -> bytearray:
             raise CheckpointCorruptedError(f"{where} shrank while it was read")
         done += got
     return buffer
-
-
-class _MemoryReader(io.RawIOBase):
-    """Read-only, seekable file object over a memoryview (no copy of the whole)."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self._view = view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        if base + pos < 0:
-            raise ValueError(f"negative seek position {base + pos}")
-        self._pos = base + pos
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        target = memoryview(buffer).cast("B")
-        chunk = self._view[self._pos : self._pos + len(target)]
-        target[: len(chunk)] = chunk
-        self._pos += len(chunk)
-        return len(chunk)
