@@ -19,7 +19,12 @@ back to a whole-payload copy when they differ (a file rewritten between the two
 reads) or when the directory cannot be planned from at all.
 
 Memory: the loaded storages (1x the tensor bytes) plus the bytes between records;
-the storages become the loaded tensors' own memory, as with ``torch.load``.
+the storages become the loaded tensors' own memory, as with ``torch.load``. (A
+copy of the whole payload loaded with ``mmap=True`` would make every tensor a view
+of that one copy: an optimizer adopting its loaded state would keep all of it, the
+model's weights included, for the rest of the run, so each tensor would need a
+second copy of its own. Reading each record into its own storage in the first
+place costs one pass over the bytes and 1x the memory.)
 """
 
 from __future__ import annotations

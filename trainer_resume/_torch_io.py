@@ -145,6 +145,9 @@ def load_read_ahead(copy: DirectCopy, prefix: str, map_location: Any, where: str
     ``copy`` already read it into is used. Each storage is its own allocation, as
     with ``torch.load``; nothing of ``copy`` stays alive but the storages the
     loaded object uses. Peak memory: the storages plus the bytes between them.
+    ``torch.serialization._load`` is private to torch: :func:`read_ahead_supported`
+    checks its signature before every load, and without it loads take the
+    whole-copy path (:func:`load_payload`, public ``torch.load`` only).
 
     Raises:
         CheckpointFormatError, UnsafeCheckpointError: As :func:`load_payload`.
