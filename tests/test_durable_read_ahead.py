@@ -17,6 +17,7 @@ import torch
 import trainer_resume.durable as durable
 from trainer_resume._direct_copy import Record
 from trainer_resume.durable import load_checkpoint, save_checkpoint
+from trainer_resume.errors import UnsafeCheckpointError
 
 PATHS = ("read-ahead", "whole-copy")
 
@@ -168,3 +169,24 @@ def test_loading_on_a_map_location_moves_every_tensor_there(tmp_path: Path) -> N
     assert loaded["n"][0].device.type == "meta" and loaded["n"][0].dtype == torch.int64
     on_cpu = load_checkpoint(path, map_location=lambda storage, location: storage)
     assert_loaded_as_torch_loads(on_cpu, expected)
+
+
+class Allowed:
+    """A user class, loadable only once it is allowed with ``safe_globals``."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+def test_a_user_class_is_refused_unless_allowed_exactly_as_torch_load_does(
+    tmp_path: Path, load_path: list[str]
+) -> None:
+    path = tmp_path / "user.ckpt"
+    save_checkpoint({"user": Allowed(torch.arange(3))}, path)
+    with pytest.raises(UnsafeCheckpointError, match="Allowed"):
+        load_checkpoint(path)
+    with torch.serialization.safe_globals([Allowed]):
+        loaded = load_checkpoint(path)
+    assert type(loaded["user"]) is Allowed
+    assert torch.equal(loaded["user"].value, torch.arange(3))
+    assert load_path[1:] == [load_path[0]] * 2
