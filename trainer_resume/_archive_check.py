@@ -9,9 +9,11 @@ past the end of a too-short record. So the archive is checked first:
 
 - the zip directory parses, every entry is stored uncompressed, its local header
   is where the directory says and its bytes lie inside the payload;
-- the archive holds its pickle (``<name>/data.pkl``);
-- the pickle is scanned without being executed (``pickletools.genops``): every
-  tensor storage it refers to names a record that exists and is large enough.
+- the archive holds its pickle (``<name>/data.pkl``) and is no TorchScript archive;
+- before a mapped load, the pickle is scanned without being executed
+  (``pickletools.genops``): every tensor storage it refers to names a record that
+  exists and is large enough. (A load that reads each record itself meets a
+  missing or short record as an error of that read, reported as a format error.)
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def check_nesting(obj: Any, where: str, *, error: type[Exception] = ValueError) 
 def read_ahead_supported() -> bool:
     """Whether this torch can unpickle with storages read ahead (see :func:`load_read_ahead`).
 
-    Asked at every load (a microsecond next to one): the answer follows whatever
+    Asked at every load (tens of microseconds, next to a load): the answer follows whatever
     ``torch.serialization._load`` is at that moment.
     """
     load = getattr(torch.serialization, "_load", None)
