@@ -31,9 +31,9 @@ import torch
 
 from .errors import CheckpointFormatError
 
-__all__ = ["Archive", "Payload", "check_archive"]
+__all__ = ["LOCAL_HEADER", "Archive", "Payload", "check_archive", "is_stored", "names_entry"]
 
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (fixed fields), name length, extra length
+LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (fixed fields), name length, extra length
 _LOCAL_MAGIC = b"PK\x03\x04"
 _DIRECTORY_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError)
 
@@ -113,21 +113,31 @@ def _records(payload: Payload, where: str) -> dict[str, tuple[int, int]]:
     records: dict[str, tuple[int, int]] = {}
     for entry in entries:
         name, start = entry.filename, entry.header_offset
-        head = payload.read(start, start + _LOCAL_HEADER.size)
-        if len(head) < _LOCAL_HEADER.size:
+        head = payload.read(start, start + LOCAL_HEADER.size)
+        if len(head) < LOCAL_HEADER.size:
             raise CheckpointFormatError(f"{where}: zip entry {name!r} starts outside the payload")
-        magic, name_length, extra_length = _LOCAL_HEADER.unpack(head)
-        name_start = start + _LOCAL_HEADER.size
+        magic, name_length, extra_length = LOCAL_HEADER.unpack(head)
+        name_start = start + LOCAL_HEADER.size
         stored_name = payload.read(name_start, name_start + name_length)
-        if magic != _LOCAL_MAGIC or stored_name != name.encode("utf-8", "surrogateescape"):
+        if not names_entry(magic, stored_name, name):
             raise CheckpointFormatError(f"{where}: zip entry {name!r} has no matching local header")
-        if entry.compress_type != zipfile.ZIP_STORED or entry.file_size != entry.compress_size:
+        if not is_stored(entry):
             raise CheckpointFormatError(f"{where}: zip entry {name!r} is compressed")
         data_start = name_start + name_length + extra_length
         if data_start + entry.file_size > size or name in records:
             raise CheckpointFormatError(f"{where}: zip entry {name!r} is out of place or repeated")
         records[name] = (data_start, data_start + entry.file_size)
     return records
+
+
+def names_entry(magic: bytes, stored_name: bytes, name: str) -> bool:
+    """Whether a local header (its signature and stored name) belongs to entry ``name``."""
+    return magic == _LOCAL_MAGIC and stored_name == name.encode("utf-8", "surrogateescape")
+
+
+def is_stored(entry: zipfile.ZipInfo) -> bool:
+    """Whether a zip entry's bytes are stored as they are (no compression)."""
+    return entry.compress_type == zipfile.ZIP_STORED and entry.file_size == entry.compress_size
 
 
 def _storages(data: bytes, where: str) -> list[tuple[str, int]]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import ctypes
 import io
 import os
-import struct
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,13 +39,12 @@ from typing import Any
 
 import torch
 
+from ._archive_check import LOCAL_HEADER, is_stored, names_entry
 from ._byte_readers import FileWindow, PiecesReader
 from .errors import CheckpointCorruptedError
 
 __all__ = ["DirectCopy", "Record", "Unplannable", "is_tensor_record", "plan_records"]
 
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (fixed fields), name length, extra length
-_LOCAL_MAGIC = b"PK\x03\x04"
 # Regions at least this long are read straight into their destination; shorter
 # ones are served from blocks of _BLOCK bytes (one system call for many records).
 _DIRECT_MIN = 256 << 10
@@ -93,11 +91,11 @@ def plan_records(fd: int, offset: int, length: int) -> list[Record]:
         if entry.filename in names:
             raise Unplannable(f"entry {entry.filename!r} is repeated")
         names.add(entry.filename)
-        if entry.compress_type != zipfile.ZIP_STORED or entry.file_size != entry.compress_size:
+        if not is_stored(entry):
             raise Unplannable(f"entry {entry.filename!r} is compressed")
         if entry.header_offset < end:
             raise Unplannable(f"entry {entry.filename!r} overlaps the one before it")
-        end = entry.header_offset + _LOCAL_HEADER.size + entry.file_size
+        end = entry.header_offset + LOCAL_HEADER.size + entry.file_size
         if end > length:
             raise Unplannable(f"entry {entry.filename!r} ends outside the payload")
         if is_tensor_record(entry.filename):
@@ -138,15 +136,14 @@ class DirectCopy:
                 stream.horizon = horizon
                 if record.header_offset < stream.position:
                     raise Unplannable(f"entry {record.name!r} overlaps the one before it")
-                head = self._gap(stream, record.header_offset + _LOCAL_HEADER.size)
-                magic, name_length, extra_length = _LOCAL_HEADER.unpack(head[1][-30:])
+                gap_start, gap = self._gap(stream, record.header_offset + LOCAL_HEADER.size)
+                magic, name_length, extra_length = LOCAL_HEADER.unpack(gap[-LOCAL_HEADER.size :])
                 tail = bytearray(name_length + extra_length)
                 stream.read_into(memoryview(tail))
-                name = bytes(tail[:name_length])
-                if magic != _LOCAL_MAGIC or name != record.name.encode("utf-8", "surrogateescape"):
+                if not names_entry(magic, bytes(tail[:name_length]), record.name):
                     raise Unplannable(f"entry {record.name!r} has no matching local header")
-                starts.append(head[0])
-                views.append(memoryview(bytes(head[1]) + bytes(tail)))
+                starts.append(gap_start)
+                views.append(memoryview(bytes(gap) + bytes(tail)))
                 data_start = stream.position
                 if data_start + record.length > length:
                     raise Unplannable(f"entry {record.name!r} ends outside the payload")
@@ -216,7 +213,7 @@ def _horizons(records: list[Record], length: int) -> list[int]:
     reach = length
     for record in reversed(records):
         if record.length >= _DIRECT_MIN:
-            reach = min(length, record.header_offset + _LOCAL_HEADER.size + _HEADER_SLACK)
+            reach = min(length, record.header_offset + LOCAL_HEADER.size + _HEADER_SLACK)
         horizons.append(reach)
     return horizons[::-1]
 
