@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import trainer_resume.durable as durable
-from trainer_resume._direct_copy import Record
 from trainer_resume.durable import load_checkpoint, save_checkpoint
+from trainer_resume.durable._direct_copy import Record
 from trainer_resume.errors import UnsafeCheckpointError
 
 PATHS = ("read-ahead", "whole-copy")

@@ -22,7 +22,7 @@ from trainer_resume import (
     load_checkpoint,
     run_finished,
 )
-from trainer_resume.point_files import list_points, point_name
+from trainer_resume.resume_points.files import list_points, point_name
 from trainer_resume.testing import first_difference
 
 

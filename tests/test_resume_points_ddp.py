@@ -12,7 +12,7 @@ from _ddp_workers import describe_exits, launch, load_results
 
 from trainer_resume import load_checkpoint
 from trainer_resume.distributed import DISTRIBUTED_KEY
-from trainer_resume.point_files import list_points
+from trainer_resume.resume_points.files import list_points
 from trainer_resume.testing import first_difference
 
 pytestmark = pytest.mark.slow

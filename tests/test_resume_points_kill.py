@@ -17,7 +17,7 @@ from _point_trainers import CRASH_STEPS, crash_config, train_with_points
 from _trainers import TinyTrainer
 
 from trainer_resume import load_checkpoint
-from trainer_resume.point_files import latest_checkpoint, list_points, point_name
+from trainer_resume.resume_points.files import latest_checkpoint, list_points, point_name
 
 pytestmark = [
     pytest.mark.slow,

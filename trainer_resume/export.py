@@ -18,7 +18,6 @@ import torch
 
 from ._atomic import TempFile, replace_atomically, save_plain_torch_file
 from ._pause_checks import check_layout, object_states
-from .adapters.lightning_files import plain_checkpoint, save_plain_checkpoint
 from .checkpoint_files import (
     CHECKPOINT,
     FINISHED,
@@ -28,6 +27,7 @@ from .checkpoint_files import (
     read_checkpoint_file,
     tensor_totals,
 )
+from .checkpoint_files.lightning import plain_checkpoint, save_plain_checkpoint
 from .errors import CheckpointFormatError
 
 __all__ = ["DEFAULT_OBJECT", "ExportResult", "export_checkpoint"]

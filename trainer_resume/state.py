@@ -391,7 +391,7 @@ class SampleRecord(TypedDict):
 class LightningPauseState(TypedDict):
     """What a pause file adds to Lightning's checkpoint, under the key ``"trainer_resume"``."""
 
-    format: str  # trainer_resume.adapters.lightning_files.LIGHTNING_PAUSE_FORMAT
+    format: str  # trainer_resume.checkpoint_files.lightning.LIGHTNING_PAUSE_FORMAT
     global_step: int
     world_size: int
     config_signature: str | None

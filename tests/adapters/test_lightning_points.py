@@ -15,7 +15,7 @@ from _lightning_child import CONFIG, SEED, Regressor, build_loader, build_traine
 
 from trainer_resume import mark_finished
 from trainer_resume.adapters.lightning import ResumeCallback, ResumePointsCallback
-from trainer_resume.point_files import list_points, point_name
+from trainer_resume.resume_points.files import list_points, point_name
 from trainer_resume.testing import first_difference
 
 pytestmark = pytest.mark.slow  # three in-process fits

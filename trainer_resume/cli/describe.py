@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from ..adapters.lightning_files import PAUSE_KEY
 from ..checkpoint_files import (
     CHECKPOINT,
     FINISHED,
@@ -38,9 +37,10 @@ from ..checkpoint_files import (
     kind_of,
     tensor_totals,
 )
+from ..checkpoint_files.lightning import PAUSE_KEY
 from ..errors import CheckpointCorruptedError, CheckpointFormatError
 from ..finished import finished_marker_path
-from ..point_files import SkippedCheckpointWarning, candidates, point_name
+from ..resume_points.files import SkippedCheckpointWarning, candidates, point_name
 from ..state import (
     BATCH_SAMPLER_FORMAT,
     EPOCH_SAMPLER_FORMAT,

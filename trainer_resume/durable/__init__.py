@@ -2,14 +2,14 @@
 
 A checkpoint file is a fixed 88-byte header (marker, format version, flags,
 header CRC, payload length, payload digest, signature) followed by an ordinary
-``torch.save`` zip payload; :mod:`trainer_resume._checkpoint_format` documents the
+``torch.save`` zip payload; :mod:`trainer_resume.durable._format` documents the
 layout, the algorithms of each format version and what the digest protects
 against with and without a key. Files are written in format version 2 (BLAKE3);
 version 1 files (SHA-256) are still read.
 
 Loading reads the payload once into private memory, its tensor records straight
-into their own storages (:mod:`trainer_resume._direct_copy`; or, when that cannot
-be planned, the whole payload into sealed memory: :mod:`trainer_resume._sealed_copy`),
+into their own storages (:mod:`trainer_resume.durable._direct_copy`; or, when that cannot
+be planned, the whole payload into sealed memory: :mod:`trainer_resume.durable._sealed_copy`),
 verifies those bytes and unpickles those same bytes, weights-only: a file
 rewritten while it is loaded is either refused or loaded exactly as verified.
 Every malformed file is refused with a catalogue error.
@@ -25,9 +25,11 @@ from typing import Any
 
 import torch
 
+from .._atomic import DigestingWriter, TempFile, replace_atomically
+from ..errors import CheckpointCorruptedError, CheckpointFormatError
 from ._archive_check import Archive, Payload, check_archive
-from ._atomic import DigestingWriter, TempFile, replace_atomically
-from ._checkpoint_format import (
+from ._direct_copy import DirectCopy, Unplannable, is_tensor_record, plan_records
+from ._format import (
     FORMAT_VERSION,
     HEADER_SIZE,
     MIN_KEY_BYTES,
@@ -40,7 +42,6 @@ from ._checkpoint_format import (
     usable_cores,
     verify_signature,
 )
-from ._direct_copy import DirectCopy, Unplannable, is_tensor_record, plan_records
 from ._sealed_copy import SealedCopy
 from ._torch_io import (
     check_nesting,
@@ -49,7 +50,6 @@ from ._torch_io import (
     load_read_ahead,
     read_ahead_supported,
 )
-from .errors import CheckpointCorruptedError, CheckpointFormatError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -165,7 +165,7 @@ def load_checkpoint(
     allow reading record by record (or the file changed between reading its
     directory and reading its bytes), the payload is copied whole into sealed
     memory, verified and loaded from there (peak about 2x, see
-    :mod:`trainer_resume._sealed_copy`).
+    :mod:`trainer_resume.durable._sealed_copy`).
 
     Args:
         path: The checkpoint file.
@@ -221,9 +221,9 @@ def _verified_copy(path: str, key: bytes | None) -> Iterator[tuple[Header, _Load
 
     Yields the header and a function that unpickles the verified bytes. The tensor
     records are read straight into their own storages when the zip directory
-    allows it (:mod:`trainer_resume._direct_copy`); otherwise, or when the file
+    allows it (:mod:`trainer_resume.durable._direct_copy`); otherwise, or when the file
     changed between reading its directory and reading it whole, the payload is
-    copied whole into sealed memory (:mod:`trainer_resume._sealed_copy`).
+    copied whole into sealed memory (:mod:`trainer_resume.durable._sealed_copy`).
     """
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
     try:

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from .amp import validate_grad_scaler_state
-from .errors import ResumeStateMismatchError
+from ..amp import validate_grad_scaler_state
+from ..errors import ResumeStateMismatchError
 
 __all__ = ["check_object_states"]
 

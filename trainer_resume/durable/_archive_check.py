@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .errors import CheckpointFormatError
+from ..errors import CheckpointFormatError
 
 __all__ = ["LOCAL_HEADER", "Archive", "Payload", "check_archive", "is_stored", "names_entry"]
 

@@ -4,7 +4,7 @@ are the bytes loaded.
 Verifying a file and then letting ``torch.load`` read it again would check one
 version of the bytes and unpickle another if the file changes in between (a
 concurrent writer, a swapped file). Most payloads are read record by record into
-their tensors' own storages (:mod:`trainer_resume._direct_copy`); one whose zip
+their tensors' own storages (:mod:`trainer_resume.durable._direct_copy`); one whose zip
 directory does not allow that (or that changed while it was read) is copied here
 once into memory that nothing else can change, hashed there and loaded from there.
 
@@ -25,8 +25,8 @@ import io
 import mmap
 import os
 
+from ..errors import CheckpointCorruptedError
 from ._byte_readers import PiecesReader
-from .errors import CheckpointCorruptedError
 
 __all__ = ["SealedCopy"]
 

@@ -23,7 +23,7 @@ from typing import Any
 from .._atomic import save_plain_torch_file
 from ..durable import load_checkpoint
 from ..errors import CheckpointFormatError
-from .lightning_hparams import rebuilt_hyperparameters
+from .hparams import rebuilt_hyperparameters
 
 __all__ = [
     "LIGHTNING_PAUSE_FORMAT",

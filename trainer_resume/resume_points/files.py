@@ -21,10 +21,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ._atomic import fsync_directory, remove_stale_temps
-from .durable import load_checkpoint, read_checkpoint_header
-from .errors import CheckpointCorruptedError, CheckpointFormatError
-from .finished import finished_marker_path, refuse_if_finished
+from .._atomic import fsync_directory, remove_stale_temps
+from ..durable import load_checkpoint, read_checkpoint_header
+from ..errors import CheckpointCorruptedError, CheckpointFormatError
+from ..finished import finished_marker_path, refuse_if_finished
 
 __all__ = [
     "Candidate",

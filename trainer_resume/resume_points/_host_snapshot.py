@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from .errors import UnsupportedResumeConfigurationError
-from .sharded import first_dtensor
-from .state import map_tensors
+from ..errors import UnsupportedResumeConfigurationError
+from ..sharded import first_dtensor
+from ..state import map_tensors
 
 __all__ = ["HostBuffers"]
 

@@ -17,7 +17,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.core.saving import _default_map_location, _load_state
 from pytorch_lightning.utilities.migration.utils import _pl_migrate_checkpoint
 
-from .lightning_files import plain_lightning_checkpoint
+from ...checkpoint_files.lightning import plain_lightning_checkpoint
 
 __all__ = ["load_from_checkpoint"]
 

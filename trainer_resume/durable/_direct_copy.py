@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
+from ..errors import CheckpointCorruptedError
 from ._archive_check import LOCAL_HEADER, is_stored, names_entry
 from ._byte_readers import FileWindow, PiecesReader
-from .errors import CheckpointCorruptedError
 
 __all__ = ["DirectCopy", "Record", "Unplannable", "is_tensor_record", "plan_records"]
 

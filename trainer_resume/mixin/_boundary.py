@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .rng import random_state
-from .state import RandomState, cpu_state
+from ..rng import random_state
+from ..state import RandomState, cpu_state
 
 __all__ = [
     "Boundary",

@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-from ._weights_only import refusal_reason
-from .adapters.lightning_files import PAUSE_KEY, is_lightning_checkpoint
-from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header
-from .errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
-from .finished import FINISHED_FORMAT
-from .state import PAUSE_FORMAT
+from .._weights_only import refusal_reason
+from ..durable import CheckpointHeader, load_checkpoint, read_checkpoint_header
+from ..errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
+from ..finished import FINISHED_FORMAT
+from ..state import PAUSE_FORMAT
+from .lightning import PAUSE_KEY, is_lightning_checkpoint
 
 __all__ = [
     "CHECKPOINT",

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from ..distributed import is_distributed
+from ..errors import TrainerLockedError, TrainingPausedError
 from ._boundary import record_boundary
-from .distributed import is_distributed
-from .errors import TrainerLockedError, TrainingPausedError
 
 __all__ = ["GUARD_ATTRIBUTE", "StepGuard", "guard_of", "serialized_training", "training_step"]
 
@@ -53,7 +53,7 @@ class StepGuard:
         # When the decision to pause is collective (all ranks at the same step), the
         # boundary hook must run after every step, not only after a local request.
         self.check_every_boundary = False
-        # The trainer's ResumePoints, if it takes resume points (see resume_points.py).
+        # The trainer's ResumePoints, if it takes resume points (see resume_points/__init__.py).
         self.points: Any = None
         # pause()/resume() from another thread would otherwise starve: a thread running
         # steps in a loop re-acquires the lock before a waiting thread wakes up.

@@ -17,11 +17,9 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from . import distributed as _distributed
-from . import sharded as _sharded
-from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
-from ._hook_audit import audit_trainer, name_stale_iterators, stale_iterators, warn_if_no_step
-from ._pause_checks import (
+from .. import distributed as _distributed
+from .. import sharded as _sharded
+from .._pause_checks import (
     check_layout,
     check_names,
     check_random_state,
@@ -29,6 +27,24 @@ from ._pause_checks import (
     object_states,
     to_cpu,
 )
+from ..amp import restore_grad_scaler_state
+from ..durable import load_checkpoint, save_checkpoint, validate_key
+from ..errors import (
+    ConfigSignatureMismatchError,
+    PauseBlockedError,
+    ResumeStateMismatchError,
+    TrainerLockedError,
+    UnsupportedResumeConfigurationError,
+    VersionMismatchError,
+)
+from ..finished import finished_marker_path, mark_finished, refuse_if_finished
+from ..resume_points import ResumePoint, ResumePoints
+from ..resume_points.files import latest_checkpoint
+from ..rng import restore_random_state
+from ..signature import canonical_config, config_difference, config_signature
+from ..state import PAUSE_FORMAT, PauseCheckpoint
+from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
+from ._hook_audit import audit_trainer, name_stale_iterators, stale_iterators, warn_if_no_step
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
 from ._state_match import check_object_states
 from ._step_guard import (
@@ -38,22 +54,6 @@ from ._step_guard import (
     serialized_training,
     training_step,
 )
-from .amp import restore_grad_scaler_state
-from .durable import load_checkpoint, save_checkpoint, validate_key
-from .errors import (
-    ConfigSignatureMismatchError,
-    PauseBlockedError,
-    ResumeStateMismatchError,
-    TrainerLockedError,
-    UnsupportedResumeConfigurationError,
-    VersionMismatchError,
-)
-from .finished import finished_marker_path, mark_finished, refuse_if_finished
-from .point_files import latest_checkpoint
-from .resume_points import ResumePoint, ResumePoints
-from .rng import restore_random_state
-from .signature import canonical_config, config_difference, config_signature
-from .state import PAUSE_FORMAT, PauseCheckpoint
 
 __all__ = ["SignalPause", "Stateful", "TrainingResumeMixin", "serialized_training", "training_step"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
-from ..errors import UnsupportedResumeConfigurationError
-from ..loaders import ResumableDataLoader
+from ...errors import UnsupportedResumeConfigurationError
+from ...loaders import ResumableDataLoader
 
 __all__ = ["check_train_loaders"]
 

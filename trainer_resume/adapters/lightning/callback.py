@@ -3,7 +3,7 @@
 A pause is requested by a signal (``SIGTERM``, ``SIGUSR1`` by default) or by
 :meth:`ResumeCallback.request_pause`. At the next completed optimizer step all
 ranks agree on it, rank 0 writes the pause checkpoint durably, the validation due
-after that batch is left to the resumed fit (see ``lightning_pause_point``) and the
+after that batch is left to the resumed fit (see ``pause_point``) and the
 trainer stops through ``trainer.should_stop``. ``trainer.fit(..., ckpt_path=<pause
 file>)`` continues bit-identically: Lightning restores the module, optimizers,
 schedulers, loops and the loaders' delivered positions; this callback adds the
@@ -26,14 +26,16 @@ import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from .._signals import (
+from ..._signals import (
     DEFAULT_PAUSE_SIGNALS,
     Handler,
     forward_signal,
     install_handlers,
     restore_handlers,
 )
-from ..errors import (
+from ...checkpoint_files.hparams import hyperparameter_entries, plain_hyperparameters
+from ...checkpoint_files.lightning import LIGHTNING_PAUSE_FORMAT, PAUSE_KEY
+from ...errors import (
     CheckpointFormatError,
     CheckpointWriteError,
     ConfigSignatureMismatchError,
@@ -42,20 +44,18 @@ from ..errors import (
     TrainingPausedError,
     UnsupportedResumeConfigurationError,
 )
-from ..finished import mark_finished, refuse_if_finished, run_finished
-from ..rng import random_state, restore_random_state, validate_random_state
-from ..signature import canonical_config, config_difference, config_signature
-from ..state import LightningPauseState, RandomState
-from .lightning_files import LIGHTNING_PAUSE_FORMAT, PAUSE_KEY
-from .lightning_hparams import hyperparameter_entries, plain_hyperparameters
-from .lightning_io import DurableCheckpointIO, PauseFileReader, check_loadable
-from .lightning_loaders import check_train_loaders
-from .lightning_metrics import (
+from ...finished import mark_finished, refuse_if_finished, run_finished
+from ...rng import random_state, restore_random_state, validate_random_state
+from ...signature import canonical_config, config_difference, config_signature
+from ...state import LightningPauseState, RandomState
+from .fit_loaders import check_train_loaders
+from .io import DurableCheckpointIO, PauseFileReader, check_loadable
+from .metrics import (
     epoch_metrics_in_progress,
     logged_metrics_state,
     restore_logged_metrics,
 )
-from .lightning_pause_point import (
+from .pause_point import (
     PausePoint,
     end_epoch_on_resume,
     end_restart,
@@ -65,7 +65,7 @@ from .lightning_pause_point import (
     stop_after_batch,
     undo_pending_validation_mark,
 )
-from .lightning_positions import DeliveredLoaderStates, LoaderPositionUnknown
+from .positions import DeliveredLoaderStates, LoaderPositionUnknown
 
 __all__ = [
     "ResumeCallback",

@@ -16,14 +16,14 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback
 
-from ..durable import load_checkpoint
-from ..errors import CheckpointFormatError
-from ..finished import run_finished
-from ..point_files import latest_checkpoint, point_steps
-from ..resume_points import ResumePoints, WhenBusy
-from .lightning_callback import ResumeCallback
-from .lightning_files import PAUSE_KEY
-from .lightning_io import PauseFileReader
+from ...checkpoint_files.lightning import PAUSE_KEY
+from ...durable import load_checkpoint
+from ...errors import CheckpointFormatError
+from ...finished import run_finished
+from ...resume_points import ResumePoints, WhenBusy
+from ...resume_points.files import latest_checkpoint, point_steps
+from .callback import ResumeCallback
+from .io import PauseFileReader
 
 __all__ = ["ResumePointsCallback"]
 

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 import blake3
 
-from .errors import (
+from ..errors import (
     CheckpointCorruptedError,
     CheckpointFormatError,
     CheckpointSignatureError,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from ..state import cpu_state
+from ...state import cpu_state
 
 __all__ = ["DeliveredLoaderStates", "LoaderPositionUnknown"]
 

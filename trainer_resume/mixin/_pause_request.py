@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterable
 from types import FrameType, TracebackType
 
-from ._signals import DEFAULT_PAUSE_SIGNALS, Handler, install_handlers, restore_handlers
+from .._signals import DEFAULT_PAUSE_SIGNALS, Handler, install_handlers, restore_handlers
 from ._step_guard import StepGuard
 
 __all__ = ["DEFAULT_PAUSE_SIGNALS", "SignalPause"]

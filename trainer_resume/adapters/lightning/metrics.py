@@ -21,7 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from ..state import cpu_state
+from ...state import cpu_state
 
 __all__ = ["epoch_metrics_in_progress", "logged_metrics_state", "restore_logged_metrics"]
 

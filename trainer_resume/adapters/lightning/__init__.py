@@ -35,17 +35,17 @@ if _Version(_pl.__version__).release < _Version(MIN_PYTORCH_LIGHTNING).release:
         "and to the double iteration on resume, 2.5.3)"
     )
 
-from .lightning_callback import (  # noqa: E402
+from ...checkpoint_files.lightning import plain_lightning_checkpoint  # noqa: E402
+from .callback import (  # noqa: E402
     DEFAULT_SIGNALS,
     LIGHTNING_PAUSE_FORMAT,
     PAUSE_KEY,
     LightningPauseState,
     ResumeCallback,
 )
-from .lightning_files import plain_lightning_checkpoint  # noqa: E402
-from .lightning_io import DurableCheckpointIO  # noqa: E402
-from .lightning_loading import load_from_checkpoint  # noqa: E402
-from .lightning_points import ResumePointsCallback  # noqa: E402
+from .io import DurableCheckpointIO  # noqa: E402
+from .loading import load_from_checkpoint  # noqa: E402
+from .points import ResumePointsCallback  # noqa: E402
 
 __all__ = [
     "ResumeCallback",

@@ -37,13 +37,13 @@ from typing import Any, Literal
 
 import torch
 
-from . import distributed as _distributed
+from .. import distributed as _distributed
+from .._pause_checks import to_cpu
+from ..durable import save_checkpoint
+from ..errors import CheckpointWriteError
+from ..finished import mark_finished
 from ._host_snapshot import HostBuffers
-from ._pause_checks import to_cpu
-from .durable import save_checkpoint
-from .errors import CheckpointWriteError
-from .finished import mark_finished
-from .point_files import (
+from .files import (
     point_name,
     remove_points,
     remove_stale_temp_files,
