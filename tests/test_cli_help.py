@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _cli import run_cli
+from support.cli import run_cli
 
 from trainer_resume.cli import main
 

@@ -11,7 +11,7 @@ import collections
 from typing import Any
 
 import pytest
-from _ddp_workers import DDPTrainer, describe_exits, launch, load_results
+from support.ddp_workers import DDPTrainer, describe_exits, launch, load_results
 
 from trainer_resume.distributed import DISTRIBUTED_KEY
 from trainer_resume.durable import load_checkpoint, save_checkpoint

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from _ddp_workers import DDPTrainer
+from support.ddp_workers import DDPTrainer
 
 from trainer_resume.distributed import (
     DISTRIBUTED_FORMAT,

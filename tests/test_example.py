@@ -7,7 +7,7 @@ import signal
 
 import pytest
 import torch
-from _example_trainers import (
+from support.example_trainers import (
     CYCLE,
     DrawsOnIterator,
     DropsOptimizerState,

@@ -6,15 +6,15 @@ import os
 
 import pytest
 import torch
-from _checkpoint_makers import (
+from safetensors.torch import load_file
+from support.checkpoint_makers import (
     distributed_pause,
     lightning_checkpoints,
     lightning_module_class,
     lightning_pause,
     mixin_pause,
 )
-from _cli import run_cli
-from safetensors.torch import load_file
+from support.cli import run_cli
 
 from trainer_resume.cli import main
 from trainer_resume.durable import save_checkpoint
@@ -52,7 +52,7 @@ def test_mixin_pause_model_exports_as_safetensors(tmp_path_factory, tmp_path):
 
 
 def test_exported_state_dict_loads_into_a_fresh_model(tmp_path_factory, tmp_path):
-    from _checkpoint_makers import _net
+    from support.checkpoint_makers import _net
 
     path, weights = mixin_pause(tmp_path_factory)
     export_checkpoint(path, tmp_path / "model.pt")

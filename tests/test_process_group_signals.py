@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from _signal_trainers import STEPS, STEPS_PER_EPOCH, GroupSignalTrainer
+from support.signal_trainers import STEPS, STEPS_PER_EPOCH, GroupSignalTrainer
 
 from trainer_resume import PauseSignalWarning, pause_signals_blocked
 from trainer_resume.mixin import TrainingResumeMixin
@@ -31,7 +31,7 @@ PLAN += [("spawn", 1, 0), ("forkserver", 2, 0)]
 def run_child(workdir):
     code = textwrap.dedent(
         f"""
-        from _signal_trainers import child_main
+        from support.signal_trainers import child_main
         child_main({str(workdir)!r}, {PLAN!r})
         """
     )

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from _trainers import TinyTrainer, make_tiny, run_tiny_step, snapshot_tiny
+from support.trainers import TinyTrainer, make_tiny, run_tiny_step, snapshot_tiny
 
 from trainer_resume.rng import random_state, restore_random_state
 from trainer_resume.testing import (

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 
-import _epoch_streams as epochs
-import _loader_streams as streams
 import numpy as np
 import pytest
 import torch
+from support import epoch_streams as epochs
+from support import loader_streams as streams
 
 from trainer_resume.errors import LoaderFetchFailedError, LoaderStateError
 from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader

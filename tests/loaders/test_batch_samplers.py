@@ -7,10 +7,10 @@ import gc
 import itertools
 import weakref
 
-import _loader_streams as streams
 import numpy as np
 import pytest
 import torch
+from support import loader_streams as streams
 
 from trainer_resume.errors import (
     LoaderStateError,

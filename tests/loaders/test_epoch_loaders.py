@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-import _epoch_streams as epochs
-import _loader_streams as streams
 import pytest
 import torch
+from support import epoch_streams as epochs
+from support import loader_streams as streams
 from torch.utils.data import DataLoader, DistributedSampler
 
 from trainer_resume.errors import (

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import itertools
 
-import _loader_streams as streams
 import pytest
 import torch
+from support import loader_streams as streams
 
 from trainer_resume.errors import (
     LoaderStateError,

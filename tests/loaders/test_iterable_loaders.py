@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 
-import _iterable_streams as iterables
-import _loader_streams as streams
 import numpy as np
 import pytest
 import torch
+from support import iterable_streams as iterables
+from support import loader_streams as streams
 from torch import nn
 from torch.utils.data import DataLoader, get_worker_info
 

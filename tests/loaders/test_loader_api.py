@@ -6,9 +6,9 @@ import inspect
 import re
 import typing
 
-import _loader_streams as streams
 import pytest
 import torch
+from support import loader_streams as streams
 from torch.utils.data import (
     BatchSampler,
     DataLoader,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import gc
 import weakref
 
-import _loader_streams as streams
 import pytest
 import torch
+from support import loader_streams as streams
 
 from trainer_resume.errors import (
     IteratorInvalidatedError,

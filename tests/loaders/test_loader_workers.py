@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 import warnings
 
-import _loader_streams as streams
 import pytest
 import torch
+from support import loader_streams as streams
 
 pytestmark = pytest.mark.slow
 

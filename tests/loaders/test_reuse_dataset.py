@@ -5,10 +5,10 @@ import pickle
 import random
 from collections import Counter
 
-import _reuse_child as helpers
 import numpy as np
 import pytest
 import torch
+from support import reuse_child as helpers
 
 from trainer_resume.loaders.reuse import ReuseDataLoader, ReuseDataset, ReusePolicy
 from trainer_resume.rng import derive_seed

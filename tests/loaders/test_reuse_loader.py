@@ -4,9 +4,9 @@ import subprocess
 import sys
 from collections import Counter
 
-import _reuse_child as helpers
 import pytest
 import torch
+from support import reuse_child as helpers
 from torch.utils.data import SequentialSampler
 
 from trainer_resume.loaders.reuse import ReuseDataLoader, ReusePolicy

@@ -10,9 +10,9 @@ import collections
 import io
 from typing import Any
 
-import _loader_streams as streams
 import pytest
 import torch
+from support import loader_streams as streams
 
 from trainer_resume.errors import LoaderStateError, ResumableBatchConfigurationError
 from trainer_resume.loaders import (

@@ -1,0 +1,167 @@
+"""What ResumeCallback refuses or warns about when fit starts, before any training step,
+and how a completed fit ends the run (finished marker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from support import lightning_child as child
+from torch.utils.data import DataLoader
+
+from trainer_resume.adapters.lightning import ResumeCallback
+from trainer_resume.errors import (
+    RunFinishedError,
+    UnsafeCheckpointError,
+    UnsupportedResumeConfigurationError,
+)
+from trainer_resume.finished import run_finished
+from trainer_resume.loaders import ResumableDataLoader
+
+
+class _Counting(child.Regressor):
+    def __init__(self, **hparams: Any) -> None:
+        super().__init__()
+        if hparams:
+            self.save_hyperparameters(hparams)
+
+
+def _fit(
+    directory: Path,
+    loader: Any,
+    *,
+    model: child.Regressor | None = None,
+    steps: int = 3,
+    **callback_options: Any,
+) -> tuple[child.Regressor, pl.Trainer, ResumeCallback]:
+    torch.manual_seed(child.SEED)
+    model = model or _Counting()
+    resume = ResumeCallback(directory / "pause.ckpt", **callback_options)
+    trainer = child.build_trainer(steps=steps, epoch_batches=0, callbacks=[resume])
+    trainer.fit(model, loader, ckpt_path=resume.ckpt_path)
+    return model, trainer, resume
+
+
+class _RequestPauseAt(pl.Callback):
+    def __init__(self, step: int, callback: ResumeCallback) -> None:
+        self.step = step
+        self.callback = callback
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            self.callback.request_pause()
+
+
+def _plain_loader() -> DataLoader:
+    return DataLoader(child.AugmentedDataset(16), batch_size=4, shuffle=True)
+
+
+def test_a_plain_dataloader_is_refused_when_fit_starts_naming_the_resumable_loader(
+    tmp_path: Path,
+) -> None:
+    model = _Counting()
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        _fit(tmp_path, _plain_loader(), model=model)
+    assert caught.value.code == 332
+    message = str(caught.value)
+    assert (
+        "(DataLoader)" in message and "ResumableDataLoader" in message and "strict=False" in message
+    )
+    assert model.training_steps == 0
+
+
+def test_a_resumable_loader_built_with_resumable_false_is_refused(tmp_path: Path) -> None:
+    dataset, model = child.AugmentedDataset(16), _Counting()
+    with pytest.raises(UnsupportedResumeConfigurationError, match="resumable=False"):
+        _fit(tmp_path, ResumableDataLoader(dataset, batch_size=4, shuffle=True), model=model)
+    assert model.training_steps == 0
+
+
+def test_strict_false_accepts_a_plain_dataloader_with_a_warning_that_the_resume_is_not_exact(
+    tmp_path: Path,
+) -> None:
+    with pytest.warns(UserWarning, match="will not be exact"):
+        _, trainer, _ = _fit(tmp_path, _plain_loader(), strict=False)
+    assert trainer.global_step == 3
+
+
+class _SelfSavingLoader(DataLoader):
+    """A loader of another library that saves its own position (as torchdata's
+    ``StatefulDataLoader`` does): the callback sees only ``state_dict``/``load_state_dict``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches": 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+def test_a_stateful_loader_the_library_cannot_vouch_for_gets_a_warning(tmp_path: Path) -> None:
+    loader = _SelfSavingLoader(child.AugmentedDataset(16), batch_size=4, shuffle=True)
+    with pytest.warns(UserWarning, match="cannot vouch"):
+        _, trainer, _ = _fit(tmp_path, loader)
+    assert trainer.global_step == 3
+
+
+def test_one_unsaveable_loader_among_several_is_refused_by_its_name(tmp_path: Path) -> None:
+    loaders = {"a": child.build_loader(workers=0), "b": _plain_loader()}
+    with pytest.raises(
+        UnsupportedResumeConfigurationError, match=r"training loader 1 \(DataLoader\)"
+    ):
+        _fit(tmp_path, loaders)
+
+
+class _Opaque:
+    """Outside torch's weights-only set."""
+
+
+def test_hyperparameters_a_pause_file_could_not_be_loaded_with_are_refused_before_training(
+    tmp_path: Path,
+) -> None:
+    model = _Counting(tokenizer=_Opaque())
+    with pytest.raises(UnsafeCheckpointError) as caught:
+        _fit(tmp_path, child.build_loader(workers=0), model=model)
+    assert caught.value.code == 328 and "['hyper_parameters']['tokenizer']" in str(caught.value)
+    assert model.training_steps == 0
+
+
+def test_a_completed_fit_marks_the_run_finished_and_retires_the_pause_file(tmp_path: Path) -> None:
+    callback = ResumeCallback(tmp_path / "pause.ckpt")
+    trainer = child.build_trainer(
+        steps=4, epoch_batches=0, callbacks=[_RequestPauseAt(2, callback), callback]
+    )
+    trainer.fit(_Counting(), child.build_loader(workers=0))
+    assert (
+        callback.paused
+        and not callback.finished
+        and callback.ckpt_path == str(tmp_path / "pause.ckpt")
+    )
+
+    _, trainer, resumed = _fit(tmp_path, child.build_loader(workers=0), steps=4)
+    assert trainer.global_step == 4 and not resumed.paused
+    assert resumed.finished and resumed.ckpt_path is None
+    assert not (tmp_path / "pause.ckpt").exists()
+    finished = run_finished(tmp_path / "pause.ckpt")
+    assert finished is not None and finished.completed_steps == 4
+
+
+def test_a_new_fit_on_a_finished_run_is_refused_instead_of_training_again(tmp_path: Path) -> None:
+    _fit(tmp_path, child.build_loader(workers=0))
+    model = _Counting()
+    with pytest.raises(RunFinishedError) as caught:
+        _fit(tmp_path, child.build_loader(workers=0), model=model)
+    assert caught.value.code == 340
+    assert model.training_steps == 0
+
+
+def test_a_paused_fit_does_not_mark_the_run_finished(tmp_path: Path) -> None:
+    callback = ResumeCallback(tmp_path / "pause.ckpt")
+    trainer = child.build_trainer(
+        steps=4, epoch_batches=0, callbacks=[_RequestPauseAt(1, callback), callback]
+    )
+    trainer.fit(_Counting(), child.build_loader(workers=0))
+    assert callback.paused_at_step == 1
+    assert not callback.finished and run_finished(tmp_path / "pause.ckpt") is None

@@ -1,0 +1,240 @@
+"""Sharded pause directories of a model sharded by FSDP2 ``fully_shard``, in one process.
+
+These run under a gloo process group of one rank: ``fully_shard`` needs a process
+group, and one rank already makes every parameter a DTensor and every pause a
+directory. The 2-rank runs are in ``test_sharded_ranks.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from support.fsdp_workers import FSDPTrainer
+
+from trainer_resume.durable import load_checkpoint, save_checkpoint
+from trainer_resume.errors import (
+    CheckpointCorruptedError,
+    CheckpointFormatError,
+    CheckpointSignatureError,
+    CheckpointWriteError,
+    ResumeStateMismatchError,
+    UnsafeCheckpointError,
+    UnsupportedResumeConfigurationError,
+)
+from trainer_resume.rng import random_state, restore_random_state
+from trainer_resume.sharded import WeightsOnlyLoadPlanner
+from trainer_resume.testing import first_difference
+
+STEPS = 5
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    caller_rng = random_state()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    trainers: list[FSDPTrainer] = []
+    try:
+        yield trainers
+    finally:
+        for trainer in trainers:
+            trainer.loader.close()
+        dist.destroy_process_group()
+        restore_random_state(caller_rng)
+
+
+def _trainer(trainers: list[FSDPTrainer], steps: int = 0) -> FSDPTrainer:
+    trainer = FSDPTrainer()
+    trainers.append(trainer)
+    for _ in range(steps):
+        trainer.step()
+    return trainer
+
+
+def _local(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.to_local().clone() if hasattr(state, "to_local") else state.clone()
+    if isinstance(state, dict):
+        return {key: _local(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [_local(value) for value in state]
+    return state
+
+
+def _assert_refused_unchanged(trainer: FSDPTrainer, path: Any, error: type, match: str) -> None:
+    before = _local(trainer.state())
+    with pytest.raises(error, match=match):
+        trainer.resume(path)
+    difference = first_difference(before, _local(trainer.state()))
+    assert difference is None, difference.describe()
+    assert not trainer.locked
+
+
+@pytest.fixture
+def paused(one_rank, tmp_path):
+    """A pause directory after 2 steps, paused again after 3 (the committed one)."""
+    trainer = _trainer(one_rank, 2)
+    trainer.pause(tmp_path / "pause")
+    trainer.resume(tmp_path / "pause")
+    trainer.step()
+    trainer.pause(tmp_path / "pause")
+    return tmp_path / "pause"
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_trainer_resumed_from_a_pause_directory_continues_bitwise_equal_to_the_uninterrupted_run(
+    one_rank, tmp_path, k
+):
+    reference = _trainer(one_rank, STEPS)
+    paused = _trainer(one_rank, k)
+    paused.pause(tmp_path / "pause")
+    resumed = _trainer(one_rank)
+    resumed.step()  # a state any missing restore would leave behind
+    resumed.resume(tmp_path / "pause")
+    while resumed.completed_steps < STEPS:
+        resumed.step()
+    difference = first_difference(_local(reference.state()), _local(resumed.state()))
+    assert difference is None, difference.describe()
+    assert first_difference(reference.batches[k:], resumed.batches[1:]) is None
+
+
+def test_pausing_again_commits_a_new_generation_and_only_then_removes_the_old_one(paused):
+    manifest = load_checkpoint(paused / "manifest.ckpt")
+    assert manifest["completed_steps"] == 3
+    assert [entry for entry in os.listdir(paused) if entry.startswith("gen-")] == [
+        manifest["generation"]
+    ]
+    assert sorted(manifest["files"]) == [
+        "dcp/.metadata",
+        "dcp/__0_0.distcp",
+        "rank-0.ckpt",
+    ]
+
+
+def test_a_directory_without_a_committed_manifest_is_never_resumed(one_rank, paused):
+    os.remove(paused / "manifest.ckpt")
+    trainer = _trainer(one_rank, 1)
+    _assert_refused_unchanged(
+        trainer, paused, CheckpointFormatError, "did not complete is never resumed"
+    )
+
+
+def test_an_altered_dcp_metadata_pickle_is_refused_before_it_is_unpickled(
+    one_rank, paused, monkeypatch
+):
+    from torch.distributed.checkpoint import filesystem
+
+    generation = load_checkpoint(paused / "manifest.ckpt")["generation"]
+    metadata = paused / generation / "dcp" / ".metadata"
+    data = bytearray(metadata.read_bytes())
+    data[-3] ^= 0x01
+    metadata.write_bytes(bytes(data))
+    unpickled = []
+    monkeypatch.setattr(filesystem.pickle, "load", lambda *args: unpickled.append(args))
+    trainer = _trainer(one_rank, 1)
+    _assert_refused_unchanged(
+        trainer, paused, CheckpointCorruptedError, r"\.metadata: BLAKE3 digest differs"
+    )
+    assert unpickled == []
+
+
+def test_a_dcp_byte_entry_outside_the_weights_only_set_is_refused(tmp_path):
+    import io
+
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
+
+    planner = WeightsOnlyLoadPlanner(flatten_state_dict=False)
+    planner.set_up_planner({"entry": None})
+    item = ReadItem(
+        type=LoadItemType.BYTE_IO,
+        dest_index=MetadataIndex("entry"),
+        dest_offsets=torch.Size([0]),
+        storage_index=MetadataIndex("entry"),
+        storage_offsets=torch.Size([0]),
+        lengths=torch.Size([0]),
+    )
+    unsafe = io.BytesIO()
+    torch.save({"value": os.sep.join}, unsafe)  # a function: refused by a weights-only load
+    unsafe.seek(0)
+    with pytest.raises(UnsafeCheckpointError, match="entry"):
+        planner.load_bytes(item, unsafe)
+    safe = io.BytesIO()
+    torch.save({"lr": 0.5, "betas": (0.9, 0.99)}, safe)
+    safe.seek(0)
+    planner.load_bytes(item, safe)
+    assert planner.state_dict["entry"] == {"lr": 0.5, "betas": (0.9, 0.99)}
+
+
+def test_a_pause_file_of_unsharded_states_is_refused_by_a_trainer_with_a_sharded_model(
+    one_rank, paused, tmp_path
+):
+    generation = load_checkpoint(paused / "manifest.ckpt")["generation"]
+    plain = tmp_path / "plain.ckpt"
+    save_checkpoint(load_checkpoint(paused / generation / "rank-0.ckpt"), plain)
+    trainer = _trainer(one_rank, 1)
+    _assert_refused_unchanged(
+        trainer, plain, UnsupportedResumeConfigurationError, "sharded pause directory"
+    )
+
+
+def test_a_sharded_pause_to_a_path_that_is_a_file_is_refused_and_the_file_kept(one_rank, tmp_path):
+    path = tmp_path / "pause.ckpt"
+    path.write_bytes(b"previous")
+    trainer = _trainer(one_rank, 1)
+    with pytest.raises(CheckpointWriteError, match="is a file; a sharded pause is a directory"):
+        trainer.pause(path)
+    assert path.read_bytes() == b"previous"
+    assert not trainer.paused
+
+
+def test_a_dtensor_outside_the_sharded_objects_is_refused_before_anything_is_written(
+    one_rank, tmp_path
+):
+    trainer = _trainer(one_rank, 1)
+    trainer.extra = {"weight": trainer.model[0].weight}
+    with pytest.raises(
+        UnsupportedResumeConfigurationError, match=r"\['extra'\]\['weight'\] is a DTensor"
+    ):
+        trainer.pause(tmp_path / "pause")
+    assert not (tmp_path / "pause").exists()
+    assert not trainer.paused
+
+
+def test_a_sharded_model_of_another_shape_is_refused_before_any_state_changes(
+    one_rank, paused, monkeypatch
+):
+    from support import ddp_workers
+
+    monkeypatch.setitem(ddp_workers.CONFIG, "model", {"hidden": 6, "dropout": 0.25})
+    trainer = _trainer(one_rank, 1)
+    monkeypatch.undo()  # the config signature is that of the paused run again
+    trainer._initialize_training_resume(ddp_workers.CONFIG, version="1")
+    shape = r"'0.weight' is torch.float32 \(8, 4\) in the pause"
+    _assert_refused_unchanged(trainer, paused, ResumeStateMismatchError, shape)
+
+
+def test_a_sharded_cpu_model_under_an_nccl_process_group_is_refused_before_anything_is_written(
+    one_rank, tmp_path, monkeypatch
+):
+    trainer = _trainer(one_rank, 1)
+    monkeypatch.setattr(dist, "get_backend", lambda *args: "nccl")  # no NCCL on a CPU build
+    with pytest.raises(UnsupportedResumeConfigurationError, match="NCCL moves CUDA tensors only"):
+        trainer.pause(tmp_path / "pause")
+    assert not (tmp_path / "pause").exists()
+
+
+def test_a_sharded_pause_is_signed_with_the_trainers_key_and_refused_under_another_key(
+    one_rank, tmp_path
+):
+    from support import ddp_workers
+
+    source = _trainer(one_rank, 2)
+    source._initialize_training_resume(ddp_workers.CONFIG, version="1", key=b"k" * 32)
+    source.pause(tmp_path / "pause")
+    trainer = _trainer(one_rank, 1)
+    trainer._initialize_training_resume(ddp_workers.CONFIG, version="1", key=b"x" * 32)
+    _assert_refused_unchanged(trainer, tmp_path / "pause", CheckpointSignatureError, "manifest")

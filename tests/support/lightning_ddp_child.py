@@ -1,0 +1,100 @@
+"""Lightning ``strategy="ddp"`` runs on 2 CPU processes for the distributed adapter test.
+
+Run as a module, with tests/ on ``PYTHONPATH``: ``python -m support.lightning_ddp_child
+MODE OUT [--steps N] [--pause-step K]``; Lightning's subprocess launcher starts rank 1
+by running the same command again. Every rank writes ``OUT/result_<mode>_rank<r>.pt``.
+
+Modes: ``reference`` (uninterrupted, no ResumeCallback), ``pause`` (ResumeCallback;
+rank 0 prints "STEP K" and waits for a SIGTERM from the parent), ``resume``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from support.lightning_child import SEED, AugmentedDataset, Regressor, StepGate, result
+from trainer_resume.adapters.lightning import ResumeCallback
+from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
+
+CONFIG = {
+    "model": {"hidden": 32, "dropout": 0.25},
+    "optim": {"lr": 0.01, "step_size": 3, "gamma": 0.8},
+}
+
+
+class ShardedRegressor(Regressor):
+    """Builds its loader in ``train_dataloader``: the process group exists by then, so the
+    sampler takes ``num_replicas`` / ``rank`` from it."""
+
+    def train_dataloader(self) -> ResumableDataLoader:
+        dataset = AugmentedDataset(48)
+        # The same seeds on every rank: one global stream, one augmentation seed.
+        sampler = InfiniteRandomSampler(
+            dataset, generator=torch.Generator().manual_seed(21), resumable=True
+        )
+        return ResumableDataLoader(
+            dataset,
+            batch_size=4,
+            sampler=sampler,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(22),
+            resumable=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("reference", "pause", "resume"))
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--pause-step", type=int, default=3)
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    pause_file = args.out / "pause.ckpt"
+    torch.manual_seed(SEED)
+    random.seed(SEED)
+    np.random.seed(SEED)
+    model = ShardedRegressor(CONFIG)
+    callbacks: list[pl.Callback] = []
+    resume = ResumeCallback(pause_file, config=CONFIG)
+    if args.mode != "reference":
+        callbacks.append(resume)
+    trainer = pl.Trainer(
+        max_steps=args.steps,
+        max_epochs=-1,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        use_distributed_sampler=False,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
+    if args.mode == "pause" and trainer.global_rank == 0:
+        # Only rank 0 gets the signal (and prints the steps the parent waits for); rank 1
+        # learns of the pause through the callback's all-rank reduction.
+        trainer.callbacks.insert(
+            0, StepGate(args.pause_step, lambda trainer: resume.pause_requested)
+        )
+    trainer.fit(model, ckpt_path=resume.ckpt_path if args.mode == "resume" else None)
+    torch.save(
+        result(model, trainer, paused_at_step=resume.paused_at_step),
+        args.out / f"result_{args.mode}_rank{trainer.global_rank}.pt",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Start ``support.lightning_child`` runs and signal them at a printed line, with deadlines."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# The children run as ``python -m support.<module>`` and import their siblings as
+# ``support.<module>``: the tests folder goes first on their PYTHONPATH.
+TESTS = Path(__file__).resolve().parent.parent
+# A hang detector, not a speed check: a child run takes seconds on an idle machine, but
+# minutes on a loaded 2-core one (load average 20 seen), where 120 s failed runs that
+# were only slow.
+TIMEOUT_S = 600.0
+
+
+def child_command(
+    mode: str, out: Path, *args: str, child: str = "support.lightning_child"
+) -> list[str]:
+    return [sys.executable, "-m", child, mode, str(out), *args]
+
+
+def _environment() -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=path)
+
+
+def run(
+    command: list[str], log: Path, *, timeout: float = TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """Run to completion; stdout is returned, stderr goes to ``log``."""
+    with open(log, "w") as errors:
+        return subprocess.run(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            timeout=timeout,
+            env=_environment(),
+        )
+
+
+def run_and_signal(
+    command: list[str], log: Path, *, line: str, signum: int, timeout: float = TIMEOUT_S
+) -> tuple[int, list[str]]:
+    """Run ``command``, send ``signum`` when it prints ``line``, wait for it to exit.
+
+    Returns:
+        The exit status (negative: killed by that signal) and the stdout lines.
+
+    Raises:
+        AssertionError: the line never came or the process outlived the deadline
+            (it is killed first).
+    """
+    deadline = time.monotonic() + timeout
+    lines: list[str] = []
+    sent = False
+    with open(log, "w") as errors:
+        # Binary stdout read with os.read on the descriptor, never through a buffered
+        # reader: readline() may pull several lines into its buffer at once, and select()
+        # would then wait on an empty pipe while the awaited line sits unread in that
+        # buffer until the child gives up and exits.
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=errors, env=_environment()
+        )
+        try:
+            assert process.stdout is not None
+            descriptor = process.stdout.fileno()
+            selector = selectors.DefaultSelector()
+            selector.register(descriptor, selectors.EVENT_READ)
+            partial = b""
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(
+                        f"{command[2]} run passed its deadline; stdout so far: {lines[-5:]}"
+                    )
+                if not selector.select(timeout=min(remaining, 1.0)):
+                    continue
+                chunk = os.read(descriptor, 65536)
+                if not chunk:
+                    break
+                *complete, partial = (partial + chunk).split(b"\n")
+                for raw in complete:
+                    lines.append(raw.decode(errors="replace"))
+                    if not sent and lines[-1] == line:
+                        process.send_signal(signum)
+                        sent = True
+            if partial:
+                lines.append(partial.decode(errors="replace"))
+            status = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+    if not sent:
+        raise AssertionError(f"{line!r} never appeared; {describe_exit(status, lines, log)}")
+    return status, lines
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def describe_exit(status: int, lines: list[str], log: Path) -> str:
+    """The exit status, the last stdout lines and the stderr tail of a finished run."""
+    return f"exit {status}; stdout tail: {lines[-5:]}\nstderr:\n{_tail(log)}"
+
+
+def describe_failure(process: subprocess.CompletedProcess[str], log: Path) -> str:
+    return f"exit {process.returncode}; stdout tail: {process.stdout.splitlines()[-5:]}\nstderr:\n{_tail(log)}"
+
+
+SIGTERM = signal.SIGTERM
+SIGKILL = signal.SIGKILL
