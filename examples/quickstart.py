@@ -60,9 +60,8 @@ def train(
 ) -> list[float]:
     """Train until ``steps`` steps are done or a pause was written."""
     losses = []
-    handlers = trainer.pause_on_signal(
-        pause_file
-    )  # SIGTERM / SIGUSR1 -> pause at the next step boundary
+    # SIGTERM / SIGUSR1 -> pause at the next step boundary
+    handlers = trainer.pause_on_signal(pause_file)
     try:
         while trainer.completed_steps < steps and not trainer.paused:
             losses.append(trainer.step())

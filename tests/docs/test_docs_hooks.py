@@ -1,4 +1,4 @@
-"""The README's hook table lists every underscored name a trainer inherits from the mixin."""
+"""The hook table of docs/trainer.md lists every underscored name a trainer inherits from the mixin."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 from trainer_resume.mixin import TrainingResumeMixin
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+TRAINER_PAGE = Path(__file__).resolve().parents[2] / "docs" / "trainer.md"
 
 
 def _hook_table_names() -> set[str]:
-    lines = README.read_text(encoding="utf-8").splitlines()
+    lines = TRAINER_PAGE.read_text(encoding="utf-8").splitlines()
     start = lines.index("| hook | returns / does |")
     names: set[str] = set()
     for line in lines[start + 2 :]:
@@ -35,7 +35,7 @@ def _inherited_underscored_names() -> set[str]:
 def test_every_underscored_name_of_the_mixin_is_a_documented_hook():
     undocumented = _inherited_underscored_names() - _hook_table_names()
     assert not undocumented, (
-        f"add these to the README's hook table or move them out of the class: {undocumented}"
+        f"add these to the hook table of docs/trainer.md or move them out of the class: {undocumented}"
     )
 
 
