@@ -44,6 +44,9 @@ __all__ = [
     "LOADER_FORMAT",
     "STATEFUL_SAMPLER_FORMAT",
     "ITERABLE_DATASET_FORMAT",
+    "DALI_ITERATOR_FORMAT",
+    "DALIPipelineDescription",
+    "DALIIteratorState",
     "SHARDED_FORMAT",
     "ShardedFileEntry",
     "ShardedManifest",
@@ -58,6 +61,7 @@ EPOCH_SAMPLER_FORMAT = "trainer_resume.epoch_sampler/1"
 LOADER_FORMAT = "trainer_resume.loader/1"
 STATEFUL_SAMPLER_FORMAT = "trainer_resume.stateful_sampler/1"
 ITERABLE_DATASET_FORMAT = "trainer_resume.iterable_dataset/1"
+DALI_ITERATOR_FORMAT = "trainer_resume.dali_iterator/1"
 
 
 def cpu_state(value: Any) -> Any:
@@ -327,6 +331,40 @@ class LoaderState(_LoaderStateOptional):
         | StatefulSamplerState
         | IterableDatasetState
     )
+
+
+class DALIPipelineDescription(TypedDict):
+    """What a resumed DALI pipeline is compared with: its batch size and its operators.
+
+    Each operator is DALI's own description of it (schema, inputs, outputs, arguments),
+    one line per entry, without where in the source it was defined; a line longer than
+    a few dozen characters (a list of files) is kept as its length and digest.
+    """
+
+    batch_size: int
+    operators: list[dict[str, Any]]  # {"name": str, "spec": list[str]}
+
+
+class DALIIteratorState(TypedDict):
+    """Position of a :class:`~trainer_resume.adapters.dali.ResumableDALIIterator`.
+
+    ``checkpoints[i]`` is DALI's own checkpoint of pipeline ``i`` (every reader's
+    position, every random operator's state, the DALI iterator's counters) after the
+    last delivered batch, as bytes in a uint8 tensor. After an epoch's last batch the
+    position names the next epoch (``epoch + 1``, ``delivered_batches == 0``) and
+    ``pending_reset`` says the pipelines still need DALI's ``reset()`` before it.
+    """
+
+    format: str  # "trainer_resume.dali_iterator/1"
+    dali_version: str  # DALI reads back the checkpoints of its own version
+    epoch: int  # the epoch the next pass reads
+    delivered_batches: int  # batches delivered in that epoch
+    pending_reset: bool
+    checkpoints: list[torch.Tensor]  # one uint8 tensor per pipeline
+    pipelines: list[DALIPipelineDescription]
+    settings: dict[str, Any]  # the iterator's arguments that decide its batches
+    world_size: int  # torch.distributed ranks when paused (1 without a process group)
+    rank: int
 
 
 class RankPauseState(TypedDict):
