@@ -43,6 +43,7 @@ from ..finished import finished_marker_path
 from ..resume_points.files import SkippedCheckpointWarning, candidates, point_name
 from ..state import (
     BATCH_SAMPLER_FORMAT,
+    DALI_ITERATOR_FORMAT,
     EPOCH_SAMPLER_FORMAT,
     ITERABLE_DATASET_FORMAT,
     SAMPLER_FORMAT,
@@ -176,10 +177,13 @@ def pause_summary(content: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def loader_position(state: Any) -> dict[str, Any]:
-    """Consumed samples, cycle, offset (with its unit), delivered batches and ranks of a loader."""
+    """Consumed samples, cycle, offset (with its unit), delivered batches and ranks of a loader
+    (of a DALI iterator: its epoch, batches and the size of each pipeline's DALI checkpoint)."""
     position: dict[str, Any] = {}
     if not isinstance(state, Mapping):
         return position
+    if state.get("format") == DALI_ITERATOR_FORMAT:
+        return _dali_position(state)
     inner = state.get("sampler") if isinstance(state.get("sampler"), Mapping) else state
     for key in ("consumed", "cycle", "epoch", "offset", "num_replicas"):
         if key in inner:
@@ -206,6 +210,27 @@ def loader_position(state: Any) -> dict[str, Any]:
     if sampler_format is not None:
         position["sampler_format"] = sampler_format
     return position
+
+
+def _dali_position(state: Mapping[str, Any]) -> dict[str, Any]:
+    checkpoints = state.get("checkpoints") if isinstance(state.get("checkpoints"), list) else []
+    return {
+        "epoch": state.get("epoch"),
+        "offset": state.get("delivered_batches"),
+        "offset_unit": "batches",
+        "delivered_batches": state.get("delivered_batches"),
+        "num_replicas": state.get("world_size", 1),
+        "sampler_format": DALI_ITERATOR_FORMAT,
+        "dali": {
+            "version": state.get("dali_version"),
+            "pipelines": len(checkpoints),
+            "checkpoint_bytes": [
+                c.numel() * c.element_size() if isinstance(c, torch.Tensor) else None
+                for c in checkpoints
+            ],
+            "pending_reset": state.get("pending_reset"),
+        },
+    }
 
 
 def manifest_summary(manifest: Mapping[str, Any]) -> dict[str, Any]:

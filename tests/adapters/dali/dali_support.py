@@ -80,7 +80,7 @@ def external_pipeline():
         source=external_sample, num_outputs=2, batch=False
     )
     images = fn.transpose(images, perm=[2, 0, 1]) * 1.0 / 255.0
-    return images, labels, fn.random.normal(images, stddev=0.05)
+    return images, labels, fn.random.normal(stddev=0.05)
 
 
 def make_iterator(kind: str, root: str, policy: str = "PARTIAL") -> ResumableDALIIterator:
