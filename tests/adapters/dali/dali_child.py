@@ -60,7 +60,9 @@ def resume(workdir: str) -> dict:
             random.seed(1234)
             trainer = support.DALITrainer(support.make_iterator(kind, root, policy))
             trainer.resume(os.path.join(workdir, f"{kind}-{policy}-{step}.ckpt"))
+            epoch = trainer.loader.epoch  # the epoch the first pass after the resume reads
             results[(kind, policy, step)] = _finished(trainer, support.train(trainer))
+            results[(kind, policy, step)]["epoch_at_resume"] = epoch
     return results
 
 

@@ -96,6 +96,8 @@ def test_a_state_taken_after_any_batch_resumes_the_epoch_loop_in_a_fresh_iterato
     for k, state in enumerate(states[:-1]):
         resumed = support.make_iterator(kind, root, policy)
         resumed.load_state_dict(state)
+        # After an epoch's last batch that is the next epoch: its pass is not empty.
+        assert resumed.epoch == seen[k][0], f"{kind} {policy} after {k} batches"
         _assert_same(seen[k:], _epochs(resumed), f"{kind} {policy} after {k} batches")
 
 

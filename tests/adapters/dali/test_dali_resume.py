@@ -93,6 +93,8 @@ def test_a_sigterm_pause_resumed_in_a_new_process_continues_bit_identically(
     after = resumed[(kind, policy, step)]
     what = f"{kind} {policy} paused after step {step}"
     _assert_same_batches(reference["seen"][:step], before, f"{what} (before the pause)")
+    # After an epoch's last batch the first pass reads the next epoch (no empty pass).
+    assert after["epoch_at_resume"] == reference["seen"][step]["epoch"], what
     _assert_same_batches(reference["seen"][step:], after["seen"], what)
     _assert_same_state(reference["model"], after["model"], f"{what}: model")
     _assert_same_state(reference["optimizer"], after["optimizer"], f"{what}: optimizer")
