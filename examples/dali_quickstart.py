@@ -37,7 +37,9 @@ def images(root):
 class Trainer(TrainingResumeMixin):
     def __init__(self, root: str) -> None:
         torch.manual_seed(0)
-        self.model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(), nn.Linear(16, 2))
+        self.model = nn.Sequential(
+            nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(), nn.Linear(16, 2)
+        )
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
         # was: DALIGenericIterator([images(root=root)], ["image", "label"], reader_name="Reader", ...)
         self.loader = ResumableDALIIterator(
@@ -109,7 +111,9 @@ def main() -> int:
         same_losses = losses == expected
         same_weights = all(
             torch.equal(a, b)
-            for a, b in zip(reference.model.state_dict().values(), second.model.state_dict().values())
+            for a, b in zip(
+                reference.model.state_dict().values(), second.model.state_dict().values()
+            )
         )
     print(f"losses identical: {same_losses}, weights identical: {same_weights}")
     print("bit-identical:", "yes" if same_losses and same_weights else "no")

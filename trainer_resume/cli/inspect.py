@@ -145,7 +145,9 @@ def _print_loaders(loaders: dict[str, Any], out: TextIO) -> None:
     for name, position in loaders.items():
         dali = position.get("dali")
         if dali is not None:
-            sizes = ", ".join("?" if n is None else format_bytes(n) for n in dali["checkpoint_bytes"])
+            sizes = ", ".join(
+                "?" if n is None else format_bytes(n) for n in dali["checkpoint_bytes"]
+            )
             reset = "; DALI's reset() is due before the next batch" if dali["pending_reset"] else ""
             print(
                 f"{name}: DALI {dali['version']}, {dali['pipelines']} pipeline(s), "

@@ -12,9 +12,8 @@ import os
 import random
 import sys
 
-import torch
-
 import dali_support as support
+import torch
 
 # (kind, last_batch_policy, steps after which a SIGTERM pauses). Epochs of 6 batches
 # (PARTIAL, FILL; FILL's third has 5), 5 (DROP) and 3 (external source).

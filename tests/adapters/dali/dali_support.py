@@ -76,9 +76,7 @@ def external_sample(info):
 
 @pipeline_def(batch_size=BATCH_SIZE, num_threads=1, device_id=None, seed=9)
 def external_pipeline():
-    images, labels = fn.external_source(
-        source=external_sample, num_outputs=2, batch=False
-    )
+    images, labels = fn.external_source(source=external_sample, num_outputs=2, batch=False)
     images = fn.transpose(images, perm=[2, 0, 1]) * 1.0 / 255.0
     return images, labels, fn.random.normal(stddev=0.05)
 
@@ -111,7 +109,9 @@ class DALITrainer(TrainingResumeMixin):
     def __init__(self, loader: ResumableDALIIterator, signal_at: int | None = None) -> None:
         torch.manual_seed(3)
         self.loader = loader
-        self.model = nn.Sequential(nn.Flatten(), nn.Linear(3 * SIDE * SIDE, 8), nn.Dropout(0.25), nn.Linear(8, 2))
+        self.model = nn.Sequential(
+            nn.Flatten(), nn.Linear(3 * SIDE * SIDE, 8), nn.Dropout(0.25), nn.Linear(8, 2)
+        )
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
         self.signal_at = signal_at
         self._initialize_training_resume({"trainer": "dali"}, version="1")

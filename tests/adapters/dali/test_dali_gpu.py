@@ -28,7 +28,9 @@ def gpu_pipeline(root):
     raw, labels = fn.readers.file(
         file_root=root, file_filters=["*.bin"], random_shuffle=True, initial_fill=8, name="Reader"
     )
-    images = fn.reinterpret(raw, dtype=types.UINT8, shape=[support.SIDE, support.SIDE, 3], layout="HWC")
+    images = fn.reinterpret(
+        raw, dtype=types.UINT8, shape=[support.SIDE, support.SIDE, 3], layout="HWC"
+    )
     images = fn.crop_mirror_normalize(
         images.gpu(), mirror=fn.random.coin_flip(), dtype=types.FLOAT, mean=[0.0], std=[255.0]
     )

@@ -160,7 +160,9 @@ def fed_pipeline():
 
 def test_a_pipeline_without_checkpointing_is_refused(root):
     with pytest.raises(UnsupportedResumeConfigurationError) as caught:
-        ResumableDALIIterator(support.file_pipeline, support.OUTPUTS, pipeline_kwargs={"root": root})
+        ResumableDALIIterator(
+            support.file_pipeline, support.OUTPUTS, pipeline_kwargs={"root": root}
+        )
     assert caught.value.code == 332
     assert str(caught.value) == (
         "[332] configuration cannot be resumed exactly (stateless IterableDataset, sampler "

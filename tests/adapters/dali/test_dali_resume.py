@@ -56,7 +56,9 @@ def runs(tmp_path_factory):
 def _assert_same_batches(expected: list[dict], got: list[dict], what: str) -> None:
     assert len(got) == len(expected), f"{what}: {len(got)} batches instead of {len(expected)}"
     for number, (a, b) in enumerate(zip(expected, got)):
-        assert a["epoch"] == b["epoch"], f"{what}: batch {number} is in epoch {b['epoch']}, not {a['epoch']}"
+        assert a["epoch"] == b["epoch"], (
+            f"{what}: batch {number} is in epoch {b['epoch']}, not {a['epoch']}"
+        )
         assert a["batch"].keys() == b["batch"].keys()
         for name in a["batch"]:
             assert torch.equal(a["batch"][name], b["batch"][name]), f"{what}: batch {number} {name}"
@@ -78,9 +80,7 @@ def _assert_same_state(expected, got, what: str) -> None:
         assert expected == got, what
 
 
-CASES = [
-    (kind, policy, step) for kind, policy, points in dali_child.CASES for step in points
-]
+CASES = [(kind, policy, step) for kind, policy, points in dali_child.CASES for step in points]
 
 
 @pytest.mark.parametrize(("kind", "policy", "step"), CASES)

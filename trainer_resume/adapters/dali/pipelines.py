@@ -30,10 +30,17 @@ from typing import Any
 from nvidia.dali.external_source import ExternalSource
 from nvidia.dali.pipeline import Pipeline
 
+from ...difference import first_difference
 from ...errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
 from ...state import DALIPipelineDescription
 
-__all__ = ["build_pipelines", "check_pipeline", "describe", "first_difference"]
+__all__ = [
+    "build_pipelines",
+    "check_pipeline",
+    "check_same_pipelines",
+    "describe",
+    "pipeline_difference",
+]
 
 # Entries of DALI's operator text that say where the operator was defined, not what it does.
 _SOURCE_LOCATION = "_origin_stack_"
@@ -109,61 +116,55 @@ def describe(pipeline: Pipeline) -> DALIPipelineDescription:
     operators = []
     for op in pipeline._ops:
         lines = [line.strip() for line in str(op.spec).splitlines()]
-        spec = [_shortened(line) for line in lines if line and not line.startswith(_SOURCE_LOCATION)]
+        spec = [
+            _shortened(line) for line in lines if line and not line.startswith(_SOURCE_LOCATION)
+        ]
         operators.append({"name": str(op.name), "spec": spec})
     return {"batch_size": int(pipeline.max_batch_size), "operators": operators}
 
 
-def first_difference(
+def pipeline_difference(
     saved: Sequence[Mapping[str, Any]], current: Sequence[DALIPipelineDescription]
 ) -> str | None:
     """Where the saved pipeline descriptions and the current ones first differ (None: same)."""
     if len(saved) != len(current):
         return f"the state has {len(saved)} pipeline(s), this iterator builds {len(current)}"
-    for index, (before, now) in enumerate(zip(saved, current)):
-        if before["batch_size"] != now["batch_size"]:
-            return (
-                f"pipeline {index} has batch_size {now['batch_size']}, the paused one had "
-                f"{before['batch_size']}"
-            )
-        difference = _operator_difference(before["operators"], now["operators"])
-        if difference is not None:
-            return f"pipeline {index}: {difference}"
-    return None
+    found = first_difference(list(saved), list(current))
+    if found is None:
+        return None
+    parts = found.path.split("/")
+    index = int(parts[0])
+    before, now = saved[index], current[index]
+    if parts[1] == "batch_size":
+        return f"pipeline {index} has batch_size {now['batch_size']}, the paused one had {before['batch_size']}"
+    if len(parts) == 2:  # another number of operators
+        return (
+            f"pipeline {index} has {len(now['operators'])} operators, the paused one had "
+            f"{len(before['operators'])}"
+        )
+    number = int(parts[2])
+    old, new = before["operators"][number], now["operators"][number]
+    where = f"pipeline {index}: operator {number} ({new['name']})"
+    if len(parts) == 5:  # one line of the operator's description
+        line = int(parts[4])
+        return f"{where} has '{new['spec'][line]}' where the paused one had '{old['spec'][line]}'"
+    added = [line for line in new["spec"] if line not in old["spec"]]
+    removed = [line for line in old["spec"] if line not in new["spec"]]
+    if added or removed:
+        return f"{where} has {added} that the paused one had not, and lacks {removed}"
+    return f"{where} differs: {found.detail}"
 
 
 def check_same_pipelines(
     saved: Sequence[Mapping[str, Any]], current: Sequence[DALIPipelineDescription], what: str
 ) -> None:
     """Refuse a state saved from other pipelines, naming the first difference."""
-    difference = first_difference(saved, current)
+    difference = pipeline_difference(saved, current)
     if difference is not None:
         raise ResumeStateMismatchError(
             f"{what} was saved from other DALI pipelines: {difference}; build the pipelines as "
             "in the paused run (a changed external_source callable cannot be detected: keep it too)"
         )
-
-
-def _operator_difference(
-    before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]]
-) -> str | None:
-    for number, (old, new) in enumerate(zip(before, now)):
-        if list(old["spec"]) == list(new["spec"]):
-            continue
-        for old_line, new_line in zip(old["spec"], new["spec"]):
-            if old_line != new_line:
-                return (
-                    f"operator {number} ({new['name']}) has '{new_line}' where the paused one had "
-                    f"'{old_line}'"
-                )
-        longer, label = (old, "the paused one also had") if len(old["spec"]) > len(new["spec"]) else (new, "it also has")
-        shorter = min(len(old["spec"]), len(new["spec"]))
-        return f"operator {number} ({new['name']}): {label} '{longer['spec'][shorter]}'"
-    if len(before) > len(now):
-        return f"operator {len(now)} ({before[len(now)]['name']}) of the paused pipeline is gone"
-    if len(now) > len(before):
-        return f"operator {len(before)} ({now[len(before)]['name']}) is new"
-    return None
 
 
 def _shortened(line: str) -> str:
