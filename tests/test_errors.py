@@ -102,6 +102,44 @@ def test_lookup_table_and_public_names_cover_the_whole_catalogue():
         assert name in errors.__all__
 
 
+def test_a_catalogue_class_with_a_taken_code_fails_when_it_is_defined():
+    with pytest.raises(TypeError, match="error code 333 of TwinError is taken by LoaderStateError"):
+        type(
+            "TwinError",
+            (ResumeError,),
+            {"code": 333, "message": "m", "__module__": errors.__name__},
+        )
+    assert ERRORS_BY_CODE[333] is LoaderStateError
+
+
+def test_a_catalogue_class_without_a_code_of_its_own_fails_when_it_is_defined():
+    with pytest.raises(TypeError, match="CodelessError needs a code of its own"):
+        type("CodelessError", (LoaderStateError,), {"message": "m", "__module__": errors.__name__})
+
+
+def test_a_callers_subclass_is_no_catalogue_entry():
+    class NarrowedError(LoaderStateError):
+        code = 999
+
+    assert 999 not in ERRORS_BY_CODE
+    assert ERRORS_BY_CODE[333] is LoaderStateError
+
+
+def test_public_names_are_the_catalogue_the_warnings_and_the_lookups():
+    warnings = {
+        "UnsavedStateWarning",
+        "PauseSignalWarning",
+        "SkippedCheckpointWarning",
+        "WorldSizeChangeWarning",
+    }
+    catalogue = {name for name, _ in FROZEN_CODES.values()}
+    assert sorted(errors.__all__) == sorted(
+        {"ResumeError", *catalogue, *warnings, "ERRORS_BY_CODE", "get_error_message"}
+    )
+    for name in warnings:
+        assert issubclass(getattr(errors, name), UserWarning)
+
+
 @pytest.mark.parametrize("code", sorted(FROZEN_CODES))
 def test_get_error_message_returns_the_fixed_message(code):
     assert get_error_message(code) == FROZEN_CODES[code][1]

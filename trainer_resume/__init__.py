@@ -4,16 +4,13 @@ bit-identically in a new process, without ever losing the last good checkpoint."
 from __future__ import annotations
 
 from .amp import restore_grad_scaler_state
-from .distributed import WorldSizeChangeWarning
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header, save_checkpoint
 from .errors import *  # noqa: F401,F403  (the error catalogue is public API)
 from .errors import __all__ as _error_names
 from .finished import FinishedRun, mark_finished, run_finished
 from .mixin import TrainingResumeMixin, serialized_training, training_step
-from .mixin._hook_audit import UnsavedStateWarning
-from .pause_signals import PauseSignalWarning, pause_signals_blocked
+from .pause_signals import pause_signals_blocked
 from .resume_points import ResumePoint, ResumePoints
-from .resume_points.files import SkippedCheckpointWarning
 from .rng import derive_seed, random_state, restore_random_state, rng_scope
 from .signature import canonical_config, config_difference, config_signature
 from .state import cpu_state
@@ -37,15 +34,11 @@ __all__ = [
     "config_signature",
     "config_difference",
     "canonical_config",
-    "WorldSizeChangeWarning",
-    "PauseSignalWarning",
-    "UnsavedStateWarning",
     "pause_signals_blocked",
     "run_finished",
     "mark_finished",
     "FinishedRun",
     "ResumePoints",
     "ResumePoint",
-    "SkippedCheckpointWarning",
     *_error_names,
 ]

@@ -40,6 +40,7 @@ from .errors import (
     CheckpointWriteError,
     ResumeError,
     ResumeStateMismatchError,
+    WorldSizeChangeWarning,
 )
 from .rng import derive_seed, random_state, restore_random_state, seed_cpu_generators
 from .state import DistributedPauseState, PauseCheckpoint, RandomState, RankPauseState
@@ -49,7 +50,6 @@ __all__ = [
     "DISTRIBUTED_KEY",
     "DistributedPauseState",
     "RankPauseState",
-    "WorldSizeChangeWarning",
     "agree",
     "any_rank",
     "any_ranks",
@@ -67,10 +67,6 @@ __all__ = [
 
 DISTRIBUTED_FORMAT = "trainer_resume.distributed/1"
 DISTRIBUTED_KEY = "distributed"
-
-
-class WorldSizeChangeWarning(UserWarning):
-    """A pause is resumed with another number of ranks: sample-exact, not bit-comparable."""
 
 
 # ----------------------------------------------------------------------- the group

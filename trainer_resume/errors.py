@@ -1,42 +1,23 @@
-"""Resume-domain errors with stable numeric codes.
+"""Resume-domain errors with stable numeric codes, and the package's warnings.
 
 Every failure that concerns pausing or resuming has its own subclass of
 :class:`ResumeError` with a class-level ``code`` and a fixed ``message``. An
 instance may add a ``detail`` (which key differs, which file). Codes are part of
 the public contract: a retired code's number is never reused. Argument mistakes
 stay ``TypeError`` / ``ValueError``.
+
+Each error class registers itself in :data:`ERRORS_BY_CODE` when it is defined (a
+code used twice fails the import), and ``__all__`` is read off the classes defined
+here, so the catalogue is written once: as its classes. The warnings the package
+issues are defined here too.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
-__all__ = [
-    "ResumeError",
-    "CheckpointFormatError",
-    "CheckpointCorruptedError",
-    "ConfigSignatureMismatchError",
-    "TrainingPausedError",
-    "TrainerLockedError",
-    "PauseBlockedError",
-    "CheckpointWriteError",
-    "CheckpointNotDurableError",
-    "UnsafeCheckpointError",
-    "VersionMismatchError",
-    "ResumeStateMismatchError",
-    "ResumableModeRequiredError",
-    "UnsupportedResumeConfigurationError",
-    "LoaderStateError",
-    "IteratorInvalidatedError",
-    "LoaderFetchFailedError",
-    "LoaderCommitFailedError",
-    "ResumableBatchConfigurationError",
-    "CheckpointSignatureError",
-    "RunFinishedError",
-    "ResumableSamplerGeneratorError",
-    "ERRORS_BY_CODE",
-    "get_error_message",
-]
+# Filled by ResumeError.__init_subclass__: every catalogue class, by its code.
+ERRORS_BY_CODE: dict[int, type[ResumeError]] = {}
 
 
 class ResumeError(Exception):
@@ -48,6 +29,17 @@ class ResumeError(Exception):
 
     code: ClassVar[int] = 0
     message: ClassVar[str] = "resume error"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__module__ != __name__:
+            return  # a caller narrowing one of ours: no entry of the catalogue
+        if "code" not in cls.__dict__:
+            raise TypeError(f"{cls.__name__} needs a code of its own")
+        taken = ERRORS_BY_CODE.get(cls.code)
+        if taken is not None:
+            raise TypeError(f"error code {cls.code} of {cls.__name__} is taken by {taken.__name__}")
+        ERRORS_BY_CODE[cls.code] = cls
 
     def __init__(self, detail: str | None = None) -> None:
         self.detail = detail
@@ -179,32 +171,23 @@ class ResumableSamplerGeneratorError(ResumeError):
     message = "sampler RNG state corrupted"
 
 
-ERRORS_BY_CODE: dict[int, type[ResumeError]] = {
-    cls.code: cls
-    for cls in (
-        CheckpointFormatError,
-        CheckpointCorruptedError,
-        ConfigSignatureMismatchError,
-        TrainingPausedError,
-        TrainerLockedError,
-        PauseBlockedError,
-        CheckpointWriteError,
-        CheckpointNotDurableError,
-        UnsafeCheckpointError,
-        VersionMismatchError,
-        ResumeStateMismatchError,
-        ResumableModeRequiredError,
-        UnsupportedResumeConfigurationError,
-        LoaderStateError,
-        IteratorInvalidatedError,
-        LoaderFetchFailedError,
-        LoaderCommitFailedError,
-        ResumableBatchConfigurationError,
-        CheckpointSignatureError,
-        RunFinishedError,
-        ResumableSamplerGeneratorError,
-    )
-}
+# ----------------------------------------------------------------------- warnings
+
+
+class UnsavedStateWarning(UserWarning):
+    """Something a resume needs is not saved, or a pause cannot land."""
+
+
+class PauseSignalWarning(UserWarning):
+    """A process that may die on a pause signal sent to the whole process group."""
+
+
+class SkippedCheckpointWarning(UserWarning):
+    """A damaged or foreign file in a resume-point directory was skipped for an older one."""
+
+
+class WorldSizeChangeWarning(UserWarning):
+    """A pause is resumed with another number of ranks: sample-exact, not bit-comparable."""
 
 
 def get_error_message(code: int) -> str:
@@ -217,3 +200,17 @@ def get_error_message(code: int) -> str:
         return ERRORS_BY_CODE[code].message
     except KeyError:
         raise KeyError(f"unknown trainer-resume error code {code}") from None
+
+
+# Every error and warning class above is public, in the order defined: no second list.
+__all__ = [
+    *(
+        name
+        for name, value in list(globals().items())
+        if isinstance(value, type)
+        and issubclass(value, (ResumeError, Warning))
+        and value.__module__ == __name__
+    ),
+    "ERRORS_BY_CODE",
+    "get_error_message",
+]

@@ -39,10 +39,10 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from ._signals import DEFAULT_PAUSE_SIGNALS, armed_signals
+from .errors import PauseSignalWarning
 
 __all__ = [
     "DEFAULT_PAUSE_SIGNALS",
-    "PauseSignalWarning",
     "pause_signals",
     "pause_signals_blocked",
     "quiet_child_exits",
@@ -55,10 +55,6 @@ _WARNED: set[str] = set()
 # multiprocessing children started inside the block: they ignore multiprocessing's SIGTERM.
 _SHIELDED: weakref.WeakSet[Any] = weakref.WeakSet()
 _EXIT_JOIN_S = 5.0  # a SIGKILLed child is gone at once; this only bounds a stuck reap
-
-
-class PauseSignalWarning(UserWarning):
-    """A process that may die on a pause signal sent to the whole process group."""
 
 
 def pause_signals() -> frozenset[signal.Signals]:

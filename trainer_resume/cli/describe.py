@@ -38,9 +38,9 @@ from ..checkpoint_files import (
     tensor_totals,
 )
 from ..checkpoint_files.lightning import PAUSE_KEY
-from ..errors import CheckpointCorruptedError, CheckpointFormatError
+from ..errors import CheckpointCorruptedError, CheckpointFormatError, SkippedCheckpointWarning
 from ..finished import finished_marker_path
-from ..resume_points.files import SkippedCheckpointWarning, candidates, point_name
+from ..resume_points.files import candidates, point_name
 from ..state import (
     BATCH_SAMPLER_FORMAT,
     DALI_ITERATOR_FORMAT,

@@ -21,17 +21,14 @@ from typing import Any
 
 import torch
 
+from ..errors import UnsavedStateWarning
+
 __all__ = [
-    "UnsavedStateWarning",
     "audit_trainer",
     "name_stale_iterators",
     "stale_iterators",
     "warn_if_no_step",
 ]
-
-
-class UnsavedStateWarning(UserWarning):
-    """Something a resume needs is not saved, or a pause cannot land."""
 
 
 def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> None:

@@ -23,12 +23,11 @@ from typing import Any, NamedTuple
 
 from .._atomic import fsync_directory, remove_stale_temps
 from ..durable import load_checkpoint, read_checkpoint_header
-from ..errors import CheckpointCorruptedError, CheckpointFormatError
+from ..errors import CheckpointCorruptedError, CheckpointFormatError, SkippedCheckpointWarning
 from ..finished import finished_marker_path, refuse_if_finished
 
 __all__ = [
     "Candidate",
-    "SkippedCheckpointWarning",
     "candidates",
     "latest_checkpoint",
     "list_points",
@@ -46,10 +45,6 @@ _TEMP = re.compile(r"\.(?P<target>.+)\.\d+\.[0-9a-f]{16}\.tmp")
 StrPath = str | os.PathLike[str]
 # Reads the completed steps out of a loaded pause file (the layouts differ by trainer).
 StepsOf = Callable[[Any], int]
-
-
-class SkippedCheckpointWarning(UserWarning):
-    """A damaged or foreign file in a resume-point directory was skipped for an older one."""
 
 
 class Candidate(NamedTuple):
