@@ -37,7 +37,7 @@ def describe_sharded(path: str, *, key: bytes | None) -> dict[str, Any]:
         CheckpointSignatureError: ``key`` given and a file is not signed with it (339).
         UnsafeCheckpointError: a rank file holds objects outside the weights-only set (328).
     """
-    from ..sharded import open_pause  # imports torch.distributed.checkpoint
+    from ..sharded.read import open_pause  # imports torch.distributed.checkpoint
 
     pause = open_pause(path, key=key)
     manifest_file = read_checkpoint_file(os.path.join(pause.location, MANIFEST_NAME), key=key)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
 from .. import distributed as _distributed
-from .. import sharded as _sharded
 from .._pause_checks import (
     check_layout,
     check_names,
@@ -41,6 +40,8 @@ from ..finished import finished_marker_path, mark_finished, refuse_if_finished
 from ..resume_points import ResumePoint, ResumePoints
 from ..resume_points.files import latest_checkpoint
 from ..rng import restore_random_state
+from ..sharded.detect import SHARDED_STATE, ShardedObjects, refuse_dtensors, sharded_objects
+from ..sharded.manifest import is_pause_directory
 from ..signature import canonical_config, config_difference, config_signature
 from ..state import PAUSE_FORMAT, PauseCheckpoint
 from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
@@ -54,6 +55,9 @@ from ._step_guard import (
     serialized_training,
     training_step,
 )
+
+if TYPE_CHECKING:
+    from ..sharded.read import ShardedPause
 
 __all__ = ["SignalPause", "Stateful", "TrainingResumeMixin", "serialized_training", "training_step"]
 
@@ -288,7 +292,7 @@ class TrainingResumeMixin:
                     raise PauseBlockedError(
                         f"step {guard.completed_steps + 1} raised; run a step that succeeds first"
                     )
-                sharded = _sharded.sharded_objects(self._resume_objects())
+                sharded = sharded_objects(self._resume_objects())
                 checkpoint = _pause_checkpoint(self, guard, sharded=sharded)
             except Exception as error:
                 if collective:
@@ -298,7 +302,9 @@ class TrainingResumeMixin:
                 _distributed.agree(None, "pause()")
             if sharded:
                 key = _settings(self, "pause()").key
-                _sharded.write_pause(path, checkpoint, self._resume_objects(), sharded, key=key)
+                from ..sharded.write import write_pause  # imports torch.distributed.checkpoint
+
+                write_pause(path, checkpoint, self._resume_objects(), sharded, key=key)
             elif collective:
                 combined = _distributed.gather_pause(checkpoint)
                 _distributed.commit(
@@ -354,8 +360,10 @@ class TrainingResumeMixin:
                 key = _settings(self, "resume()").key
                 refuse_if_finished(location, key=key)
                 opened = None
-                if _sharded.is_pause_directory(path):
-                    opened = _sharded.open_pause(path, key=key)
+                if is_pause_directory(path):
+                    from ..sharded.read import open_pause  # imports torch.distributed.checkpoint
+
+                    opened = open_pause(path, key=key)
                     loaded: Any = opened.checkpoint
                 else:
                     loaded = self._load_pause_checkpoint(path)
@@ -615,11 +623,11 @@ def _require_step_boundary(guard: StepGuard, action: str) -> None:
 
 
 def _check_sharded(
-    trainer: TrainingResumeMixin, opened: _sharded.ShardedPause | None, location: str
+    trainer: TrainingResumeMixin, opened: ShardedPause | None, location: str
 ) -> None:
     if opened is not None:
         opened.check_objects(trainer._resume_objects())
-    elif _sharded.sharded_objects(trainer._resume_objects()):
+    elif sharded_objects(trainer._resume_objects()):
         raise UnsupportedResumeConfigurationError(
             f"{location} is a pause file of unsharded states; a trainer whose model has "
             "DTensor parameters (fully_shard) resumes from a sharded pause directory"
@@ -630,12 +638,12 @@ def _pause_checkpoint(
     trainer: TrainingResumeMixin,
     guard: StepGuard,
     copy: Callable[[Any, dict], Any] = to_cpu,
-    sharded: _sharded.ShardedObjects | None = None,
+    sharded: ShardedObjects | None = None,
 ) -> PauseCheckpoint:
     # copy: to_cpu for a pause (written under the lock); for a resume point, a copy in
     # host memory (written while training changes the live tensors). sharded: the
     # objects every rank writes through DCP (a pause only; resume points refuse DTensors).
-    sharded = sharded if sharded is not None else _sharded.ShardedObjects()
+    sharded = sharded if sharded is not None else ShardedObjects()
     settings = _settings(trainer, "pause()")
     objects = dict(trainer._resume_objects())
     shared = list(trainer._resume_shared_keys())
@@ -655,7 +663,7 @@ def _pause_checkpoint(
     object_states: dict[str, Any] = {}
     for name, obj in objects.items():
         if name in sharded.names:  # written by every rank for its shards, see write_pause
-            object_states[name] = dict(_sharded.SHARDED_STATE)
+            object_states[name] = dict(SHARDED_STATE)
             continue
         # A shared key references the regular snapshot: no second state_dict() call,
         # and torch.save writes the object once because it is the same object.
@@ -679,7 +687,7 @@ def _pause_checkpoint(
         "extra": copy(dict(trainer._resume_extra_state()), memo),
         "rng": boundary_random_state(),
     }
-    _sharded.refuse_dtensors(checkpoint, "checkpoint")
+    refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)
     return checkpoint
 
@@ -730,7 +738,7 @@ def _restore(
     checkpoint: PauseCheckpoint,
     states: dict[str, Any],
     location: str,
-    opened: _sharded.ShardedPause | None = None,
+    opened: ShardedPause | None = None,
 ) -> None:
     objects = trainer._resume_objects()
     scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]

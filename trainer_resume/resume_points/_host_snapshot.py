@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedResumeConfigurationError
-from ..sharded import first_dtensor
+from ..sharded.detect import first_dtensor
 from ..state import map_tensors
 
 __all__ = ["HostBuffers"]

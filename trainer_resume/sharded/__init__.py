@@ -8,7 +8,9 @@ objects) goes into one small file per rank.
 
 ``torch.distributed.checkpoint`` is imported only when a sharded pause is written
 or read (:mod:`.write`, :mod:`.read`): importing it costs about half of importing
-torch, which every process that never shards a model would pay.
+torch, which every process that never shards a model would pay. So importing this
+package imports none of its modules; ``WeightsOnlyLoadPlanner`` loads :mod:`.read`
+when first asked for.
 """
 
 from __future__ import annotations
@@ -16,32 +18,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .detect import SHARDED_STATE, ShardedObjects, first_dtensor, refuse_dtensors, sharded_objects
-from .manifest import is_pause_directory
-
-__all__ = [
-    "SHARDED_STATE",
-    "ShardedObjects",
-    "ShardedPause",
-    "WeightsOnlyLoadPlanner",
-    "first_dtensor",
-    "is_pause_directory",
-    "open_pause",
-    "refuse_dtensors",
-    "sharded_objects",
-    "write_pause",
-]
-
-_LAZY = {
-    "ShardedPause": ".read",
-    "WeightsOnlyLoadPlanner": ".read",
-    "open_pause": ".read",
-    "write_pause": ".write",
-}
+# The one public name (docs/distributed.md). The package's own modules import the
+# submodules they use: detect, manifest, and write / read lazily.
+__all__ = ["WeightsOnlyLoadPlanner"]
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    if name != "WeightsOnlyLoadPlanner":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+    return importlib.import_module(".read", __name__).WeightsOnlyLoadPlanner

@@ -36,26 +36,17 @@ if _Version(_pl.__version__).release < _Version(MIN_PYTORCH_LIGHTNING).release:
     )
 
 from ...checkpoint_files.lightning import plain_lightning_checkpoint  # noqa: E402
-from .callback import (  # noqa: E402
-    DEFAULT_SIGNALS,
-    LIGHTNING_PAUSE_FORMAT,
-    PAUSE_KEY,
-    LightningPauseState,
-    ResumeCallback,
-)
+from .callback import ResumeCallback  # noqa: E402
 from .io import DurableCheckpointIO  # noqa: E402
 from .loading import load_from_checkpoint  # noqa: E402
 from .points import ResumePointsCallback  # noqa: E402
 
+# The names docs/lightning.md documents; the constants stay in their own modules
+# (checkpoint_files.lightning, callback) and the schema in trainer_resume.state.
 __all__ = [
     "ResumeCallback",
     "ResumePointsCallback",
     "DurableCheckpointIO",
     "load_from_checkpoint",
     "plain_lightning_checkpoint",
-    "LightningPauseState",
-    "PAUSE_KEY",
-    "LIGHTNING_PAUSE_FORMAT",
-    "DEFAULT_SIGNALS",
-    "MIN_PYTORCH_LIGHTNING",
 ]

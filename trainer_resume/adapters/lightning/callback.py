@@ -67,13 +67,7 @@ from .pause_point import (
 )
 from .positions import DeliveredLoaderStates, LoaderPositionUnknown
 
-__all__ = [
-    "ResumeCallback",
-    "LightningPauseState",
-    "PAUSE_KEY",
-    "LIGHTNING_PAUSE_FORMAT",
-    "DEFAULT_SIGNALS",
-]
+__all__ = ["ResumeCallback", "DEFAULT_SIGNALS"]
 
 DEFAULT_SIGNALS = DEFAULT_PAUSE_SIGNALS
 
