@@ -108,12 +108,6 @@ def check_seed(state: Mapping[str, Any], what: str, key: str = SEED) -> int:
     return value
 
 
-def check_equal(state: Mapping[str, Any], what: str, key: str, expected: Any, hint: str) -> None:
-    value = state[key]
-    if type(value) is not type(expected) or value != expected:
-        raise LoaderStateError(f"{what}[{key!r}] is {value!r} but this {hint} is {expected!r}")
-
-
 def mismatched_setting(
     state: Mapping[str, Any], what: str, expected: Mapping[str, Any]
 ) -> tuple[str, Any, Any] | None:
