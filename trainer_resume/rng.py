@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .state import RandomState
+from .state import RandomState, is_int
 
 __all__ = [
     "random_state",
@@ -238,10 +238,6 @@ def _require(condition: bool, what: str) -> None:
         raise ValueError(f"invalid random state: {what}")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _int_tensor(value: Any, length: int) -> bool:
     return (
         isinstance(value, torch.Tensor)
@@ -254,7 +250,7 @@ def _int_tensor(value: Any, length: int) -> bool:
 def _python_tuple(python: Any) -> tuple[int, tuple[int, ...], float | None]:
     _require(isinstance(python, dict), "'python' must be a dict")
     _require(
-        _is_int(python.get("version")) and python["version"] == random.Random.VERSION,
+        is_int(python.get("version")) and python["version"] == random.Random.VERSION,
         f"'python.version' must be {random.Random.VERSION}",
     )
     internal = python.get("internal")
@@ -286,10 +282,10 @@ def _numpy_tuple(numpy_state: Any) -> tuple[str, np.ndarray, int, int, float]:
         _int_tensor(keys, 624), "'numpy.keys' must be an int64 tensor of 624 values in [0, 2**32)"
     )
     pos = numpy_state.get("pos")
-    _require(_is_int(pos) and 0 <= pos <= 624, "'numpy.pos' must be an int in [0, 624]")
+    _require(is_int(pos) and 0 <= pos <= 624, "'numpy.pos' must be an int in [0, 624]")
     # NumPy itself accepts any has_gauss; only 0 and 1 are states it can produce.
     _require(
-        _is_int(numpy_state.get("has_gauss")) and numpy_state["has_gauss"] in (0, 1),
+        is_int(numpy_state.get("has_gauss")) and numpy_state["has_gauss"] in (0, 1),
         "'numpy.has_gauss' must be 0 or 1",
     )
     _require(
@@ -359,7 +355,7 @@ def _check(state: Any, device: torch.device | str | int | None) -> _Checked:
     cuda = state.get("cuda")
     saved_index = state.get("cuda_device")
     _require(
-        saved_index is None or (_is_int(saved_index) and saved_index >= 0),
+        saved_index is None or (is_int(saved_index) and saved_index >= 0),
         "'cuda_device' must be None or a device index",
     )
     cuda_state = None

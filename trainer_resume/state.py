@@ -2,7 +2,8 @@
 
 Every saved state is plain data (tensors, ints, floats, bools, str, None, lists,
 tuples, dicts) so ``torch.load(weights_only=True)`` reads it. The TypedDicts below
-document the keys so an editor shows what a checkpoint holds.
+document the keys so an editor shows what a checkpoint holds. Also here, for every
+module: ``is_int``, the check of a saved integer.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ LOADER_FORMAT = "trainer_resume.loader/1"
 STATEFUL_SAMPLER_FORMAT = "trainer_resume.stateful_sampler/1"
 ITERABLE_DATASET_FORMAT = "trainer_resume.iterable_dataset/1"
 DALI_ITERATOR_FORMAT = "trainer_resume.dali_iterator/1"
+
+
+def is_int(value: Any) -> bool:
+    """True for an ``int`` that is not a ``bool``: what a saved count, seed or position is."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def cpu_state(value: Any) -> Any:

@@ -15,13 +15,15 @@ import torch
 
 from ..errors import LoaderStateError, ResumableSamplerGeneratorError
 
-# The format markers live with the schemas in state.py; the loader modules read them here.
+# The format markers and the int check live with the schemas in state.py; the loader
+# modules read them here.
 from ..state import BATCH_SAMPLER_FORMAT as BATCH_SAMPLER_FORMAT
 from ..state import EPOCH_SAMPLER_FORMAT as EPOCH_SAMPLER_FORMAT
 from ..state import ITERABLE_DATASET_FORMAT as ITERABLE_DATASET_FORMAT
 from ..state import LOADER_FORMAT as LOADER_FORMAT
 from ..state import SAMPLER_FORMAT as SAMPLER_FORMAT
 from ..state import STATEFUL_SAMPLER_FORMAT as STATEFUL_SAMPLER_FORMAT
+from ..state import is_int as is_int
 
 # Key names of the saved states (the TypedDicts in trainer_resume.state list them).
 FORMAT = "format"
@@ -59,10 +61,6 @@ SEED_LIMIT = 1 << 63  # seeds and positions stay below 2**63 (derive_seed's rang
 def draw_seed(generator: torch.Generator | None) -> int:
     """Draw one seed in ``[0, 2**63)`` from ``generator`` (torch's default CPU RNG if None)."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_mapping(
