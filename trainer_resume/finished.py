@@ -29,7 +29,7 @@ from typing import NamedTuple
 from ._atomic import fsync_directory
 from .durable import load_checkpoint, save_checkpoint
 from .errors import CheckpointFormatError, RunFinishedError
-from .state import FinishedMarker
+from .state import FinishedMarker, StrPath
 
 __all__ = [
     "FINISHED_FORMAT",
@@ -43,8 +43,6 @@ __all__ = [
 FINISHED_FORMAT = "trainer-resume-finished"
 _FILE_SUFFIX = ".finished"
 _DIRECTORY_MARKER = "run.finished"
-
-StrPath = str | os.PathLike[str]
 
 
 class FinishedRun(NamedTuple):

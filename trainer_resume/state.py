@@ -3,11 +3,12 @@
 Every saved state is plain data (tensors, ints, floats, bools, str, None, lists,
 tuples, dicts) so ``torch.load(weights_only=True)`` reads it. The TypedDicts below
 document the keys so an editor shows what a checkpoint holds. Also here, for every
-module: ``is_int``, the check of a saved integer.
+module: ``is_int`` (the check of a saved integer) and ``StrPath`` (a path argument).
 """
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -63,6 +64,10 @@ LOADER_FORMAT = "trainer_resume.loader/1"
 STATEFUL_SAMPLER_FORMAT = "trainer_resume.stateful_sampler/1"
 ITERABLE_DATASET_FORMAT = "trainer_resume.iterable_dataset/1"
 DALI_ITERATOR_FORMAT = "trainer_resume.dali_iterator/1"
+
+
+# What every path argument of the package accepts (``os.fspath`` reads it).
+StrPath = str | os.PathLike[str]
 
 
 def is_int(value: Any) -> bool:

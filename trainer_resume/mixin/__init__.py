@@ -43,7 +43,7 @@ from ..rng import restore_random_state
 from ..sharded.detect import SHARDED_STATE, ShardedObjects, refuse_dtensors, sharded_objects
 from ..sharded.manifest import is_pause_directory
 from ..signature import canonical_config, config_difference, config_signature
-from ..state import PAUSE_FORMAT, PauseCheckpoint
+from ..state import PAUSE_FORMAT, PauseCheckpoint, StrPath
 from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
 from ._hook_audit import audit_trainer, name_stale_iterators, stale_iterators, warn_if_no_step
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
@@ -60,8 +60,6 @@ if TYPE_CHECKING:
     from ..sharded.read import ShardedPause
 
 __all__ = ["SignalPause", "Stateful", "TrainingResumeMixin", "serialized_training", "training_step"]
-
-StrPath = str | os.PathLike[str]
 
 _GRAD_SCALERS: tuple[type, ...] = (torch.amp.GradScaler,)
 if not issubclass(torch.cuda.amp.GradScaler, torch.amp.GradScaler):  # older torch: separate classes

@@ -42,6 +42,7 @@ from .._pause_checks import to_cpu
 from ..durable import save_checkpoint
 from ..errors import CheckpointWriteError
 from ..finished import mark_finished
+from ..state import StrPath
 from ._host_snapshot import HostBuffers
 from .files import (
     point_name,
@@ -54,7 +55,6 @@ __all__ = ["ResumePoint", "ResumePoints", "Snapshot"]
 
 _log = logging.getLogger("trainer_resume")
 
-StrPath = str | os.PathLike[str]
 WhenBusy = Literal["skip", "wait"]
 # Builds the checkpoint of the current boundary, copying its tensors with the given
 # function (``copy(value, memo)``): the point's host copy on the writing rank.

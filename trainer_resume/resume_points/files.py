@@ -25,6 +25,7 @@ from .._atomic import fsync_directory, remove_stale_temps
 from ..durable import load_checkpoint, read_checkpoint_header
 from ..errors import CheckpointCorruptedError, CheckpointFormatError, SkippedCheckpointWarning
 from ..finished import finished_marker_path, refuse_if_finished
+from ..state import StrPath
 
 __all__ = [
     "Candidate",
@@ -42,7 +43,6 @@ _POINT = re.compile(r"point-(\d{12})\.ckpt")
 # The temp-file names of _atomic.replace_atomically: ".<target>.<pid>.<16 hex>.tmp".
 _TEMP = re.compile(r"\.(?P<target>.+)\.\d+\.[0-9a-f]{16}\.tmp")
 
-StrPath = str | os.PathLike[str]
 # Reads the completed steps out of a loaded pause file (the layouts differ by trainer).
 StepsOf = Callable[[Any], int]
 
