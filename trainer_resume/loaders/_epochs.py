@@ -296,30 +296,14 @@ class EpochSource:
 
     def validate(self, state: Mapping[str, Any]) -> None:
         what = "epoch sampler state"
-        keys.check_mapping(
+        _, offset, _ = keys.check_epoch_state(
             state,
             what,
-            (
-                keys.FORMAT,
-                keys.SETTINGS,
-                keys.EPOCH,
-                keys.OFFSET,
-                keys.DELIVERED,
-                keys.GENERATOR,
-                keys.SAMPLER_EPOCH,
-            ),
+            keys.EPOCH_SAMPLER_FORMAT,
+            self._settings,
+            (keys.GENERATOR, keys.SAMPLER_EPOCH),
+            fix="build the loader with the arguments the state was saved with",
         )
-        keys.check_format(state, what, keys.EPOCH_SAMPLER_FORMAT)
-        mismatch = keys.mismatched_setting(state, what, self._settings)
-        if mismatch is not None:
-            name, saved, value = mismatch
-            raise LoaderStateError(
-                f"{what}: setting {name!r} was {saved!r}, this loader has {value!r}; "
-                f"build the loader with the arguments the state was saved with"
-            )
-        keys.check_count(state, what, keys.EPOCH)
-        offset = keys.check_count(state, what, keys.OFFSET)
-        keys.check_count(state, what, keys.DELIVERED)
         length = self._length()
         if offset >= max(length, 1):
             raise LoaderStateError(

@@ -189,30 +189,15 @@ class IterableSource:
 
     def validate(self, state: Mapping[str, Any]) -> None:
         what = "iterable dataset state"
-        keys.check_mapping(
+        _, offset, delivered = keys.check_epoch_state(
             state,
             what,
-            (
-                keys.FORMAT,
-                keys.SETTINGS,
-                keys.EPOCH,
-                keys.OFFSET,
-                keys.DELIVERED,
-                keys.NEXT_WORKER,
-                keys.WORKERS,
-            ),
+            keys.ITERABLE_DATASET_FORMAT,
+            self._settings,
+            (keys.NEXT_WORKER, keys.WORKERS),
+            fix="build the loader with {name}={saved!r} (each worker's copy of the dataset "
+            "has its own state)",
         )
-        keys.check_format(state, what, keys.ITERABLE_DATASET_FORMAT)
-        mismatch = keys.mismatched_setting(state, what, self._settings)
-        if mismatch is not None:
-            name, saved, value = mismatch
-            raise LoaderStateError(
-                f"{what}: {name} was {saved!r}, this loader has {value!r}; build the loader "
-                f"with {name}={saved!r} (each worker's copy of the dataset has its own state)"
-            )
-        keys.check_count(state, what, keys.EPOCH)
-        offset = keys.check_count(state, what, keys.OFFSET)
-        delivered = keys.check_count(state, what, keys.DELIVERED)
         turn = keys.check_count(state, what, keys.NEXT_WORKER)
         if turn >= self._count:
             raise LoaderStateError(

@@ -126,6 +126,39 @@ def mismatched_setting(
     return None
 
 
+def check_epoch_state(
+    state: Any,
+    what: str,
+    expected_format: str,
+    settings: Mapping[str, Any],
+    more_keys: Iterable[str],
+    fix: str,
+) -> tuple[int, int, int]:
+    """The start every per-epoch loader state shares (torch's own samplers, an
+    ``IterableDataset``): a dict of ``format``, ``settings``, ``epoch``, ``offset``,
+    ``delivered`` and ``more_keys``; the format; the settings the loader was built with;
+    the three counts. ``fix`` ends the refusal of another setting (``{name}`` and
+    ``{saved}`` are filled in).
+
+    Returns:
+        ``(epoch, offset, delivered)``.
+    """
+    check_mapping(state, what, (FORMAT, SETTINGS, EPOCH, OFFSET, DELIVERED, *more_keys))
+    check_format(state, what, expected_format)
+    mismatch = mismatched_setting(state, what, settings)
+    if mismatch is not None:
+        name, saved, value = mismatch
+        raise LoaderStateError(
+            f"{what}: setting {name!r} was {saved!r}, this loader has {value!r}; "
+            + fix.format(name=name, saved=saved)
+        )
+    return (
+        check_count(state, what, EPOCH),
+        check_count(state, what, OFFSET),
+        check_count(state, what, DELIVERED),
+    )
+
+
 def check_replicas(state: Mapping[str, Any], what: str) -> int:
     """The optional ``num_replicas`` entry: an int >= 1; states written before it existed read as 1."""
     if NUM_REPLICAS not in state:
