@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from .batch_samplers import build_batch_sampler
 from .dataloader import ResumableDataLoader
-
-# --- sample reuse ---------------------------------------------------------------
 from .reuse import ReuseDataLoader, ReuseDataset, ReuseKey, ReusePolicy, ReuseSampler
 from .sampler import InfiniteRandomSampler
 
+# The groups are marked here, not among the imports, which the import sorter orders.
 __all__ = [
+    # resumable loading
     "InfiniteRandomSampler",
     "ResumableDataLoader",
     "build_batch_sampler",
+    # sample reuse
     "ReusePolicy",
     "ReuseKey",
     "ReuseDataset",
