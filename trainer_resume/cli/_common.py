@@ -20,7 +20,7 @@ __all__ = [
     "read_key_file",
 ]
 
-# Exit statuses, the same for every subcommand (documented in --help and README).
+# Exit statuses, the same for every subcommand (documented in --help and docs/cli.md).
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
