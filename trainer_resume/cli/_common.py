@@ -1,11 +1,14 @@
-"""What every ``trainer-resume`` subcommand shares: exit statuses, ``UsageError``, tables.
+"""What every ``trainer-resume`` subcommand shares: exit statuses and their help,
+``UsageError``, argument types, the ``--key-file`` option, tables.
 
-The dispatcher (``cli/__init__.py``) and the subcommands import from here; this module
-imports nothing of the package, so no subcommand needs the dispatcher.
+The dispatcher (``cli/__init__.py``), the argument declarations (``cli/arguments/``)
+and the subcommands import from here; this module imports nothing of the package, so
+no subcommand needs the dispatcher and ``--help`` stays light.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
 __all__ = [
@@ -13,10 +16,13 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_STATUS_HELP",
     "EXIT_USAGE",
     "UsageError",
+    "add_key_file_argument",
     "format_bytes",
     "format_table",
+    "positive_int",
     "read_key_file",
 ]
 
@@ -27,9 +33,41 @@ EXIT_USAGE = 2
 EXIT_ERROR = 3
 EXIT_INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C (128 + SIGINT)
 
+EXIT_STATUS_HELP = """\
+exit status:
+  0  success (demo: the exact resume is bit-identical; audit-loader: every check passed;
+     inspect: the file was described, plain torch.save and Lightning files included)
+  1  a check failed (demo: the exact resume differs; audit-loader: a problem was found)
+  2  usage error (bad option, unknown config key, factory not found; export: no single
+     model or an unknown object name, safetensors not installed)
+  3  error (unreadable, corrupted, truncated, foreign or wrongly signed file;
+     a training subprocess failed); printed as "error [code]: message"
+"""
+
 
 class UsageError(Exception):
     """A subcommand cannot run as asked (bad config key, unusable factory...): exit status 2."""
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_key_file_argument(parser: argparse.ArgumentParser) -> None:
+    """``--key-file F``: the signing key of the files a subcommand reads (see ``read_key_file``)."""
+    parser.add_argument(
+        "--key-file",
+        metavar="F",
+        help="file whose bytes (all of them, exactly) are the signing key; "
+        "the signature is then required and verified",
+    )
 
 
 def read_key_file(path: str) -> bytes:
