@@ -78,24 +78,22 @@ class SealedCopy:
         readable. The copy's pages are then mapped once, by whoever reads ``path``."""
         if self._memfd is None:
             return  # a plain buffer: the view is the copy
-        view = self.__dict__.pop("view", None)
-        if view is not None:
-            view.release()
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        self._release_view()
 
     def close(self) -> None:
         """Release this object's hold on the copy; loaded tensors keep their own mapping."""
+        self._release_view()
+        if self._memfd is not None:
+            os.close(self._memfd)
+            self._memfd = None
+
+    def _release_view(self) -> None:
         view = self.__dict__.pop("view", None)
         if view is not None:
             view.release()
         if self._map is not None:
             self._map.close()
             self._map = None
-        if self._memfd is not None:
-            os.close(self._memfd)
-            self._memfd = None
 
     def __enter__(self) -> SealedCopy:
         return self
