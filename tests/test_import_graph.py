@@ -1,4 +1,5 @@
-"""The package's modules import each other without a cycle.
+"""The package's modules import each other without a cycle, within ARCHITECTURE.md's
+layers, and an underscored module only from where it sits.
 
 The graph is read from the source with ``ast``: every import statement counts, the ones
 inside functions too (a lazy import still ties the two modules together), except those
@@ -8,12 +9,15 @@ under ``if TYPE_CHECKING:``, which never run.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import trainer_resume
 
 PACKAGE = Path(trainer_resume.__file__).resolve().parent
 NAME = "trainer_resume"
+ROOT = PACKAGE.parent
+ARCHITECTURE = ROOT / "ARCHITECTURE.md"
 
 
 def _module_name(path: Path) -> str:
@@ -135,3 +139,135 @@ def test_type_checking_imports_are_not_edges():
 def test_package_has_no_import_cycle():
     cycles = _cycles(_graph())
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(group) for group in cycles)
+
+
+# ----------------------------------------------------------------------- the layers
+
+_HEADING = re.compile(r"^## (\d+)\. .*\(imports (nothing of the package|layers? (\d+)(?:-(\d+))?)")
+_ENTRY = re.compile(r"\*\*`([^`]+\.py)`\*\*")
+
+
+class Layers:
+    """ARCHITECTURE.md's layers: each module's layer and what each layer may import."""
+
+    def __init__(self, text: str) -> None:
+        self.of: dict[str, int] = {}  # module -> its layer
+        self.imports: dict[int, set[int]] = {}  # layer -> the layers it may import
+        self.placed_twice: list[str] = []
+        layer = None
+        for line in text.splitlines():
+            if line.startswith("## "):
+                match = _HEADING.match(line)
+                assert match, f"ARCHITECTURE.md: a layer heading must say what it imports: {line}"
+                layer = int(match.group(1))
+                if match.group(2) == "nothing of the package":
+                    self.imports[layer] = set()
+                else:
+                    first = int(match.group(3))
+                    self.imports[layer] = {layer, *range(first, int(match.group(4) or first) + 1)}
+                continue
+            for path in _ENTRY.findall(line):
+                module = _module_name(PACKAGE / path)
+                if module in self.of:
+                    self.placed_twice.append(module)
+                assert layer is not None, f"ARCHITECTURE.md: {path} comes before the first layer"
+                self.of[module] = layer
+
+
+def _layer_violations(graph: dict[str, set[str]], layers: Layers) -> list[str]:
+    """Each import of a module outside its layer and the layers its heading names."""
+    return [
+        f"{module} (layer {layers.of[module]}) imports {target} (layer {layers.of[target]})"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if layers.of[target] not in layers.imports[layers.of[module]]
+    ]
+
+
+def _privacy_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of an underscored module of a subpackage from outside that subpackage."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            owner, _, name = target.rpartition(".")
+            if (
+                name.startswith("_")
+                and owner != NAME
+                and not (module + ".").startswith(owner + ".")
+            ):
+                found.append(f"{module} imports {target}, private to {owner}")
+    return found
+
+
+def _layers() -> Layers:
+    return Layers(ARCHITECTURE.read_text(encoding="utf-8"))
+
+
+def test_every_module_has_one_entry_in_one_layer_of_architecture_md():
+    layers = _layers()
+    modules = set(_modules())
+    assert not layers.placed_twice, f"placed in two layers: {layers.placed_twice}"
+    assert not modules - set(layers.of), (
+        f"give these a bullet in a layer: {modules - set(layers.of)}"
+    )
+    assert not set(layers.of) - modules, f"bullets of no module: {set(layers.of) - modules}"
+
+
+def test_each_layer_imports_only_layers_above_it():
+    for layer, imported in _layers().imports.items():
+        assert all(other <= layer for other in imported), f"layer {layer} imports {imported}"
+
+
+def test_every_import_stays_within_the_layers_of_architecture_md():
+    violations = _layer_violations(_graph(), _layers())
+    assert not violations, "imports against ARCHITECTURE.md's layers:\n" + "\n".join(violations)
+
+
+def test_an_underscored_module_of_a_subpackage_is_imported_only_from_inside_it():
+    violations = _privacy_violations(_graph())
+    assert not violations, "\n".join(violations)
+
+
+def test_the_examples_import_no_underscored_module():
+    modules = _modules()
+    private = [
+        f"{path.name} imports {target}"
+        for path in sorted((ROOT / "examples").glob("*.py"))
+        for target in sorted(_imported(f"examples.{path.stem}", path, modules))
+        if any(part.startswith("_") and part != "__main__" for part in target.split(".")[1:])
+    ]
+    assert not private, private
+
+
+def test_the_layer_check_reports_an_import_from_a_lower_layer_and_from_a_sibling():
+    layers = Layers(
+        "## 1. Bottom (imports nothing of the package)\n- **`errors.py`**: x\n"
+        "## 2. Files (imports layer 1)\n- **`durable/__init__.py`**: x\n- **`rng.py`**: x\n"
+        "## 3. Trainer (imports layers 1-2)\n- **`mixin/__init__.py`**: x\n"
+        "## 4. Loaders (imports layers 1-2)\n- **`loaders/__init__.py`**: x\n"
+    )
+    graph = {
+        "trainer_resume.errors": {"trainer_resume.rng"},  # upward from layer 1
+        "trainer_resume.durable": {"trainer_resume.errors", "trainer_resume.rng"},
+        "trainer_resume.rng": set(),
+        "trainer_resume.mixin": {"trainer_resume.loaders"},  # a sibling layer
+        "trainer_resume.loaders": {"trainer_resume.durable"},
+    }
+    assert _layer_violations(graph, layers) == [
+        "trainer_resume.errors (layer 1) imports trainer_resume.rng (layer 2)",
+        "trainer_resume.mixin (layer 3) imports trainer_resume.loaders (layer 4)",
+    ]
+
+
+def test_the_privacy_check_reports_an_import_from_outside_the_subpackage_only():
+    graph = {
+        "trainer_resume.durable": {"trainer_resume.durable._format", "trainer_resume._atomic"},
+        "trainer_resume.durable._torch_io": {"trainer_resume.durable._format"},
+        "trainer_resume.mixin": {"trainer_resume.durable._format", "trainer_resume._atomic"},
+        "trainer_resume.loaders.reuse.loader": {"trainer_resume.loaders._state_keys"},
+        "trainer_resume.cli": {"trainer_resume.loaders._state_keys"},
+    }
+    assert _privacy_violations(graph) == [
+        "trainer_resume.cli imports trainer_resume.loaders._state_keys, private to trainer_resume.loaders",
+        "trainer_resume.mixin imports trainer_resume.durable._format, private to trainer_resume.durable",
+    ]
