@@ -1,0 +1,1 @@
+"""Files written by earlier versions of the package, and the tests that resume them."""
