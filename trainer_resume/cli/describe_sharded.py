@@ -1,6 +1,6 @@
 """What ``trainer-resume inspect`` says about a sharded (FSDP2/DCP) pause directory.
 
-The directory is opened by :func:`~trainer_resume.sharded.open_pause`, the reader a
+The directory is opened by :func:`~trainer_resume.sharded.read.open_pause`, the reader a
 resume uses: the manifest's digest (and signature with a key) is verified, then every
 file of the committed generation against the manifest's BLAKE3 digest, and only then
 are the rank files loaded weights-only. The shards themselves are not loaded: their
