@@ -1,4 +1,5 @@
-"""Format markers, key names and the checks shared by every loader state.
+"""Format markers, key names and the checks shared by every loader state (the
+generic ones, also used by the adapters' loaders, come from ``_state_checks``).
 
 A rejected state must name what is wrong and change nothing, so the checks here
 only read; each raises :class:`~trainer_resume.errors.LoaderStateError` (or, for a
@@ -13,6 +14,13 @@ from typing import Any
 
 import torch
 
+# The checks every loader state shares with the adapters' loaders; the loader modules
+# read them here.
+from .._state_checks import FORMAT as FORMAT
+from .._state_checks import SEED_LIMIT as SEED_LIMIT
+from .._state_checks import check_count as check_count
+from .._state_checks import check_format as check_format
+from .._state_checks import check_mapping as check_mapping
 from ..errors import LoaderStateError, ResumableSamplerGeneratorError
 
 # The format markers and the int check live with the schemas in state.py; the loader
@@ -26,7 +34,6 @@ from ..state import STATEFUL_SAMPLER_FORMAT as STATEFUL_SAMPLER_FORMAT
 from ..state import is_int as is_int
 
 # Key names of the saved states (the TypedDicts in trainer_resume.state list them).
-FORMAT = "format"
 DATASET_SIZE = "dataset_size"
 SEED = "seed"
 CONSUMED = "consumed"
@@ -55,45 +62,10 @@ ITERATOR_STATE = "iterator_state"
 BATCHES = "batches"
 ENDED = "ended"
 
-SEED_LIMIT = 1 << 63  # seeds and positions stay below 2**63 (derive_seed's range)
-
 
 def draw_seed(generator: torch.Generator | None) -> int:
     """Draw one seed in ``[0, 2**63)`` from ``generator`` (torch's default CPU RNG if None)."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
-
-def check_mapping(
-    state: Any, what: str, required: Iterable[str], optional: Iterable[str] = ()
-) -> None:
-    """Require a dict with every ``required`` key and nothing outside ``required | optional``."""
-    if not isinstance(state, Mapping):
-        raise LoaderStateError(f"{what} must be a dict, got {type(state).__name__}")
-    required = tuple(required)
-    missing = [key for key in required if key not in state]
-    if missing:
-        raise LoaderStateError(f"{what} lacks key(s) {missing}")
-    allowed = set(required) | set(optional)
-    unexpected = sorted(str(key) for key in state if key not in allowed)
-    if unexpected:
-        raise LoaderStateError(f"{what} has unexpected key(s) {unexpected}")
-
-
-def check_format(state: Mapping[str, Any], what: str, expected: str) -> None:
-    if state[FORMAT] != expected:
-        raise LoaderStateError(f"{what}[{FORMAT!r}] is {state[FORMAT]!r}, expected {expected!r}")
-
-
-def check_count(state: Mapping[str, Any], what: str, key: str) -> int:
-    """An int in ``[0, 2**63)`` (cursors, counts)."""
-    value = state[key]
-    if not is_int(value):
-        raise LoaderStateError(
-            f"{what}[{key!r}] must be an int, got {type(value).__name__}: {value!r}"
-        )
-    if not 0 <= value < SEED_LIMIT:
-        raise LoaderStateError(f"{what}[{key!r}] = {value} is outside [0, 2**63)")
-    return value
 
 
 def check_seed(state: Mapping[str, Any], what: str, key: str = SEED) -> int:

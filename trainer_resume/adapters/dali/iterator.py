@@ -28,6 +28,7 @@ import nvidia.dali as _dali
 import torch
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+from ... import _state_checks as keys
 from ...distributed import world
 from ...errors import (
     LoaderStateError,
@@ -35,7 +36,6 @@ from ...errors import (
     ResumeStateMismatchError,
     UnsupportedResumeConfigurationError,
 )
-from ...loaders import _state_keys as keys
 from ...state import DALI_ITERATOR_FORMAT, DALIIteratorState, DALIPipelineDescription
 from .pipelines import build_pipelines, check_pipeline, check_same_pipelines, describe
 
