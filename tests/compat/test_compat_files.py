@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-from compat import trainers
 
+from compat import trainers
 from trainer_resume.testing import first_difference
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
