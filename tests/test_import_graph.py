@@ -9,6 +9,7 @@ under ``if TYPE_CHECKING:``, which never run.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -72,6 +73,7 @@ def _imported(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {target for target in targets if target in modules and target != module}
 
 
+@functools.cache  # read once per session: several tests walk the same source
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {module: _imported(module, path, modules) for module, path in modules.items()}
