@@ -238,3 +238,27 @@ def test_a_sharded_pause_is_signed_with_the_trainers_key_and_refused_under_anoth
     trainer = _trainer(one_rank, 1)
     trainer._initialize_training_resume(ddp_workers.CONFIG, version="1", key=b"x" * 32)
     _assert_refused_unchanged(trainer, tmp_path / "pause", CheckpointSignatureError, "manifest")
+
+
+def test_dcp_metadata_globals_outside_the_allowlist_are_refused_before_their_module_is_imported(
+    paused,
+):
+    import pickle
+    import sys
+
+    from trainer_resume.sharded._metadata import load_metadata
+
+    generation = load_checkpoint(paused / "manifest.ckpt")["generation"]
+    data = (paused / generation / "dcp" / ".metadata").read_bytes()
+    assert load_metadata(data, "m").state_dict_metadata  # what DCP wrote reads back
+    # A protocol-0 GLOBAL of a module nobody has imported: refused by name, not imported.
+    assert "antigravity_xyz" not in sys.modules
+    with pytest.raises(
+        UnsafeCheckpointError, match=r"^\[328\] .*: m: global antigravity_xyz\.fly is not part"
+    ):
+        load_metadata(b"cantigravity_xyz\nfly\n(tR.", "m")
+    assert "antigravity_xyz" not in sys.modules
+    with pytest.raises(UnsafeCheckpointError, match=r"global \w+\.system is not part"):
+        load_metadata(pickle.dumps(os.system), "m")
+    with pytest.raises(CheckpointFormatError, match=r"m: holds a dict, not DCP's Metadata"):
+        load_metadata(pickle.dumps({"a": 1}), "m")

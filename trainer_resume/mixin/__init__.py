@@ -376,7 +376,10 @@ class TrainingResumeMixin:
                 raise
             if collective:  # every rank checked the file: restore everywhere or nowhere
                 _distributed.agree(None, "resume()")
-            _restore(self, guard, checkpoint, states, location, opened)
+            # Every rank reads its shards before any state changes; a failure is raised
+            # on every rank with nothing restored (collective, see ShardedPause.load).
+            staged = opened.load(self._resume_objects()) if opened is not None else None
+            _restore(self, guard, checkpoint, states, location, opened, staged)
 
     def finish(self, path: StrPath) -> str:
         """Mark the run that pauses to ``path`` finished, once training is complete.
@@ -737,6 +740,7 @@ def _restore(
     states: dict[str, Any],
     location: str,
     opened: ShardedPause | None = None,
+    staged: Mapping[str, Any] | None = None,
 ) -> None:
     objects = trainer._resume_objects()
     scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]
@@ -745,10 +749,9 @@ def _restore(
     stage = "objects"
     iterators = stale_iterators(trainer)  # live now; restoring the loaders ends them
     try:
-        if opened is not None:
-            # First, on every rank alike: DCP's load is a collective.
+        if opened is not None and staged is not None:
             stage = "sharded objects"
-            opened.restore(objects)
+            opened.apply(objects, staged)
         for name, obj in objects.items():
             if name not in scalers and name not in sharded:
                 stage = f"object {name!r}"

@@ -1,13 +1,22 @@
 """Open, verify and restore a sharded pause directory.
 
-Nothing is read unverified. ``open_pause`` checks the manifest (``load_checkpoint``:
-digest, and signature with a key), then this rank's share of the generation's files
-against the manifest's BLAKE3 digests, and loads every rank file (small: loaders,
-RNG, extra state); no collective runs, so the caller announces a refusal to every
-rank before anything changes. ``ShardedPause.restore`` then loads the shards through
-DCP with a storage reader that reads each file whole, checks it against the manifest
-again and serves DCP from those verified bytes (DCP's ``.metadata`` is a pickle), and
-a load planner that reads DCP's byte entries weights-only.
+Nothing is read unverified and nothing is unpickled with the full pickler.
+``open_pause`` checks the manifest (``load_checkpoint``: digest, and signature with
+a key), then this rank's share of the generation's files against the manifest's
+BLAKE3 digests, loads every rank file (small: loaders, RNG, extra state) and reads
+DCP's ``.metadata`` (verified, through the allowlist of :mod:`._metadata`); no
+collective runs, so the caller announces a refusal to every rank before anything
+changes.
+
+The restore has two phases, so that a failure while DCP reads (a shard rewritten
+after it was verified, a byte entry refused) never leaves some ranks restored:
+``ShardedPause.load`` has DCP read every shard into fresh tensors of the live
+tensors' shapes and placements (a collective; the live state is not touched, and
+every rank learns of a failure on any rank), then ``ShardedPause.apply`` copies
+them into the models and optimizers. DCP reads through a storage reader that
+reads each file whole, checks it against the manifest again and serves DCP from
+those verified bytes, hands DCP the index already read (never DCP's own
+``pickle.load``), and a load planner that reads DCP's byte entries weights-only.
 """
 
 from __future__ import annotations
@@ -27,14 +36,18 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from .. import distributed as _distributed
 from .._pause_checks import check_layout, check_names
+from .._weights_only import refusal_reason
 from ..durable import load_checkpoint
 from ..errors import (
+    CheckpointCorruptedError,
     CheckpointFormatError,
+    ResumeError,
     ResumeStateMismatchError,
     UnsafeCheckpointError,
 )
-from ..state import PauseCheckpoint, ShardedFileEntry, ShardedManifest
-from .detect import SHARDED_STATE, sharded_objects
+from ..state import PauseCheckpoint, ShardedFileEntry, ShardedManifest, map_tensors
+from ._metadata import load_metadata, storage_files
+from .detect import SHARDED_STATE, ShardedObjects, sharded_objects
 from .manifest import (
     DCP_DIRECTORY,
     MANIFEST_NAME,
@@ -43,9 +56,11 @@ from .manifest import (
     verify_bytes,
     verify_file,
 )
-from .write import dcp_state
+from .write import dcp_failure, dcp_state
 
 __all__ = ["ShardedPause", "WeightsOnlyLoadPlanner", "open_pause"]
+
+_METADATA = f"{DCP_DIRECTORY}/.metadata"
 
 
 class _VerifiedFileSystem(FileSystem):
@@ -64,10 +79,38 @@ class _VerifiedFileSystem(FileSystem):
         entry = self._files.get(name)
         if entry is None:
             raise CheckpointFormatError(f"{path} is not in the pause's manifest")
+        yield io.BytesIO(_read_verified(os.fspath(path), entry))
+
+
+def _read_verified(path: str, entry: ShardedFileEntry) -> bytes:
+    # The bytes parsed are the bytes just verified: nothing can change them in between.
+    try:
         with open(path, "rb") as stream:
             data = stream.read()
-        verify_bytes(data, entry, os.fspath(path))
-        yield io.BytesIO(data)  # the bytes DCP parses are the bytes just verified
+    except FileNotFoundError:
+        raise CheckpointCorruptedError(f"{path} is missing") from None
+    verify_bytes(data, entry, path)
+    return data
+
+
+class _VerifiedReader(FileSystemReader):
+    """DCP's file reader over the verified files, handing DCP the index read through the allowlist."""
+
+    def __init__(self, root: str, files: Mapping[str, ShardedFileEntry], metadata: Any) -> None:
+        super().__init__(root)
+        self.fs = _VerifiedFileSystem(root, files)
+        self._metadata = metadata
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        # Replaces FileSystemReader.read_metadata, which would pickle.load the file.
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        if kwargs.get("rank") is not None:
+            raise CheckpointFormatError("a pause has one .metadata, no per-rank ones")
+        if self._metadata.storage_meta is None:
+            self._metadata.storage_meta = StorageMeta()
+        self._metadata.storage_meta.load_id = self.load_id
+        return self._metadata
 
 
 class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
@@ -76,9 +119,13 @@ class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
         try:
             loaded = torch.load(value, weights_only=True)
-        except Exception as exc:
+        except pickle.UnpicklingError as exc:
             raise UnsafeCheckpointError(
-                f"DCP byte entry {read_item.dest_index.fqn}: {exc}"
+                f"DCP byte entry {read_item.dest_index.fqn}: {refusal_reason(exc)}"
+            ) from exc
+        except Exception as exc:  # noqa: BLE001 - a malformed entry
+            raise CheckpointFormatError(
+                f"DCP byte entry {read_item.dest_index.fqn}: {type(exc).__name__}: {exc}"
             ) from exc
         # The default planner places the value (it knows the flattened key mapping); it
         # unpickles unrestricted, so it gets the value re-serialized: only what the
@@ -99,12 +146,15 @@ class ShardedPause:
         manifest: The verified manifest.
         checkpoint: Rank 0's pause checkpoint, every saved rank's loader, extra and
             RNG state under ``"distributed"`` when several ranks paused.
+        metadata: DCP's index of the shards (``Metadata``), read verified through
+            the allowlist.
     """
 
     location: str
     directory: str
     manifest: ShardedManifest
     checkpoint: PauseCheckpoint
+    metadata: Any
 
     @property
     def names(self) -> list[str]:
@@ -150,10 +200,7 @@ class ShardedPause:
         # DCP would find a differing model only while loading, after the first change.
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-        root = os.path.join(self.directory, DCP_DIRECTORY)
-        files = _VerifiedFileSystem(root, self.manifest["files"])
-        with files.create_stream(os.path.join(root, ".metadata"), "rb") as stream:
-            saved = pickle.load(stream).state_dict_metadata  # the verified bytes
+        saved = self.metadata.state_dict_metadata
         for model in self.manifest["models"]:
             prefix = f"models.{model}."
             tensors = {
@@ -176,34 +223,90 @@ class ShardedPause:
                         f"pause, {value.dtype} {tuple(value.shape)} in this model"
                     )
 
-    def restore(self, objects: Mapping[str, Any]) -> None:
-        """Load the sharded models and optimizers (collective under a process group)."""
+    def load(self, objects: Mapping[str, Any]) -> dict[str, Any]:
+        """Every rank: read the shards into fresh tensors; nothing live changes (collective).
+
+        The tensors have the live ones' shapes, dtypes, devices and placements, so this
+        costs one more copy of this rank's shards of the models and optimizers until
+        :meth:`apply` returns. Under a process group every rank calls it, and every
+        rank raises when any rank failed.
+
+        Returns:
+            The models' and optimizers' states as read, for :meth:`apply`.
+
+        Raises:
+            ResumeError: reading failed on some rank: the error raised there (322 for a
+                file that differs from the manifest, 328 for a byte entry outside the
+                weights-only set...), or ``CheckpointCorruptedError`` for DCP's own
+                failures; the live state is untouched on every rank.
+        """
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        collective = _distributed.is_distributed()
+        action = "resume()"
+        staged: dict[str, Any] = {}
+        error: BaseException | None = None
+        try:
+            live = dcp_state(objects, self._sharded())
+            staged = map_tensors(live, torch.empty_like, {})  # aliases (tied weights) stay aliases
+        except Exception as exc:  # noqa: BLE001 - announced to every rank before DCP's collectives
+            error = _read_error(self.location, "preparing the shards' tensors", exc)
+        if collective:
+            _distributed.exchange(None, action, error)
+        elif error is not None:
+            raise error
+        root = os.path.join(self.directory, DCP_DIRECTORY)
+        try:
+            # DCP reports a failure on any rank to every rank itself (CheckpointException,
+            # a BaseException); the exchange below covers anything raised outside it.
+            dcp.load(
+                staged,
+                storage_reader=_VerifiedReader(root, self.manifest["files"], self.metadata),
+                planner=WeightsOnlyLoadPlanner(),
+                no_dist=not (dist.is_available() and dist.is_initialized()),
+            )
+        except (Exception, CheckpointException) as exc:
+            error = _read_error(self.location, "reading the shards", exc)
+        if collective:
+            _distributed.exchange(None, action, error)
+        elif error is not None:
+            raise error
+        return staged
+
+    def apply(self, objects: Mapping[str, Any], staged: Mapping[str, Any]) -> None:
+        """Copy the states :meth:`load` read into the sharded models and optimizers."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-        from .detect import ShardedObjects
-
-        sharded = ShardedObjects({m: list(o) for m, o in self.manifest["models"].items()})
-        state = dcp_state(objects, sharded)
-        root = os.path.join(self.directory, DCP_DIRECTORY)
-        reader = FileSystemReader(root)
-        reader.fs = _VerifiedFileSystem(root, self.manifest["files"])
-        dcp.load(
-            state,
-            storage_reader=reader,
-            planner=WeightsOnlyLoadPlanner(),
-            no_dist=not (dist.is_available() and dist.is_initialized()),
-        )
-        for name, optimizer_names in sharded.models.items():
+        for name, optimizer_names in self.manifest["models"].items():
             if optimizer_names:
                 set_state_dict(
                     objects[name],
                     [objects[o] for o in optimizer_names],
-                    model_state_dict=state["models"][name],
-                    optim_state_dict=state["optimizers"][name],
+                    model_state_dict=staged["models"][name],
+                    optim_state_dict=staged["optimizers"][name],
                 )
             else:
-                set_model_state_dict(objects[name], state["models"][name])
+                set_model_state_dict(objects[name], staged["models"][name])
+
+    def _sharded(self) -> ShardedObjects:
+        return ShardedObjects({m: list(o) for m, o in self.manifest["models"].items()})
+
+
+def _read_error(location: str, what: str, exc: BaseException) -> ResumeError:
+    """A failure while the shards were read, as a catalogue error naming the rank it happened on."""
+    rank, cause = dcp_failure(exc)
+    on = f" on rank {rank}" if rank is not None else ""
+    if isinstance(cause, ResumeError):
+        error: ResumeError = type(cause)(
+            f"{location}: {what} failed{on}: {cause.detail or cause.message}; nothing was restored"
+        )
+    else:
+        error = CheckpointCorruptedError(
+            f"{location}: {what} failed{on} ({type(cause).__name__}: {cause}); nothing was restored"
+        )
+    error.__cause__ = exc
+    return error
 
 
 def open_pause(path: str | os.PathLike[str], *, key: bytes | None) -> ShardedPause:
@@ -234,7 +337,10 @@ def open_pause(path: str | os.PathLike[str], *, key: bytes | None) -> ShardedPau
     ranks = []
     for saved in range(manifest["world_size"]):
         file = os.path.join(directory, rank_file(saved))
-        state = load_checkpoint(file, key=key)
+        try:
+            state = load_checkpoint(file, key=key)
+        except FileNotFoundError:  # verified by another rank, gone since
+            raise CheckpointCorruptedError(f"{file} is missing") from None
         check_layout(state, file)
         if state["completed_steps"] != manifest["completed_steps"]:
             raise CheckpointFormatError(
@@ -253,4 +359,18 @@ def open_pause(path: str | os.PathLike[str], *, key: bytes | None) -> ShardedPau
             ranks[0],
             [{"loaders": s["loaders"], "extra": s["extra"], "rng": s["rng"]} for s in ranks],
         )
-    return ShardedPause(location, directory, manifest, checkpoint)
+    return ShardedPause(
+        location, directory, manifest, checkpoint, _read_metadata(directory, manifest)
+    )
+
+
+def _read_metadata(directory: str, manifest: ShardedManifest) -> Any:
+    """DCP's index, verified and read through the allowlist; every file it names is in the manifest."""
+    path = os.path.join(directory, _METADATA)
+    metadata = load_metadata(_read_verified(path, manifest["files"][_METADATA]), path)
+    for name in sorted(storage_files(metadata)):
+        if f"{DCP_DIRECTORY}/{name}" not in manifest["files"]:
+            raise CheckpointCorruptedError(
+                f"{path} names {DCP_DIRECTORY}/{name}, which the manifest does not list"
+            )
+    return metadata

@@ -42,7 +42,7 @@ from .manifest import (
     rank_file,
 )
 
-__all__ = ["dcp_state", "write_pause"]
+__all__ = ["dcp_failure", "dcp_state", "write_pause"]
 
 
 def dcp_state(objects: Mapping[str, Any], sharded: ShardedObjects) -> dict[str, Any]:
@@ -66,11 +66,27 @@ def dcp_state(objects: Mapping[str, Any], sharded: ShardedObjects) -> dict[str, 
     return {"models": models, "optimizers": optimizers}
 
 
+def dcp_failure(exc: BaseException) -> tuple[int | None, BaseException]:
+    """The rank and exception behind a DCP failure (``CheckpointException`` holds one per rank).
+
+    DCP gathers every rank's exception and raises them on all ranks alike, so each
+    rank names the same first failure. Anything else is returned as it is.
+    """
+    failures = getattr(exc, "failures", None)
+    if type(exc).__name__ == "CheckpointException" and isinstance(failures, dict) and failures:
+        rank = min(failures)
+        cause = failures[rank]
+        return rank, cause[0] if isinstance(cause, tuple) else cause
+    return None, exc
+
+
 def _write_error(target: str, what: str, exc: BaseException) -> CheckpointWriteError:
-    if isinstance(exc, CheckpointWriteError):
-        return exc
+    rank, cause = dcp_failure(exc)
+    if isinstance(cause, CheckpointWriteError) and cause is exc:
+        return cause
+    on = f" on rank {rank}" if rank is not None else ""
     error = CheckpointWriteError(
-        f"{target}: {what} failed ({type(exc).__name__}: {exc}); the previous pause is intact"
+        f"{target}: {what} failed{on} ({type(cause).__name__}: {cause}); the previous pause is intact"
     )
     error.__cause__ = exc
     return error
@@ -117,6 +133,7 @@ def write_pause(
             pause at ``path`` is still the committed one.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     target = os.path.abspath(os.fspath(path))
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -131,12 +148,13 @@ def write_pause(
     directory = os.path.join(target, generation)
     shards = os.path.join(directory, DCP_DIRECTORY)
     try:
-        # DCP announces a failure on any rank to every rank itself (CheckpointException).
+        # DCP announces a failure on any rank to every rank itself, as a
+        # CheckpointException: a BaseException, which `except Exception` would miss.
         metadata = dcp.save(
             dcp_state(objects, sharded),
             storage_writer=dcp.FileSystemWriter(shards, sync_files=True),
         )
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:
         raise _write_error(target, "writing the shards", exc) from exc
     names = sorted(
         {f"{DCP_DIRECTORY}/{info.relative_path}" for info in metadata.storage_data.values()}
