@@ -72,6 +72,11 @@ FROZEN_CODES = {
         "the new checkpoint is in place, but its directory could not be synced; "
         "after a crash the previous checkpoint may reappear",
     ),
+    348: (
+        "ResumePointsInUseError",
+        "another live process takes resume points into this directory; stop it first "
+        "(a writer that died releases the directory; docs/resume-points.md says how to take over)",
+    ),
     351: ("ResumableSamplerGeneratorError", "sampler RNG state corrupted"),
 }
 

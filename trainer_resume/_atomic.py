@@ -4,14 +4,24 @@ the streaming, hashing writer that fills it.
 The recipe: a temp file in the target's own directory (so the rename never
 crosses a filesystem), write, fsync, close, ``os.replace``, fsync the directory
 (POSIX). On any failure the temp file is removed and the target is untouched.
+
+Temp files are named ``.<stem>.<host>-<pid>.<16 hex>.tmp``: ``<stem>`` is the
+target's name (shortened and suffixed with a digest of it when the whole name
+would pass the 255-byte limit of a file name), ``<host>`` identifies the machine
+and process namespace of the writer and ``<pid>`` the writer. A temp file left by
+a dead writer on this host is removed before the next write to its target (so a
+temp that filled the disk does not block every later write) and after it; one
+from another host is never removed, since its writer cannot be seen from here.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import secrets
+import socket
 import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,9 +31,25 @@ import torch
 
 from .errors import CheckpointNotDurableError, CheckpointWriteError
 
-__all__ = ["DigestingWriter", "TempFile", "replace_atomically", "save_plain_torch_file"]
+__all__ = [
+    "DigestingWriter",
+    "TempFile",
+    "is_temp_name",
+    "remove_stale_temps",
+    "replace_atomically",
+    "save_plain_torch_file",
+]
 
 _TEMP_SUFFIX = ".tmp"
+# The longest file name most file systems take (NAME_MAX), in bytes.
+_NAME_MAX = 255
+# Everything of a temp name but the stem: ".", ".", 8 hex, "-", a pid (up to 10
+# digits), ".", 16 hex, ".tmp".
+_TEMP_OVERHEAD = 1 + 1 + 8 + 1 + 10 + 1 + 16 + len(_TEMP_SUFFIX)
+_STEM_MAX = _NAME_MAX - _TEMP_OVERHEAD
+# "<host>-<pid>" of this format, or "<pid>" alone in the names of earlier versions.
+_WRITER = r"(?:(?P<host>[0-9a-f]{8})-)?(?P<pid>\d+)\.[0-9a-f]{16}" + re.escape(_TEMP_SUFFIX)
+_ANY_TEMP = re.compile(r"\.(?P<stem>.+)\." + _WRITER)
 _OPEN_FLAGS = (
     os.O_WRONLY
     | os.O_CREAT
@@ -119,9 +145,40 @@ class DigestingWriter:
         """Nothing is buffered."""
 
 
+def _host_id() -> str:
+    # A pid means something only in its own pid namespace on its own machine (and
+    # boot): those three, digested, tell whether a temp's writer can be checked here.
+    parts = [socket.gethostname(), "", ""]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            parts[1] = boot.read().strip()
+        parts[2] = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        pass  # not Linux: the host name alone
+    return hashlib.blake2b("\0".join(parts).encode(), digest_size=4).hexdigest()
+
+
+_HOST = _host_id()
+
+
+def _stem(name: str) -> str:
+    """The part of a temp name that stands for the target ``name`` (within the name limit)."""
+    encoded = os.fsencode(name)
+    if len(encoded) <= _STEM_MAX:
+        return name
+    digest = hashlib.blake2b(encoded, digest_size=8).hexdigest()
+    # The digest keeps two long names with a common start apart; the start keeps it readable.
+    return os.fsdecode(encoded[: _STEM_MAX - len(digest) - 1]) + "~" + digest
+
+
 def _temp_name(name: str) -> str:
     """Return a fresh temp-file name for the target file ``name``."""
-    return f".{name}.{os.getpid()}.{secrets.token_hex(8)}{_TEMP_SUFFIX}"
+    return f".{_stem(name)}.{_HOST}-{os.getpid()}.{secrets.token_hex(8)}{_TEMP_SUFFIX}"
+
+
+def is_temp_name(entry: str) -> bool:
+    """Whether a directory entry is the name of a temp file of :func:`replace_atomically`."""
+    return _ANY_TEMP.fullmatch(entry) is not None
 
 
 def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
@@ -139,10 +196,13 @@ def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
     """
     directory, name = os.path.split(os.path.abspath(path))
     temp = os.path.join(directory, _temp_name(name))
-    _drop_cached_pages(path)
     fd: int | None = None
     created = False
     try:
+        # Before the write, not only after: a dead writer's temp may hold the space
+        # this write needs.
+        remove_stale_temps(directory, name)
+        _drop_cached_pages(path)
         fd = os.open(temp, _OPEN_FLAGS, 0o666)
         created = True
         fill(TempFile(fd))
@@ -210,22 +270,29 @@ def save_plain_torch_file(obj: Any, path: str) -> None:
     replace_atomically(path, fill)
 
 
-def remove_stale_temps(directory: str, name: str) -> None:
-    """Remove temp files of ``name`` left by writers that were killed mid-write."""
-    pattern = re.compile(re.escape(f".{name}.") + r"(\d+)\.[0-9a-f]{16}" + re.escape(_TEMP_SUFFIX))
+def remove_stale_temps(directory: str, name: str | None = None) -> None:
+    """Remove the temp files of target ``name`` (default: of any target) whose writer is dead.
+
+    A temp file is kept while its writer may be alive: another thread of this
+    process, a live process on this host, or any writer on another host.
+    """
+    pattern = _ANY_TEMP if name is None else re.compile(re.escape(f".{_stem(name)}.") + _WRITER)
     try:
         entries = os.listdir(directory)
     except OSError:
         return
     for entry in entries:
         match = pattern.fullmatch(entry)
-        if match and not _writer_alive(int(match.group(1))):
+        if match and not _writer_alive(match.group("host"), int(match.group("pid"))):
             _remove_quietly(os.path.join(directory, entry))
 
 
-def _writer_alive(pid: int) -> bool:
+def _writer_alive(host: str | None, pid: int) -> bool:
     # A live writer (another thread here, or another process saving to the same
-    # path) keeps its temp file. Best effort: a pid from another host means nothing.
+    # path) keeps its temp file. A name without a host comes from an earlier version,
+    # which could not tell hosts apart: its pid is checked here, as it was then.
+    if host is not None and host != _HOST:
+        return True  # its process cannot be seen from here
     if pid == os.getpid():
         return True
     if os.name == "nt":

@@ -166,6 +166,14 @@ class RunFinishedError(ResumeError):
     )
 
 
+class ResumePointsInUseError(ResumeError):
+    code = 348
+    message = (
+        "another live process takes resume points into this directory; stop it first "
+        "(a writer that died releases the directory; docs/resume-points.md says how to take over)"
+    )
+
+
 class ResumableSamplerGeneratorError(ResumeError):
     code = 351
     message = "sampler RNG state corrupted"

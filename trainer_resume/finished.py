@@ -22,9 +22,10 @@ payload): ``{"format": "trainer-resume-finished", "completed_steps": int,
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ._atomic import fsync_directory
 from .durable import load_checkpoint, save_checkpoint
@@ -34,6 +35,7 @@ from .state import FinishedMarker, StrPath
 __all__ = [
     "FINISHED_FORMAT",
     "FinishedRun",
+    "check_finished_marker",
     "finished_marker_path",
     "mark_finished",
     "refuse_if_finished",
@@ -106,16 +108,46 @@ def run_finished(path: StrPath, *, key: bytes | None = None) -> FinishedRun | No
 
     Raises:
         CheckpointCorruptedError, CheckpointFormatError, CheckpointSignatureError:
-            a marker exists but is damaged, foreign or not signed with ``key``.
+            a marker exists but is damaged, foreign (also: a directory, a FIFO, a
+            link to nothing, values of other types) or not signed with ``key``.
     """
     marker = finished_marker_path(path)
-    if not os.path.exists(marker):
+    if not os.path.lexists(marker):
         return None
-    record = load_checkpoint(marker, key=key)
-    steps = record.get("completed_steps") if isinstance(record, dict) else None
-    if record.get("format") != FINISHED_FORMAT or not isinstance(steps, int):
-        raise CheckpointFormatError(f"{marker} is not a trainer-resume finished marker")
-    return FinishedRun(marker, steps, float(record.get("finished_at", 0.0)))
+    try:
+        record = load_checkpoint(marker, key=key)  # a directory or FIFO is refused, not opened
+    except FileNotFoundError:
+        raise CheckpointFormatError(
+            f"{marker} is a link to nothing, not a trainer-resume finished marker"
+        ) from None
+    return check_finished_marker(record, marker)
+
+
+def check_finished_marker(record: Any, where: str) -> FinishedRun:
+    """Validate a loaded finished marker (its layout and every value's type).
+
+    Raises:
+        CheckpointFormatError: not a dict of the marker's format, a step count that
+            is not an int >= 0, or a time that is not a number (names the entry).
+    """
+
+    def bad(what: str) -> CheckpointFormatError:
+        return CheckpointFormatError(f"{where} is not a trainer-resume finished marker: {what}")
+
+    if not isinstance(record, dict):
+        raise bad(f"it holds a {type(record).__name__}, not a dict")
+    if record.get("format") != FINISHED_FORMAT:
+        raise bad(f"format {record.get('format')!r}, expected {FINISHED_FORMAT!r}")
+    steps, finished_at = record.get("completed_steps"), record.get("finished_at")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise bad(f"completed_steps is {steps!r}, not an int >= 0")
+    if (
+        isinstance(finished_at, bool)
+        or not isinstance(finished_at, (int, float))
+        or not math.isfinite(finished_at)
+    ):
+        raise bad(f"finished_at is {finished_at!r}, not a time in seconds")
+    return FinishedRun(where, steps, float(finished_at))
 
 
 def refuse_if_finished(path: StrPath, *, key: bytes | None = None) -> None:

@@ -6,7 +6,6 @@ import errno
 import multiprocessing
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from trainer_resume._atomic import is_temp_name
 from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import CheckpointNotDurableError, CheckpointWriteError
 
@@ -26,7 +26,6 @@ posix_only = pytest.mark.skipif(os.name != "posix", reason="needs fork, signals 
 # (torch import) for each of 30+ kills would cost a minute.
 fork_warnings = pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
 
-TEMP_NAME = re.compile(r"\..+\.\d+\.[0-9a-f]{16}\.tmp")
 
 
 def versioned_state(version: int, *, numel: int = 64) -> dict[str, Any]:
@@ -48,7 +47,7 @@ def assert_state_equal(actual: dict[str, Any], expected: dict[str, Any]) -> None
 
 
 def temp_files(directory: Path) -> list[str]:
-    return sorted(entry for entry in os.listdir(directory) if TEMP_NAME.fullmatch(entry))
+    return sorted(entry for entry in os.listdir(directory) if is_temp_name(entry))
 
 
 @pytest.fixture
@@ -173,7 +172,7 @@ def test_failed_fsync_discards_temp_without_second_fsync(
     assert raised.value.__cause__ is error
     assert len(synced) == 1  # neither the temp file nor anything else was synced again
     if synced[0][1]:
-        assert TEMP_NAME.fullmatch(os.path.basename(synced[0][1]))
+        assert is_temp_name(os.path.basename(synced[0][1]))
     assert_previous_intact_and_retry_succeeds(previous)
 
 

@@ -22,6 +22,7 @@ from trainer_resume import (
     load_checkpoint,
     run_finished,
 )
+from trainer_resume.resume_points._lock import LOCK_NAME
 from trainer_resume.resume_points.files import list_points, point_name
 from trainer_resume.testing import first_difference
 
@@ -181,7 +182,8 @@ def test_failed_background_write_is_raised_by_the_next_step_and_older_points_sta
         isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC
     )
     assert trainer.completed_steps == 7  # the step itself completed
-    assert sorted(os.listdir(tmp_path)) == [point_name(2), point_name(4)]  # no temp file left
+    # No temp file left; the lock file names the writing process.
+    assert sorted(os.listdir(tmp_path)) == [LOCK_NAME, point_name(2), point_name(4)]
     for steps, path in list_points(tmp_path):
         assert_equal(before[steps], load_checkpoint(path), f"point {steps}")
 

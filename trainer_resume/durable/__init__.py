@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -177,8 +178,9 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CheckpointFormatError: Not a checkpoint of a readable format, or a payload
-            that is no readable torch archive or nests too deeply (321).
+        CheckpointFormatError: Not a regular file (a directory, a FIFO: never waited
+            on), not a checkpoint of a readable format, or a payload that is no
+            readable torch archive or nests too deeply (321).
         CheckpointCorruptedError: Truncated or altered bytes (322).
         CheckpointSignatureError: ``key`` given and the signature is missing or wrong (339).
         UnsafeCheckpointError: The payload needs objects outside the weights-only set (328);
@@ -225,9 +227,12 @@ def _verified_copy(path: str, key: bytes | None) -> Iterator[tuple[Header, _Load
     changed between reading its directory and reading it whole, the payload is
     copied whole into sealed memory (:mod:`trainer_resume.durable._sealed_copy`).
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, _READ_FLAGS)
     try:
-        header = parse_header(_read_head(fd), os.fstat(fd).st_size, path)
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            raise CheckpointFormatError(f"{path} is not a regular file ({_kind(found.st_mode)})")
+        header = parse_header(_read_head(fd), found.st_size, path)
         direct = _read_ahead(fd, header, key, path)
         if direct is not None:
             copy, prefix = direct
@@ -245,6 +250,27 @@ def _verified_copy(path: str, key: bytes | None) -> Iterator[tuple[Header, _Load
 
 
 _Load = Callable[[MapLocation], Any]
+# O_NONBLOCK: a FIFO (or device) at the path is opened without waiting for a writer,
+# then refused as not a regular file; reads of a regular file never block anyway.
+_READ_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_BINARY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 def _read_ahead(

@@ -10,6 +10,7 @@ writes everything an exact continuation needs; ``resume(path)`` in a fresh train
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -29,6 +30,7 @@ from .._pause_checks import (
 from ..amp import restore_grad_scaler_state
 from ..durable import load_checkpoint, save_checkpoint, validate_key
 from ..errors import (
+    CheckpointCorruptedError,
     ConfigSignatureMismatchError,
     PauseBlockedError,
     ResumeStateMismatchError,
@@ -38,7 +40,7 @@ from ..errors import (
 )
 from ..finished import finished_marker_path, mark_finished, refuse_if_finished
 from ..resume_points import ResumePoint, ResumePoints
-from ..resume_points.files import latest_checkpoint
+from ..resume_points.files import Found, newest_checkpoint
 from ..rng import restore_random_state
 from ..sharded.detect import SHARDED_STATE, ShardedObjects, refuse_dtensors, sharded_objects
 from ..sharded.manifest import is_pause_directory
@@ -352,34 +354,7 @@ class TrainingResumeMixin:
         guard = guard_of(self, "resume()")
         with guard.exclusive():
             _require_step_boundary(guard, "resume")
-            location = os.fspath(path)
-            collective = _distributed.is_distributed()
-            try:
-                key = _settings(self, "resume()").key
-                refuse_if_finished(location, key=key)
-                opened = None
-                if is_pause_directory(path):
-                    from ..sharded.read import open_pause  # imports torch.distributed.checkpoint
-
-                    opened = open_pause(path, key=key)
-                    loaded: Any = opened.checkpoint
-                else:
-                    loaded = self._load_pause_checkpoint(path)
-                _check_sharded(self, opened, location)
-                checkpoint = _rank_checkpoint(self, loaded, location)
-                states = _check_pause_checkpoint(
-                    self, checkpoint, location, sharded=opened.names if opened is not None else ()
-                )
-            except Exception as error:
-                if collective:
-                    _refuse_on_every_rank(error, "resume()")
-                raise
-            if collective:  # every rank checked the file: restore everywhere or nowhere
-                _distributed.agree(None, "resume()")
-            # Every rank reads its shards before any state changes; a failure is raised
-            # on every rank with nothing restored (collective, see ShardedPause.load).
-            staged = opened.load(self._resume_objects()) if opened is not None else None
-            _restore(self, guard, checkpoint, states, location, opened, staged)
+            _resume_from(self, guard, path)
 
     def finish(self, path: StrPath) -> str:
         """Mark the run that pauses to ``path`` finished, once training is complete.
@@ -494,7 +469,14 @@ class TrainingResumeMixin:
         Raises:
             RunFinishedError: the directory holds the run's finished marker: the run
                 is done (a requeued job can exit 0).
+            CheckpointCorruptedError: every point chosen was removed before it
+                could be read, 100 listings in a row.
             Same as :meth:`resume` for the file chosen.
+
+        The file is taken by its verified contents: a point whose contents hold
+        another step than its name says is skipped with a warning, and one that a
+        running writer's retention removes while it is chosen is passed over for
+        the next valid one.
         """
         guard = guard_of(self, "resume_latest()")
         if directory is None:
@@ -503,12 +485,15 @@ class TrainingResumeMixin:
             guard.points.wait()
         key = _settings(self, "resume_latest()").key
         if _distributed.is_distributed():
-            path = _distributed.rank_zero_result(lambda: latest_checkpoint(directory, key=key))
-        else:
-            path = latest_checkpoint(directory, key=key)
-        if path is not None:
-            self.resume(path)
-        return path
+            return _resume_latest_collective(self, guard, directory, key)
+        # The file is read (and verified) once, to learn its step, and resumed from that read.
+        found = newest_checkpoint(directory, key=key, load=self._load_pause_checkpoint)
+        if found is None:
+            return None
+        with guard.exclusive():
+            _require_step_boundary(guard, "resume")
+            _resume_from(self, guard, found.path, lambda: found.checkpoint)
+        return found.path
 
     def pause_on_signal(
         self,
@@ -568,6 +553,105 @@ class TrainingResumeMixin:
 def _settings(trainer: TrainingResumeMixin, action: str) -> _Settings:
     guard_of(trainer, action)
     return trainer.__dict__["_training_resume_settings"]
+
+
+def _resume_from(
+    trainer: TrainingResumeMixin,
+    guard: StepGuard,
+    path: StrPath,
+    read: Callable[[], Any] | None = None,
+) -> None:
+    """The body of ``resume()`` (under the lock); ``read`` gives a pause file already read."""
+    location = os.fspath(path)
+    collective = _distributed.is_distributed()
+    try:
+        key = _settings(trainer, "resume()").key
+        refuse_if_finished(location, key=key)
+        opened = None
+        if read is not None:
+            loaded: Any = read()
+        elif is_pause_directory(path):
+            from ..sharded.read import open_pause  # imports torch.distributed.checkpoint
+
+            opened = open_pause(path, key=key)
+            loaded = opened.checkpoint
+        else:
+            loaded = trainer._load_pause_checkpoint(path)
+        _check_sharded(trainer, opened, location)
+        checkpoint = _rank_checkpoint(trainer, loaded, location)
+        states = _check_pause_checkpoint(
+            trainer, checkpoint, location, sharded=opened.names if opened is not None else ()
+        )
+    except Exception as error:
+        if collective:
+            _refuse_on_every_rank(error, "resume()")
+        raise
+    if collective:  # every rank checked the file: restore everywhere or nowhere
+        _distributed.agree(None, "resume()")
+    # Every rank reads its shards before any state changes; a failure is raised on
+    # every rank with nothing restored (collective, see ShardedPause.load).
+    staged = opened.load(trainer._resume_objects()) if opened is not None else None
+    _restore(trainer, guard, checkpoint, states, location, opened, staged)
+
+
+def _resume_latest_collective(
+    trainer: TrainingResumeMixin, guard: StepGuard, directory: StrPath, key: bytes | None
+) -> str | None:
+    # Rank 0 chooses (reading the file once); every other rank reads the file chosen.
+    # When it vanished before some rank could read it (a running writer's retention),
+    # rank 0 chooses again without it.
+    gone: list[str] = []
+    for _ in range(_CHOICES):
+        path, found = _chosen_on_rank_zero(trainer, directory, key, gone)
+        if path is None:
+            return None
+        outcome: Any = _GONE
+        if found is not None:
+            outcome = found.checkpoint
+        else:
+            try:
+                outcome = trainer._load_pause_checkpoint(path)
+            except FileNotFoundError:
+                pass
+            except Exception as error:  # noqa: BLE001 - raised in _resume_from, on every rank
+                outcome = error
+        if _distributed.any_rank(outcome is _GONE):
+            gone.append(path)
+            continue
+        with guard.exclusive():
+            _require_step_boundary(guard, "resume")
+            _resume_from(trainer, guard, path, functools.partial(_given, outcome))
+        return path
+    raise CheckpointCorruptedError(
+        f"{directory}: every file chosen was removed before all ranks could read it, "
+        f"{_CHOICES} times in a row"
+    )
+
+
+def _chosen_on_rank_zero(
+    trainer: TrainingResumeMixin, directory: StrPath, key: bytes | None, gone: list[str]
+) -> tuple[str | None, Found | None]:
+    """Every rank: the path rank 0 chose; rank 0 also: the file as it read it."""
+    found: Found | None = None
+
+    def choose() -> str | None:
+        nonlocal found
+        found = newest_checkpoint(
+            directory, key=key, load=trainer._load_pause_checkpoint, exclude=gone
+        )
+        return None if found is None else found.path
+
+    return _distributed.rank_zero_result(choose), found
+
+
+_GONE = object()  # a file that vanished before it was read
+_CHOICES = 100  # choices of resume_latest under a process group whose file vanished, at most
+
+
+def _given(outcome: Any) -> Any:
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 def _pause_at_step_boundary(trainer: TrainingResumeMixin) -> bool:

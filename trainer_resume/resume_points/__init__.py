@@ -40,10 +40,11 @@ import torch
 from .. import distributed as _distributed
 from .._pause_checks import to_cpu
 from ..durable import save_checkpoint
-from ..errors import CheckpointWriteError
+from ..errors import CheckpointWriteError, ResumePointsInUseError
 from ..finished import mark_finished
 from ..state import StrPath
 from ._host_snapshot import HostBuffers
+from ._lock import hold_writer_lock, release_writer_lock
 from .files import (
     point_name,
     remove_points,
@@ -236,6 +237,7 @@ class ResumePoints:
         self.wait()
         marker = mark_finished(self.directory, completed_steps=completed_steps, key=key)
         remove_points(self.directory)
+        release_writer_lock(self.directory)
         return marker
 
     # ------------------------------------------------------- used by the mixin
@@ -284,7 +286,13 @@ class ResumePoints:
         last = self._last
         if last is None or last.completed_steps != completed_steps or last.failed:
             self.wait()
-            last = self._submit(snapshot(self._buffers.copy), completed_steps, key, write=True)
+            checkpoint = snapshot(self._buffers.copy)  # refuses what cannot be saved first
+            try:
+                hold_writer_lock(self.directory)
+            except BaseException:
+                self._buffers.recycle(self._buffers.take_made())
+                raise
+            last = self._submit(checkpoint, completed_steps, key, write=True)
         self._serve_requests(last)
         return last
 
@@ -398,13 +406,24 @@ class ResumePoints:
         combine: Callable[[Any], Any],
     ) -> CheckpointWriteError | None:
         rank = _distributed.world()[1]
-        due, requested, failed = _distributed.any_ranks(
+        in_use: ResumePointsInUseError | None = None
+        if rank == 0:  # the writing rank
+            try:
+                hold_writer_lock(self.directory)
+            except ResumePointsInUseError as error:
+                in_use = error
+        due, requested, failed, refused = _distributed.any_ranks(
             [
                 self._due(completed_steps),
                 bool(self._requested),
                 rank == 0 and self._unreported is not None,
+                in_use is not None,
             ]
         )
+        if refused:
+            raise in_use or ResumePointsInUseError(
+                f"{self.directory}: rank 0 cannot take resume points there"
+            )
         failure: CheckpointWriteError | None = None
         if failed:
             local = self._take_failure()

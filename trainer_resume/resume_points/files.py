@@ -4,33 +4,45 @@ A resume-point directory holds resume points (``point-<completed steps>.ckpt``, 
 digits, so names sort by step), pause files written into it under any other name,
 and, once the run is finished, the ``run.finished`` marker. Temp files of a writer
 that was killed mid-write (hidden names ending in ``.tmp``) are never taken for a
-checkpoint and are removed once their writer is gone.
+checkpoint and are removed once their writer is gone; so is the writer's lock file
+(see :mod:`._lock`).
 
-"Newest" means the most completed steps; a pause file wins a tie with a point (both
-hold the same state). A candidate that fails verification (truncated, altered,
-foreign) is skipped with a :class:`SkippedCheckpointWarning` naming it and the
-reason, and the next older one is tried. A wrong signature or a file that is not
-weights-only safe is not skipped: it is raised, because it is not an accident.
+Only regular files are candidates: an entry is checked with ``lstat`` (a symlink
+is not followed) and opened without waiting (a FIFO put in its place is refused,
+never blocked on).
+
+"Newest" means the most completed steps, as the verified contents say: a point's
+name only orders the search. A candidate that fails verification (truncated,
+altered, foreign), or a point whose contents hold another step than its name (a
+point copied or renamed), is skipped with a :class:`SkippedCheckpointWarning`
+naming it and the reason, and the next older one is tried; so is one that
+vanished since the directory was listed (a running writer's retention removed
+it), without a warning. A pause file wins a tie with a point (both hold the same
+state). A wrong signature or a file that is not weights-only safe is not skipped:
+it is raised, because it is not an accident.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 from .._atomic import fsync_directory, remove_stale_temps
-from ..durable import load_checkpoint, read_checkpoint_header
+from ..durable import load_checkpoint
 from ..errors import CheckpointCorruptedError, CheckpointFormatError, SkippedCheckpointWarning
 from ..finished import finished_marker_path, refuse_if_finished
 from ..state import StrPath
 
 __all__ = [
     "Candidate",
+    "Found",
     "candidates",
     "latest_checkpoint",
+    "newest_checkpoint",
     "list_points",
     "point_name",
     "point_steps",
@@ -40,11 +52,13 @@ __all__ = [
 ]
 
 _POINT = re.compile(r"point-(\d{12})\.ckpt")
-# The temp-file names of _atomic.replace_atomically: ".<target>.<pid>.<16 hex>.tmp".
-_TEMP = re.compile(r"\.(?P<target>.+)\.\d+\.[0-9a-f]{16}\.tmp")
 
 # Reads the completed steps out of a loaded pause file (the layouts differ by trainer).
 StepsOf = Callable[[Any], int]
+# Reads and verifies one file (default: load_checkpoint with the run's key).
+Load = Callable[[str], Any]
+# Listings of a directory whose chosen points all vanished before they were read, at most.
+_RESCANS = 100
 
 
 class Candidate(NamedTuple):
@@ -53,6 +67,14 @@ class Candidate(NamedTuple):
     path: str
     completed_steps: int
     is_point: bool
+
+
+class Found(NamedTuple):
+    """The newest valid file of a directory, loaded (verified) once."""
+
+    path: str
+    completed_steps: int
+    checkpoint: Any
 
 
 def point_name(completed_steps: int) -> str:
@@ -67,7 +89,7 @@ def point_steps(path: StrPath) -> int | None:
 
 
 def list_points(directory: StrPath) -> list[tuple[int, str]]:
-    """``(completed_steps, path)`` of every resume point in ``directory``, oldest first."""
+    """``(completed_steps, path)`` of every resume point in ``directory`` by name, oldest first."""
     location = os.fspath(directory)
     points = []
     for entry in _entries(location):
@@ -88,58 +110,148 @@ def completed_steps_of(checkpoint: Any) -> int:
 def candidates(
     directory: StrPath, *, key: bytes | None = None, steps_of: StepsOf = completed_steps_of
 ) -> list[Candidate]:
-    """Every point and pause file of ``directory``, newest first.
+    """Every point and pause file of ``directory``, newest first (read-only: for describing it).
 
     A point's step comes from its name; a pause file is loaded (verified) to read
     its step, and skipped with a warning when that fails.
     """
     location = os.fspath(directory)
-    marker = os.path.basename(finished_marker_path(location))
-    found = [Candidate(path, steps, True) for steps, path in list_points(location)]
-    for entry in _entries(location):
-        path = os.path.join(location, entry)
-        if (
-            entry.startswith(".")
-            or entry == marker
-            or _POINT.fullmatch(entry)
-            or not os.path.isfile(path)
-        ):
-            continue
+    points, pauses = _listing(location)
+    found = [Candidate(path, steps, True) for steps, path in points]
+    for path in pauses:
         try:
             found.append(Candidate(path, steps_of(load_checkpoint(path, key=key)), False))
+        except FileNotFoundError:
+            continue
         except (CheckpointCorruptedError, CheckpointFormatError) as error:
             _skip(path, error)
     # Most steps first; at equal steps the pause file first (it was written synchronously).
     return sorted(found, key=lambda c: (c.completed_steps, not c.is_point), reverse=True)
 
 
-def latest_checkpoint(
-    directory: StrPath, *, key: bytes | None = None, steps_of: StepsOf = completed_steps_of
-) -> str | None:
-    """The newest complete, verified point or pause file of ``directory``, or ``None``.
+def newest_checkpoint(
+    directory: StrPath,
+    *,
+    key: bytes | None = None,
+    steps_of: StepsOf = completed_steps_of,
+    load: Load | None = None,
+    exclude: Collection[str] = (),
+) -> Found | None:
+    """The newest complete, valid point or pause file of ``directory``, loaded once; or ``None``.
 
-    Temp files of killed writers are removed first. Damaged candidates are skipped
-    with a :class:`SkippedCheckpointWarning`.
+    Temp files of killed writers are removed first. Every candidate is read whole
+    and verified, and its step is taken from its contents; damaged candidates and
+    points whose contents disagree with their names are skipped with a
+    :class:`SkippedCheckpointWarning`, candidates that vanish while they are read
+    are passed over (and the directory listed again when nothing else is left).
+
+    Args:
+        directory: The resume-point directory.
+        key: The run's signing key (for the finished marker, and for ``load``'s default).
+        steps_of: Reads the completed steps out of a loaded file.
+        load: Reads and verifies one file (default: ``load_checkpoint(path, key=key)``).
+        exclude: Paths not to take (already found gone elsewhere).
 
     Raises:
         RunFinishedError: the directory holds the run's finished marker.
         CheckpointSignatureError: ``key`` given and the newest file is not signed with it.
+        UnsafeCheckpointError: the newest file holds objects outside the weights-only set.
+        CheckpointCorruptedError: every point chosen was removed before it could be
+            read, listing after listing (something removes points as fast as they
+            are listed).
     """
     location = os.fspath(directory)
-    if not os.path.isdir(location):
-        return None
-    refuse_if_finished(location, key=key)
-    remove_stale_temp_files(location)
-    for candidate in candidates(location, key=key, steps_of=steps_of):
-        if not candidate.is_point:
-            return candidate.path  # verified while its step was read
-        try:
-            read_checkpoint_header(candidate.path, key=key)
-        except (CheckpointCorruptedError, CheckpointFormatError) as error:
-            _skip(candidate.path, error)
+    read = load if load is not None else (lambda path: load_checkpoint(path, key=key))
+    for _ in range(_RESCANS):
+        if not os.path.isdir(location):
+            return None
+        refuse_if_finished(location, key=key)
+        remove_stale_temp_files(location)
+        found, vanished = _newest_listed(location, read, steps_of, set(exclude))
+        if found is not None or not vanished:
+            return found
+    raise CheckpointCorruptedError(
+        f"{location}: the newest point vanished before it could be read in {_RESCANS} listings "
+        "in a row; is another process removing points?"
+    )
+
+
+def latest_checkpoint(
+    directory: StrPath, *, key: bytes | None = None, steps_of: StepsOf = completed_steps_of
+) -> str | None:
+    """The path of :func:`newest_checkpoint` (``None`` when there is none); same errors."""
+    found = newest_checkpoint(directory, key=key, steps_of=steps_of)
+    return None if found is None else found.path
+
+
+def _newest_listed(
+    location: str, read: Load, steps_of: StepsOf, exclude: set[str]
+) -> tuple[Found | None, bool]:
+    """The newest valid file of one listing, and whether a candidate vanished on the way."""
+    points, pauses = _listing(location)
+    vanished = False
+    best: Found | None = None  # the pause file with the most steps: its step is in its contents
+    for path in pauses:
+        if path in exclude:
             continue
-        return candidate.path
-    return None
+        try:
+            checkpoint = read(path)
+            found = Found(path, steps_of(checkpoint), checkpoint)
+        except FileNotFoundError:
+            vanished = True
+            continue
+        except (CheckpointCorruptedError, CheckpointFormatError) as error:
+            _skip(path, error)
+            continue
+        if best is None or found.completed_steps > best.completed_steps:
+            best = found
+    for named, path in reversed(points):
+        if best is not None and best.completed_steps >= named:
+            break  # the pause file wins the tie
+        if path in exclude:
+            continue
+        try:
+            checkpoint = read(path)
+            steps = steps_of(checkpoint)
+        except FileNotFoundError:
+            vanished = True
+            continue
+        except (CheckpointCorruptedError, CheckpointFormatError) as error:
+            _skip(path, error)
+            continue
+        if steps != named:
+            _skip(path, f"it holds step {steps}, its name says {named} (copied or renamed)")
+            continue
+        return Found(path, steps, checkpoint), vanished
+    return best, vanished
+
+
+def _listing(location: str) -> tuple[list[tuple[int, str]], list[str]]:
+    """The regular files of a directory: points by step from their names, oldest first,
+    and the other (pause) files. A point name that is no regular file is skipped with
+    a warning; symlinks are not followed."""
+    marker = os.path.basename(finished_marker_path(location))
+    points: list[tuple[int, str]] = []
+    pauses: list[str] = []
+    for entry in _entries(location):
+        if entry.startswith(".") or entry == marker:
+            continue
+        path = os.path.join(location, entry)
+        match = _POINT.fullmatch(entry)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            if match:
+                kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+                _skip(path, f"it is {kind}; only regular files are resume points")
+            continue
+        if match:
+            points.append((int(match.group(1)), path))
+        else:
+            pauses.append(path)
+    return sorted(points), pauses
 
 
 def retain_points(directory: StrPath, newest: int, keep: int) -> list[str]:
@@ -172,12 +284,7 @@ def remove_points(directory: StrPath) -> list[str]:
 
 def remove_stale_temp_files(directory: StrPath) -> None:
     """Remove the temp files of writers (any target name) that are no longer running."""
-    location = os.fspath(directory)
-    targets = {
-        match.group("target") for entry in _entries(location) if (match := _TEMP.fullmatch(entry))
-    }
-    for target in sorted(targets):
-        remove_stale_temps(location, target)
+    remove_stale_temps(os.fspath(directory))
 
 
 def _entries(location: str) -> list[str]:
