@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -101,3 +102,55 @@ def test_failed_marker_write_keeps_the_pause_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert torch.equal(load_checkpoint(pause)["w"], torch.ones(2))
     assert run_finished(pause) is None
+
+
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        ([1, 2], "it holds a list, not a dict"),
+        (
+            {"format": "something-else"},
+            "format 'something-else', expected 'trainer-resume-finished'",
+        ),
+        (
+            {"format": "trainer-resume-finished", "completed_steps": True, "finished_at": 1.0},
+            "completed_steps is True, not an int >= 0",
+        ),
+        (
+            {"format": "trainer-resume-finished", "completed_steps": -1, "finished_at": 1.0},
+            "completed_steps is -1, not an int >= 0",
+        ),
+        (
+            {"format": "trainer-resume-finished", "completed_steps": 3, "finished_at": "noon"},
+            "finished_at is 'noon', not a time in seconds",
+        ),
+        (
+            {"format": "trainer-resume-finished", "completed_steps": 3},
+            "finished_at is None, not a time in seconds",
+        ),
+    ],
+)
+def test_a_marker_of_another_layout_or_types_is_refused_naming_the_entry(tmp_path, record, reason):
+    save_checkpoint(record, finished_marker_path(tmp_path / "pause.pt"))
+    message = f"{tmp_path / 'pause.pt.finished'} is not a trainer-resume finished marker: {reason}"
+    with pytest.raises(CheckpointFormatError) as refused:
+        run_finished(tmp_path / "pause.pt")
+    assert str(refused.value) == f"[321] {CheckpointFormatError.message}: {message}"
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "dangling link"])
+def test_a_marker_path_that_is_no_regular_file_is_refused_without_opening_it(tmp_path, kind):
+    marker = tmp_path / "pause.pt.finished"
+    if kind == "directory":
+        marker.mkdir()
+        reason = "is not a regular file (a directory)"
+    elif kind == "fifo":
+        os.mkfifo(marker)  # opening it for reading would wait for a writer forever
+        reason = "is not a regular file (a FIFO)"
+    else:
+        marker.symlink_to(tmp_path / "nowhere")
+        reason = "is a link to nothing, not a trainer-resume finished marker"
+    with pytest.raises(
+        CheckpointFormatError, match=f"^\\[321\\] .*: {re.escape(f'{marker} {reason}')}$"
+    ):
+        refuse_if_finished(tmp_path / "pause.pt")

@@ -27,7 +27,6 @@ posix_only = pytest.mark.skipif(os.name != "posix", reason="needs fork, signals 
 fork_warnings = pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
 
 
-
 def versioned_state(version: int, *, numel: int = 64) -> dict[str, Any]:
     return {
         "version": version,
