@@ -27,6 +27,7 @@ from .._pause_checks import (
     object_states,
     to_cpu,
 )
+from .._state_match import check_object_states
 from ..amp import restore_grad_scaler_state
 from ..durable import load_checkpoint, save_checkpoint, validate_key
 from ..errors import (
@@ -49,7 +50,6 @@ from ..state import PAUSE_FORMAT, PauseCheckpoint, StrPath
 from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
 from ._hook_audit import audit_trainer, name_stale_iterators, stale_iterators, warn_if_no_step
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
-from ._state_match import check_object_states
 from ._step_guard import (
     GUARD_ATTRIBUTE,
     StepGuard,

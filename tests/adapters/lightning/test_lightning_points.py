@@ -43,6 +43,7 @@ def fit(
     points_every: int | None = None,
     resume: bool = False,
     crash_after: int | None = None,
+    remove_chosen: bool = False,
 ) -> dict[str, Any]:
     torch.manual_seed(SEED)
     random.seed(SEED)
@@ -57,6 +58,8 @@ def fit(
         )
         callbacks.append(points)
         ckpt_path = points.ckpt_path if resume else None
+        if remove_chosen:  # as a running writer's retention would, between ckpt_path and fit
+            os.remove(ckpt_path)
     if crash_after is not None:
         callbacks.append(CrashAfter(crash_after))
     trainer = build_trainer(steps=steps, epoch_batches=0, callbacks=callbacks)
@@ -86,7 +89,9 @@ def test_fit_with_points_equals_fit_without_and_resumes_exactly_from_the_newest(
     )
     assert [steps for steps, _ in list_points(tmp_path / "points")] == [2, 4]
 
-    resumed = fit(STEPS, tmp_path, points_every=2, resume=True)
+    # fit resumes from the read ckpt_path verified: the point is not read again, so
+    # its removal in between changes nothing.
+    resumed = fit(STEPS, tmp_path, points_every=2, resume=True, remove_chosen=True)
     assert resumed["ckpt_path"] == str(tmp_path / "points" / point_name(4))
     assert_equal(
         {k: reference["losses"][k] for k in range(5, STEPS + 1)}, resumed["losses"], "losses"

@@ -49,7 +49,7 @@ from ...rng import random_state, restore_random_state, validate_random_state
 from ...signature import canonical_config, config_difference, config_signature
 from ...state import LightningPauseState, RandomState
 from .fit_loaders import check_train_loaders
-from .io import DurableCheckpointIO, PauseFileReader, check_loadable
+from .io import DurableCheckpointIO, PauseFileReader, RunFiles, check_loadable
 from .metrics import (
     epoch_metrics_in_progress,
     logged_metrics_state,
@@ -66,6 +66,7 @@ from .pause_point import (
     undo_pending_validation_mark,
 )
 from .positions import DeliveredLoaderStates, LoaderPositionUnknown
+from .restore_checks import ModuleSnapshot, check_module_fits, check_optimizers_fit
 
 __all__ = ["ResumeCallback", "DEFAULT_SIGNALS"]
 
@@ -149,6 +150,11 @@ class ResumeCallback(Callback):
         self._previous: dict[signal.Signals, Handler] = {}
         self._owning_signals = False
         self._reader: PauseFileReader | None = None
+        self._run_files = RunFiles()
+        # Between the checkpoint's checks and the start of training: what was checked,
+        # and the module as it was before Lightning restored it (for a late refusal).
+        self._checked: dict[str, Any] | None = None
+        self._snapshot: ModuleSnapshot | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -230,22 +236,66 @@ class ResumeCallback(Callback):
 
     # ------------------------------------------------------------------ checkpoint IO
 
-    def _install_reader(self, trainer: pl.Trainer) -> None:
+    def read_from(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        key: bytes | None,
+        checkpoint: dict[str, Any] | None = None,
+    ) -> None:
+        """Have the next ``fit`` read ``path`` durably (a resume point of this run).
+
+        Args:
+            path: The file ``fit(ckpt_path=...)`` names.
+            key: Its signing key.
+            checkpoint: Its contents, when already read and verified: handed to
+                Lightning instead of a second read.
+        """
+        self._run_files.add(path, key=key, checkpoint=checkpoint)
+
+    def _install_reader(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         io = trainer.strategy.checkpoint_io
-        if isinstance(io, (DurableCheckpointIO, PauseFileReader)):
-            return
-        self._reader = PauseFileReader(io, self.path)
+        # The trainer's own DurableCheckpointIO carries the user's signing key, if any.
+        self._run_files.add(self.path, key=self._writer(trainer).key)
+
+        def check(checkpoint: dict[str, Any], source: str) -> None:
+            self._check_before_restore(trainer, pl_module, checkpoint, source)
+
+        # Also around a DurableCheckpointIO: its files are checked before restoring too.
+        self._reader = PauseFileReader(io, self._run_files, check)
         trainer.strategy.checkpoint_io = self._reader
 
     def _remove_reader(self, trainer: pl.Trainer) -> None:
         reader, self._reader = self._reader, None
+        self._run_files.clear()
+        self._checked = None
         if reader is not None and trainer.strategy.checkpoint_io is reader:
             trainer.strategy.checkpoint_io = reader.inner
 
     def _writer(self, trainer: pl.Trainer) -> DurableCheckpointIO:
         io = trainer.strategy.checkpoint_io
-        # The trainer's own DurableCheckpointIO carries the user's signing key, if any.
+        if isinstance(io, PauseFileReader):
+            io = io.inner
         return io if isinstance(io, DurableCheckpointIO) else DurableCheckpointIO()
+
+    def _check_before_restore(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        checkpoint: dict[str, Any],
+        source: str,
+    ) -> None:
+        # Runs in the checkpoint IO, before Lightning changes anything (see restore_checks).
+        if trainer.state.fn != "fit":
+            return
+        entry = checkpoint.get(PAUSE_KEY)
+        if entry is not None:
+            self._pause_entry(entry, trainer, source)
+        check_module_fits(checkpoint, pl_module, source)
+        if trainer.strategy.lightning_restore_optimizer:
+            check_optimizers_fit(checkpoint, pl_module, trainer.optimizers, source)
+        self._checked = checkpoint
+        self._snapshot = ModuleSnapshot(pl_module)
 
     # ------------------------------------------------------------------ hooks
 
@@ -263,7 +313,9 @@ class ResumeCallback(Callback):
         self._undo_validation_mark = False
         self._in_resumed_epoch = False
         self._positions = DeliveredLoaderStates()
-        self._install_reader(trainer)
+        self._checked = None
+        self._snapshot = None
+        self._install_reader(trainer, pl_module)
         self._install_signals()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -277,10 +329,35 @@ class ResumeCallback(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        """Restore the previous signal handlers and checkpoint IO (``teardown`` is not called on errors)."""
+        """Restore the previous signal handlers and checkpoint IO (``teardown`` is not called on errors).
+
+        A failure between the module's restore and the first training batch puts the
+        module back as it was before the restore.
+        """
         self._restore_signals()
         self._remove_reader(trainer)
         restore_fit_loop(trainer)
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is not None:
+            snapshot.restore(pl_module)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Check the saved optimizer states against the optimizers, now that they exist.
+
+        Lightning loads them after this hook; a refusal puts the module back as it was.
+        """
+        checkpoint = self._checked
+        if checkpoint is None or self._snapshot is None:
+            return
+        if not trainer.strategy.lightning_restore_optimizer:
+            return
+        source = trainer.ckpt_path or "the checkpoint"
+        try:
+            check_optimizers_fit(checkpoint, pl_module, trainer.optimizers, os.fspath(source))
+        except ResumeError:
+            snapshot, self._snapshot = self._snapshot, None
+            snapshot.restore(pl_module)
+            raise
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Take the signals back from Lightning's handler."""
@@ -289,6 +366,8 @@ class ResumeCallback(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Check loaders and hyper-parameters; restore the paused run's RNG and metrics."""
         self._take_over_signals()
+        self._checked = None
+        self._snapshot = None  # the restore is complete
         combined_loader = trainer.fit_loop._combined_loader
         if combined_loader is not None:
             check_train_loaders(combined_loader.flattened, strict=self.strict)
@@ -352,13 +431,8 @@ class ResumeCallback(Callback):
                 "uninterrupted run"
             )
             return
-        if not isinstance(entry, Mapping) or entry.get("format") != LIGHTNING_PAUSE_FORMAT:
-            found = entry.get("format") if isinstance(entry, Mapping) else type(entry).__name__
-            raise CheckpointFormatError(
-                f"{source}: {PAUSE_KEY!r} entry has format {found!r}, expected {LIGHTNING_PAUSE_FORMAT!r}"
-            )
-        self._check_config(entry, source)
-        self._pending_rng = self._rng_of_this_rank(entry, trainer, source)
+        # Checked already before the restore when read through this callback's IO.
+        self._pending_rng = self._pause_entry(entry, trainer, source)
         self._pending_point = PausePoint(
             validation=bool(entry.get("pending_validation", False)),
             epoch_end=bool(entry.get("pending_epoch_end", False)),
@@ -496,6 +570,16 @@ class ResumeCallback(Callback):
             if isinstance(error, ResumeError):
                 raise error
             raise CheckpointWriteError(failure) from error
+
+    def _pause_entry(self, entry: Any, trainer: pl.Trainer, source: str) -> RandomState:
+        """Check a pause entry's format, config and RNG; return this rank's RNG state."""
+        if not isinstance(entry, Mapping) or entry.get("format") != LIGHTNING_PAUSE_FORMAT:
+            found = entry.get("format") if isinstance(entry, Mapping) else type(entry).__name__
+            raise CheckpointFormatError(
+                f"{source}: {PAUSE_KEY!r} entry has format {found!r}, expected {LIGHTNING_PAUSE_FORMAT!r}"
+            )
+        self._check_config(entry, source)
+        return self._rng_of_this_rank(entry, trainer, source)
 
     def _check_config(self, entry: Mapping[str, Any], source: str) -> None:
         saved = entry.get("config_signature")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -22,7 +23,13 @@ from ...checkpoint_files.hparams import plain_hyperparameters, rebuilt_hyperpara
 from ...durable import load_checkpoint, save_checkpoint, validate_key
 from ...errors import CheckpointFormatError, UnsafeCheckpointError
 
-__all__ = ["DurableCheckpointIO", "check_loadable"]
+__all__ = [
+    "DurableCheckpointIO",
+    "PauseFileReader",
+    "RunFiles",
+    "check_loadable",
+    "lightning_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +128,9 @@ class DurableCheckpointIO(CheckpointIO):
             )
         target = _local_path(path)
         location = "cpu" if map_location is None else map_location
-        checkpoint = load_checkpoint(target, map_location=location, key=self._key)
-        # Not only Trainer checkpoints pass through here (ddp_spawn hands over bare
-        # state dicts), but every caller expects a dict.
-        if not isinstance(checkpoint, dict):
-            raise CheckpointFormatError(
-                f"{target} holds a {type(checkpoint).__name__}, not the dict a Lightning checkpoint is"
-            )
-        return rebuilt_hyperparameters(checkpoint)
+        return lightning_checkpoint(
+            load_checkpoint(target, map_location=location, key=self._key), target
+        )
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Remove a checkpoint file, as Lightning's ``TorchCheckpointIO`` does."""
@@ -138,26 +140,68 @@ class DurableCheckpointIO(CheckpointIO):
             log.debug(f"Removed checkpoint: {path}")
 
 
-class PauseFileReader(CheckpointIO):
-    """Reads one pause file durably and hands everything else to the trainer's own IO.
+# What a fit checks of a checkpoint Lightning is about to restore: (checkpoint, path).
+RestoreCheck = Callable[[dict[str, Any], str], None]
 
-    :class:`~trainer_resume.adapters.lightning.ResumeCallback` installs it for the
-    duration of ``fit`` when the trainer does not use :class:`DurableCheckpointIO`,
-    so that ``fit(ckpt_path=<pause file>)`` reads the verified pause file while the
-    user's ``ModelCheckpoint`` files keep the format of the user's own IO.
+
+class RunFiles:
+    """The run's own files a fit may resume from: read durably, each with its key.
+
+    A file already read and verified (a resume point chosen by its contents) is
+    handed over once, so it is not read a second time, nor lost if a running
+    writer's retention removes it in between.
     """
 
-    def __init__(self, inner: CheckpointIO, pause_path: str) -> None:
+    def __init__(self) -> None:
+        self._files: dict[str, tuple[bytes | None, dict[str, Any] | None]] = {}
+
+    def add(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        key: bytes | None,
+        checkpoint: dict[str, Any] | None = None,
+    ) -> None:
+        """Read ``path`` durably with ``key``; ``checkpoint``: its contents, already verified."""
+        self._files[os.path.realpath(os.fspath(path))] = (key, checkpoint)
+
+    def clear(self) -> None:
+        self._files.clear()
+
+    def take(
+        self, path: str | os.PathLike[str]
+    ) -> tuple[bytes | None, dict[str, Any] | None] | None:
+        """``(key, checkpoint read before)`` of a run file (the checkpoint only once), else ``None``."""
+        try:
+            real = os.path.realpath(os.fspath(path))
+        except TypeError:
+            return None
+        entry = self._files.get(real)
+        if entry is not None and entry[1] is not None:
+            self._files[real] = (entry[0], None)
+        return entry
+
+
+class PauseFileReader(CheckpointIO):
+    """The checkpoint IO of a fit with a ``ResumeCallback``: the run's files read durably,
+    every loaded checkpoint checked before Lightning restores anything from it.
+
+    :class:`~trainer_resume.adapters.lightning.ResumeCallback` installs it around the
+    trainer's own IO (a :class:`DurableCheckpointIO` included) for the duration of
+    ``fit``: ``fit(ckpt_path=<pause file or resume point>)`` reads the verified file,
+    the user's ``ModelCheckpoint`` files keep the format of the user's own IO, and
+    whatever Lightning loads is refused (``check``) while the LightningModule is
+    still untouched: Lightning restores the module before any callback hears of the
+    checkpoint.
+    """
+
+    def __init__(
+        self, inner: CheckpointIO, files: RunFiles, check: RestoreCheck | None = None
+    ) -> None:
         super().__init__()
         self.inner = inner
-        self._pause_path = os.path.realpath(pause_path)
-        self._durable = DurableCheckpointIO()
-
-    def _is_pause_file(self, path: str | os.PathLike[str]) -> bool:
-        try:
-            return os.path.realpath(os.fspath(path)) == self._pause_path
-        except TypeError:
-            return False
+        self._files = files
+        self._check = check
 
     def save_checkpoint(
         self,
@@ -174,16 +218,25 @@ class PauseFileReader(CheckpointIO):
         map_location: Any | None = None,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Read the pause file durably, anything else through the trainer's own IO."""
-        if self._is_pause_file(path):
-            return self._durable.load_checkpoint(
+        """Read a run file durably, anything else through the trainer's own IO; then check it."""
+        entry = self._files.take(path)
+        if entry is not None:
+            key, read_before = entry
+            if read_before is not None:
+                checkpoint = lightning_checkpoint(read_before, os.fspath(path))
+            else:
+                checkpoint = DurableCheckpointIO(key=key).load_checkpoint(
+                    path, map_location=map_location, weights_only=weights_only
+                )
+        elif map_location is None:
+            checkpoint = self.inner.load_checkpoint(path, weights_only=weights_only)
+        else:
+            checkpoint = self.inner.load_checkpoint(
                 path, map_location=map_location, weights_only=weights_only
             )
-        if map_location is None:
-            return self.inner.load_checkpoint(path, weights_only=weights_only)
-        return self.inner.load_checkpoint(
-            path, map_location=map_location, weights_only=weights_only
-        )
+        if self._check is not None:
+            self._check(checkpoint, os.fspath(path))
+        return checkpoint
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Delegate to the trainer's own IO."""
@@ -192,6 +245,21 @@ class PauseFileReader(CheckpointIO):
     def teardown(self) -> None:
         """Delegate to the trainer's own IO."""
         self.inner.teardown()
+
+
+def lightning_checkpoint(checkpoint: Any, target: str) -> dict[str, Any]:
+    """A loaded file as Lightning takes it: a dict, OmegaConf hyper-parameters rebuilt.
+
+    Raises:
+        CheckpointFormatError: the file holds no dict (321).
+    """
+    # Not only Trainer checkpoints pass through here (ddp_spawn hands over bare
+    # state dicts), but every caller expects a dict.
+    if not isinstance(checkpoint, dict):
+        raise CheckpointFormatError(
+            f"{target} holds a {type(checkpoint).__name__}, not the dict a Lightning checkpoint is"
+        )
+    return rebuilt_hyperparameters(checkpoint)
 
 
 def check_loadable(checkpoint: Any, *, where: str) -> None:

@@ -21,9 +21,8 @@ from ...durable import load_checkpoint
 from ...errors import CheckpointFormatError
 from ...finished import run_finished
 from ...resume_points import ResumePoints, WhenBusy
-from ...resume_points.files import latest_checkpoint, point_steps
+from ...resume_points.files import Found, newest_checkpoint
 from .callback import ResumeCallback
-from .io import PauseFileReader
 
 __all__ = ["ResumePointsCallback"]
 
@@ -87,8 +86,7 @@ class ResumePointsCallback(Callback):
             when_busy=when_busy,
         )
         self.key = key
-        self._reader: PauseFileReader | None = None
-        self._resumes_from: str | None = None  # the point ckpt_path named, read verified by fit
+        self._resumes_from: Found | None = None  # the point ckpt_path named, as read there
 
     @property
     def ckpt_path(self) -> str | None:
@@ -98,16 +96,14 @@ class ResumePointsCallback(Callback):
         """
         if self.resume.finished or run_finished(self.points.directory, key=self.key) is not None:
             return None
-        latest = latest_checkpoint(self.points.directory, key=self.key, steps_of=lightning_steps)
+        # Read and verified once: its step comes from its contents, and fit gets this read.
+        latest = newest_checkpoint(self.points.directory, key=self.key, steps_of=lightning_steps)
         pause = self.resume.ckpt_path
         if pause is not None and latest is not None:
-            latest_steps = point_steps(latest)
-            if latest_steps is None:  # a pause file inside the directory
-                latest_steps = lightning_steps(load_checkpoint(latest, key=self.key))
-            if lightning_steps(load_checkpoint(pause, key=self.key)) >= latest_steps:
+            if lightning_steps(load_checkpoint(pause, key=self.key)) >= latest.completed_steps:
                 latest = None
         self._resumes_from = latest
-        return latest if latest is not None else pause
+        return latest.path if latest is not None else pause
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Once the run is finished (``resume`` marked it), retire the points with the pause file."""
@@ -116,23 +112,21 @@ class ResumePointsCallback(Callback):
             self.points.retire(completed_steps=int(trainer.global_step), key=self.key)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Let ``fit`` read the file ``ckpt_path`` named (verified, weights-only)."""
+        """Let ``fit`` read the point ``ckpt_path`` named, as it was read there (verified)."""
         if stage != "fit" or self._resumes_from is None:
             return
-        self._reader = PauseFileReader(trainer.strategy.checkpoint_io, self._resumes_from)
-        trainer.strategy.checkpoint_io = self._reader
+        found, self._resumes_from = self._resumes_from, None
+        self.resume.read_from(found.path, key=self.key, checkpoint=found.checkpoint)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Wait for the write in flight; put the checkpoint IO back."""
+        """Wait for the write in flight."""
         self.points.wait()
-        self._remove_reader(trainer)
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        """Wait for the write in flight; put the checkpoint IO back."""
+        """Wait for the write in flight."""
         self.points.wait()
-        self._remove_reader(trainer)
 
     def on_train_batch_end(
         self,
@@ -156,8 +150,3 @@ class ResumePointsCallback(Callback):
         )
         if failure is not None:
             raise failure
-
-    def _remove_reader(self, trainer: pl.Trainer) -> None:
-        reader, self._reader = self._reader, None
-        if reader is not None and trainer.strategy.checkpoint_io is reader:
-            trainer.strategy.checkpoint_io = reader.inner

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from ..amp import validate_grad_scaler_state
-from ..errors import ResumeStateMismatchError
+from .amp import validate_grad_scaler_state
+from .errors import ResumeStateMismatchError
 
-__all__ = ["check_object_states"]
+__all__ = ["check_module_state", "check_object_states", "check_optimizer_state"]
 
 _MAX_NAMED = 3  # keys listed in one message; the rest are counted
 
@@ -57,6 +57,32 @@ def check_object_states(
                 raise ResumeStateMismatchError(f"{where}: {error}") from error
         else:
             _check_common_tensors(where, saved, obj.state_dict())
+
+
+def check_module_state(
+    where: str, saved: Any, live: Mapping[str, Any], *, strict: bool = True
+) -> None:
+    """Raise ``ResumeStateMismatchError`` unless ``saved`` loads into a module whose
+    ``state_dict()`` is ``live`` without a change of key set (``strict``), shape or dtype.
+
+    ``strict=False``: as ``load_state_dict(strict=False)``, only the tensors both hold.
+    """
+    if strict:
+        _check_module(where, saved, live)
+        return
+    if not isinstance(saved, Mapping):
+        raise ResumeStateMismatchError(
+            f"{where}: the checkpoint holds a {type(saved).__name__}, not a state dict"
+        )
+    for key, value in live.items():
+        if key in saved:
+            _check_tensor(f"{where}: {key!r}", saved[key], value)
+
+
+def check_optimizer_state(where: str, saved: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Raise ``ResumeStateMismatchError`` unless ``saved`` fits ``optimizer``'s parameter groups
+    and each parameter's live state (or shape)."""
+    _check_optimizer(where, saved, optimizer)
 
 
 def _check_module(where: str, saved: Any, live: Mapping[str, Any]) -> None:
