@@ -163,6 +163,10 @@ class ResumePoints:
 
     Raises:
         ValueError: an interval is not positive, ``keep`` < 1 or ``when_busy`` unknown.
+
+    The process that writes points holds the directory's lock file from its first
+    point on (see :mod:`._lock`): a point due while another live process holds it
+    raises ``ResumePointsInUseError`` (348) from the step, naming that process.
     """
 
     def __init__(
