@@ -3,6 +3,7 @@ next one when the chosen one vanishes; and one live writer per directory."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -18,10 +19,17 @@ import pytest
 from support.point_trainers import points_trainer
 from support.trainers import TinyTrainer
 
-from trainer_resume import ResumePoints, ResumePointsInUseError, load_checkpoint
+from trainer_resume import (
+    CheckpointWriteError,
+    ResumePoints,
+    ResumePointsInUseError,
+    load_checkpoint,
+)
 from trainer_resume.resume_points._lock import LOCK_NAME
 from trainer_resume.resume_points.files import point_name
 from trainer_resume.testing import first_difference
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="FIFOs, symlinks, flock")
 
 KEY = b"k" * 32
 
@@ -144,8 +152,10 @@ def test_when_every_listed_point_vanished_the_directory_is_listed_again(tmp_path
 
 HOLD = """
 import sys
+from trainer_resume import ResumePoints
 from trainer_resume.resume_points._lock import hold_writer_lock
-hold_writer_lock(sys.argv[1])
+points = ResumePoints(sys.argv[1])
+hold_writer_lock(points.directory, points)
 print("held", flush=True)
 sys.stdin.read()
 """
@@ -175,3 +185,38 @@ def test_a_second_live_writer_is_refused_naming_the_first_and_a_dead_ones_lock_i
     trainer.train_step()
     trainer.points.wait()
     assert load_checkpoint(tmp_path / point_name(2))["completed_steps"] == 2
+
+
+def test_on_a_file_system_without_locks_points_are_written_with_a_warning(
+    tmp_path, monkeypatch, caplog
+):
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    trainer = points_trainer(tmp_path, every_steps=1, when_busy="wait")
+    with caplog.at_level("WARNING", logger="trainer_resume"):
+        trainer.train_step()
+    trainer.points.wait()
+    assert load_checkpoint(tmp_path / point_name(1))["completed_steps"] == 1
+    assert "does not support locks" in caplog.text and "would not be detected" in caplog.text
+
+
+def test_a_lock_that_cannot_be_taken_for_another_reason_is_a_write_error_with_the_os_error(
+    tmp_path, monkeypatch
+):
+    import fcntl
+
+    def failing(fd: int, operation: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fcntl, "flock", failing)
+    trainer = points_trainer(tmp_path, every_steps=1)
+    with pytest.raises(
+        CheckpointWriteError, match=r"cannot lock .*\.trainer-resume\.lock"
+    ) as raised:
+        trainer.train_step()
+    assert raised.value.__cause__.errno == errno.EIO
+    assert not list(tmp_path.glob("point-*"))

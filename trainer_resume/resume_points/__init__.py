@@ -292,7 +292,7 @@ class ResumePoints:
             self.wait()
             checkpoint = snapshot(self._buffers.copy)  # refuses what cannot be saved first
             try:
-                hold_writer_lock(self.directory)
+                hold_writer_lock(self.directory, self)
             except BaseException:
                 self._buffers.recycle(self._buffers.take_made())
                 raise
@@ -413,7 +413,7 @@ class ResumePoints:
         in_use: ResumePointsInUseError | None = None
         if rank == 0:  # the writing rank
             try:
-                hold_writer_lock(self.directory)
+                hold_writer_lock(self.directory, self)
             except ResumePointsInUseError as error:
                 in_use = error
         due, requested, failed, refused = _distributed.any_ranks(

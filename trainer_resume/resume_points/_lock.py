@@ -14,64 +14,113 @@ machine that died is released by the server once that machine's lease expires
 
 Several ``ResumePoints`` of one process share the process's lock: the lock tells
 processes apart, and one trainer per ``ResumePoints`` is checked where it is attached.
+The process lets the lock go once no ``ResumePoints`` that took it is left (or the
+run is finished), and at its end.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import socket
 import threading
 import time
+import weakref
 
-from ..errors import ResumePointsInUseError
+from ..errors import CheckpointWriteError, ResumePointsInUseError
 
 __all__ = ["LOCK_NAME", "hold_writer_lock", "release_writer_lock"]
 
 LOCK_NAME = ".trainer-resume.lock"
 
-_held: dict[str, int] = {}  # real path of a directory -> descriptor of its locked lock file
-_guard = threading.Lock()
+_log = logging.getLogger("trainer_resume")
+_LOCKS_UNSUPPORTED = {
+    errno.ENOLCK,
+    errno.ENOSYS,
+    errno.ENOTSUP,
+    getattr(errno, "EOPNOTSUPP", errno.ENOTSUP),
+}
+# A directory's lock in this process: its locked file's descriptor, and the ids of
+# the live objects that took it.
+_Held = tuple[int, set[int]]
+_held: dict[str, _Held] = {}  # by the directory's real path
+# Reentrant: a holder's finalizer may run (garbage collection) while this thread holds it.
+_guard = threading.RLock()
 
 
-def hold_writer_lock(directory: str) -> None:
-    """Make this process the directory's one writer (a no-op once it is).
+def hold_writer_lock(directory: str, holder: object) -> None:
+    """Make this process the directory's one writer for as long as ``holder`` lives.
+
+    A no-op (but for counting ``holder``) when this process holds the lock already.
 
     Raises:
         ResumePointsInUseError: another live process holds the lock (named with its
             pid, host and start time as it recorded them).
+        CheckpointWriteError: the lock file cannot be created or locked (the cause
+            chained). On a file system without locks the points are written unguarded,
+            with a logged warning.
     """
     key = os.path.realpath(directory)
     with _guard:
-        if key in _held:
-            return
-        path = os.path.join(key, LOCK_NAME)
+        if key not in _held:
+            _held[key] = (_locked(directory, key), set())
+        holders = _held[key][1]
+        if id(holder) not in holders:
+            holders.add(id(holder))
+            weakref.finalize(holder, _let_go, key, id(holder))
+
+
+def _locked(directory: str, key: str) -> int:
+    """The descriptor of the directory's lock file, locked by this process."""
+    path = os.path.join(key, LOCK_NAME)
+    try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            if not _try_lock(fd):
-                raise ResumePointsInUseError(
-                    f"{directory} is written by {_holder(fd)}; it holds {path}"
-                )
-            record = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-            }
-            os.ftruncate(fd, 0)
-            os.lseek(fd, 0, os.SEEK_SET)
-            os.write(fd, (json.dumps(record) + "\n").encode())
-        except BaseException:
-            os.close(fd)  # closing drops the lock if it was taken
-            raise
-        _held[key] = fd
+    except OSError as exc:
+        raise CheckpointWriteError(
+            f"{directory}: cannot create the writer's lock file {path}: {exc!r}"
+        ) from exc
+    try:
+        if not _try_lock(fd, path):
+            raise ResumePointsInUseError(
+                f"{directory} is written by {_holder(fd)}; it holds {path}"
+            )
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        }
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    except OSError as exc:
+        os.close(fd)  # closing drops the lock if it was taken
+        raise CheckpointWriteError(f"{directory}: cannot write {path}: {exc!r}") from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _let_go(key: str, holder: int) -> None:
+    with _guard:
+        held = _held.get(key)
+        if held is None or holder not in held[1]:
+            return
+        held[1].discard(holder)
+        if held[1]:
+            return
+        del _held[key]
+    _close_quietly(held[0])  # releases the lock; the file stays for the next writer
 
 
 def release_writer_lock(directory: str) -> None:
     """Give the directory's lock up and remove its file (the run is finished); a no-op when not held."""
     key = os.path.realpath(directory)
     with _guard:
-        fd = _held.pop(key, None)
-    if fd is None:
+        held = _held.pop(key, None)
+    if held is None:
         return
     try:
         # Removed while still held: a process that opened it meanwhile is refused by
@@ -79,13 +128,17 @@ def release_writer_lock(directory: str) -> None:
         os.remove(os.path.join(key, LOCK_NAME))
     except OSError:
         pass
+    _close_quietly(held[0])  # releases the lock
+
+
+def _close_quietly(fd: int) -> None:
     try:
-        os.close(fd)  # releases the lock
+        os.close(fd)
     except OSError:
         pass
 
 
-def _try_lock(fd: int) -> bool:
+def _try_lock(fd: int, path: str) -> bool:
     try:
         import fcntl
     except ImportError:  # Windows
@@ -100,6 +153,16 @@ def _try_lock(fd: int) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError as exc:
+        if exc.errno not in _LOCKS_UNSUPPORTED:
+            raise CheckpointWriteError(f"cannot lock {path}: {exc!r}") from exc
+        # A file system without locks: points are still written, unguarded.
+        _log.warning(
+            "%s: this file system does not support locks (%s); a second process writing "
+            "resume points into this directory would not be detected",
+            path,
+            exc.strerror,
+        )
     return True
 
 
