@@ -10,7 +10,6 @@ writes everything an exact continuation needs; ``resume(path)`` in a fresh train
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -31,7 +30,6 @@ from .._state_match import check_object_states
 from ..amp import restore_grad_scaler_state
 from ..durable import load_checkpoint, save_checkpoint, validate_key
 from ..errors import (
-    CheckpointCorruptedError,
     ConfigSignatureMismatchError,
     PauseBlockedError,
     ResumeStateMismatchError,
@@ -41,7 +39,6 @@ from ..errors import (
 )
 from ..finished import finished_marker_path, mark_finished, refuse_if_finished
 from ..resume_points import ResumePoint, ResumePoints
-from ..resume_points.files import Found, newest_checkpoint
 from ..rng import restore_random_state
 from ..sharded.detect import SHARDED_STATE, ShardedObjects, refuse_dtensors, sharded_objects
 from ..sharded.manifest import is_pause_directory
@@ -49,6 +46,7 @@ from ..signature import canonical_config, config_difference, config_signature
 from ..state import PAUSE_FORMAT, PauseCheckpoint, StrPath
 from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
 from ._hook_audit import audit_trainer, name_stale_iterators, stale_iterators, warn_if_no_step
+from ._latest import latest_to_resume
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
 from ._step_guard import (
     GUARD_ATTRIBUTE,
@@ -484,16 +482,15 @@ class TrainingResumeMixin:
         if guard.points is not None:
             guard.points.wait()
         key = _settings(self, "resume_latest()").key
-        if _distributed.is_distributed():
-            return _resume_latest_collective(self, guard, directory, key)
         # The file is read (and verified) once, to learn its step, and resumed from that read.
-        found = newest_checkpoint(directory, key=key, load=self._load_pause_checkpoint)
-        if found is None:
+        chosen = latest_to_resume(directory, key=key, load=self._load_pause_checkpoint)
+        if chosen is None:
             return None
+        path, read = chosen
         with guard.exclusive():
             _require_step_boundary(guard, "resume")
-            _resume_from(self, guard, found.path, lambda: found.checkpoint)
-        return found.path
+            _resume_from(self, guard, path, read)
+        return path
 
     def pause_on_signal(
         self,
@@ -592,66 +589,6 @@ def _resume_from(
     # every rank with nothing restored (collective, see ShardedPause.load).
     staged = opened.load(trainer._resume_objects()) if opened is not None else None
     _restore(trainer, guard, checkpoint, states, location, opened, staged)
-
-
-def _resume_latest_collective(
-    trainer: TrainingResumeMixin, guard: StepGuard, directory: StrPath, key: bytes | None
-) -> str | None:
-    # Rank 0 chooses (reading the file once); every other rank reads the file chosen.
-    # When it vanished before some rank could read it (a running writer's retention),
-    # rank 0 chooses again without it.
-    gone: list[str] = []
-    for _ in range(_CHOICES):
-        path, found = _chosen_on_rank_zero(trainer, directory, key, gone)
-        if path is None:
-            return None
-        outcome: Any = _GONE
-        if found is not None:
-            outcome = found.checkpoint
-        else:
-            try:
-                outcome = trainer._load_pause_checkpoint(path)
-            except FileNotFoundError:
-                pass
-            except Exception as error:  # noqa: BLE001 - raised in _resume_from, on every rank
-                outcome = error
-        if _distributed.any_rank(outcome is _GONE):
-            gone.append(path)
-            continue
-        with guard.exclusive():
-            _require_step_boundary(guard, "resume")
-            _resume_from(trainer, guard, path, functools.partial(_given, outcome))
-        return path
-    raise CheckpointCorruptedError(
-        f"{directory}: every file chosen was removed before all ranks could read it, "
-        f"{_CHOICES} times in a row"
-    )
-
-
-def _chosen_on_rank_zero(
-    trainer: TrainingResumeMixin, directory: StrPath, key: bytes | None, gone: list[str]
-) -> tuple[str | None, Found | None]:
-    """Every rank: the path rank 0 chose; rank 0 also: the file as it read it."""
-    found: Found | None = None
-
-    def choose() -> str | None:
-        nonlocal found
-        found = newest_checkpoint(
-            directory, key=key, load=trainer._load_pause_checkpoint, exclude=gone
-        )
-        return None if found is None else found.path
-
-    return _distributed.rank_zero_result(choose), found
-
-
-_GONE = object()  # a file that vanished before it was read
-_CHOICES = 100  # choices of resume_latest under a process group whose file vanished, at most
-
-
-def _given(outcome: Any) -> Any:
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
 
 
 def _pause_at_step_boundary(trainer: TrainingResumeMixin) -> bool:
