@@ -62,7 +62,7 @@ BATCH_SAMPLER_FORMAT = "trainer_resume.batch_sampler/1"
 EPOCH_SAMPLER_FORMAT = "trainer_resume.epoch_sampler/1"
 LOADER_FORMAT = "trainer_resume.loader/1"
 STATEFUL_SAMPLER_FORMAT = "trainer_resume.stateful_sampler/1"
-ITERABLE_DATASET_FORMAT = "trainer_resume.iterable_dataset/1"
+ITERABLE_DATASET_FORMAT = "trainer_resume.iterable_dataset/2"
 DALI_ITERATOR_FORMAT = "trainer_resume.dali_iterator/1"
 
 
@@ -294,6 +294,10 @@ class IterableWorkerState(TypedDict):
     # The pass iterator's state_dict() after that batch; None before the worker's first
     # batch of the pass (a new iter(dataset) starts it) or when the iterator has none.
     iterator_state: Any
+    # The copy's global generators (Python, NumPy, torch CPU; no CUDA) after that batch,
+    # which its next batch reads on from; None where the pass's seed starts them (no batch
+    # of the pass delivered yet, or its part of the pass has ended).
+    generators: RandomState | None
     batches: int  # batches delivered from this worker in the current pass
     ended: bool  # its part of the pass has ended (it yields nothing more in this pass)
 
@@ -309,7 +313,7 @@ class IterableDatasetState(TypedDict):
     are cleared (non-persistent workers copy the main-process dataset for every pass).
     """
 
-    format: str  # "trainer_resume.iterable_dataset/1"
+    format: str  # "trainer_resume.iterable_dataset/2" (/1 had no generator states)
     settings: IterableDatasetSettings
     epoch: int  # passes ended before the current one (each iter(loader) is one)
     offset: int  # batches delivered in the current pass

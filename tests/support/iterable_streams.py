@@ -123,6 +123,73 @@ class CursorStream(IterableDataset):
         return _Cursor()
 
 
+class RestartingStream(IterableDataset):
+    """Its own iterator, as datasets are often written: ``__iter__`` restarts it and returns
+    ``self``, ``__next__`` reads on (an ``iter()`` per batch would restart it every time)."""
+
+    def __init__(self) -> None:
+        self.first, self.count = _share()
+        self.position = 0
+
+    def __iter__(self) -> RestartingStream:
+        self.first, self.count = _share()
+        self.position = 0
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.position >= self.count:
+            raise StopIteration
+        self.position += 1
+        return _row(self.first + self.position - 1, 0)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+class TorchRngStream(IterableDataset):
+    """Its own restarting iterator whose items come from torch's global generator, which its
+    state holds (``torch.get_rng_state()``). ``lazy``: a loaded state is kept and applied at
+    the next ``__iter__`` or ``__next__``, whichever comes first (``__iter__`` applies it,
+    then restarts, as for a dataset that was in that state); otherwise at once."""
+
+    def __init__(self, lazy: bool) -> None:
+        self.lazy = lazy
+        self.first, self.count = _share()
+        self.position = 0
+        self.pending: dict | None = None
+
+    def _apply_pending(self) -> None:
+        if self.pending is not None:
+            state, self.pending = self.pending, None
+            self.position = state["position"]
+            torch.set_rng_state(state["torch"])
+
+    def __iter__(self) -> TorchRngStream:
+        self._apply_pending()
+        self.first, self.count = _share()
+        self.position = 0
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        self._apply_pending()
+        if self.position >= self.count:
+            raise StopIteration
+        self.position += 1
+        number = float(self.first + self.position - 1)
+        return torch.cat([torch.tensor([number], dtype=torch.float64), torch.rand(3).double()])
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "torch": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pending = {"position": state["position"], "torch": state["torch"].clone()}
+        if not self.lazy:
+            self._apply_pending()
+
+
 class PlainStream(IterableDataset):
     """No state anywhere: ``__iter__`` returns a plain list iterator."""
 
@@ -152,7 +219,13 @@ class FailingStream(CountingStream):
             yield row
 
 
-DATASETS = {"dataset-state": CountingStream, "iterator-state": CursorStream}
+DATASETS = {
+    "dataset-state": CountingStream,
+    "iterator-state": CursorStream,
+    "restarting": RestartingStream,
+    "torch-rng-eager": lambda: TorchRngStream(lazy=False),
+    "torch-rng-lazy": lambda: TorchRngStream(lazy=True),
+}
 
 
 def make_loader(
@@ -177,12 +250,58 @@ def run_passes(loader: ResumableDataLoader, epochs: int = EPOCHS, *, after: list
     the state after each batch (``after`` gets the state after each epoch's loop too)."""
     batches, states = [], []
     for _ in range(loader.epoch, epochs):
-        for batch in loader:
+        for count, batch in enumerate(loader):
+            # Every dataset here has 35 items per pass: a pass that goes on is a reader bug.
+            assert count < 100, "the pass does not end"
             batches.append(batch)
             states.append(loader.state_dict())
         if after is not None:
             after.append(loader.state_dict())
     return batches, states
+
+
+def assert_same_batches(expected: list, got: list, what: str) -> None:
+    assert len(got) == len(expected), f"{what}: {len(got)} batches instead of {len(expected)}"
+    for number, (a, b) in enumerate(zip(expected, got)):
+        assert torch.equal(a, b), f"{what}: batch {number} differs"
+
+
+def uninterrupted(
+    kind: str,
+    batch_size: int | None,
+    num_workers: int = 0,
+    persistent: bool = False,
+    epochs: int = EPOCHS,
+):
+    """The pass loop without a pause: its batches, the state before the first batch and
+    after each one, and the state after each pass's loop."""
+    torch.manual_seed(0)
+    loader = make_loader(kind, batch_size, num_workers, persistent)
+    before = loader.state_dict()
+    after_loops: list = []
+    batches, states = run_passes(loader, epochs, after=after_loops)
+    loader.close()
+    return batches, [before, *states], after_loops
+
+
+def resumed(
+    kind: str,
+    batch_size: int | None,
+    num_workers: int,
+    persistent: bool,
+    state: dict,
+    seed: int = 1234,
+    epochs: int = EPOCHS,
+) -> list:
+    """The rest of the pass loop in a new loader that loads ``state``."""
+    torch.manual_seed(seed)  # unlike the uninterrupted run: the state must fix everything
+    random.seed(seed)
+    np.random.seed(seed)
+    loader = make_loader(kind, batch_size, num_workers, persistent)
+    loader.load_state_dict(state)
+    batches, _ = run_passes(loader, epochs)
+    loader.close()
+    return batches
 
 
 def resume_iterable_jobs(jobs: list[tuple[str, int | None, int, bool, dict]], out: str) -> None:

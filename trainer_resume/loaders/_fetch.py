@@ -24,19 +24,16 @@ import functools
 import pickle
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from torch.utils.data import Dataset, get_worker_info
 
 from ..rng import derive_seed, derive_seeds, seed_cpu_generators
-from ._seeding import CallerGenerators, seed_batch
+from ._seeding import run_seeded, seed_batch
 
-__all__ = ["BatchFetcher", "FetchFailure", "as_is", "batch_seed", "run_seeded"]
-
-T = TypeVar("T")
+__all__ = ["BatchFetcher", "FetchFailure", "as_is", "batch_seed"]
 
 _COLLATE_SALT = 0x636F_6C6C_6174_65  # b"collate": keeps batch seeds apart from sample seeds
-_CALLER: list[CallerGenerators] = []  # this process's, made on first use (never pickled)
 
 
 def batch_seed(augmentation_seed: int, first_position: int) -> int:
@@ -46,22 +43,6 @@ def batch_seed(augmentation_seed: int, first_position: int) -> int:
 
 def _seeded_per_sample() -> None:
     pass
-
-
-def _caller_generators() -> CallerGenerators:
-    if not _CALLER:
-        _CALLER.append(CallerGenerators())
-    return _CALLER[0]
-
-
-def run_seeded(seed: Callable[[], None], fetch: Callable[[], T]) -> T:
-    """``seed()`` then ``fetch()``; in the main process the caller's generators come back after."""
-    if get_worker_info() is not None:
-        # In a worker nothing but these fetches draws from the global generators,
-        # and each fetch reseeds them, so there is no caller state to restore.
-        seed()
-        return fetch()
-    return _caller_generators().run(seed, fetch)
 
 
 def as_is(batch: Any) -> Any:

@@ -2,19 +2,23 @@
 
 The internal loader of a resumable loader over an ``IterableDataset`` iterates a
 :class:`PassReader`. Each process reads its own copy of the user's dataset (with 0
-workers the main-process dataset itself), as with ``DataLoader``, and batches it as
-torch's iterable fetcher does (``batch_size`` items per ``collate_fn`` call, a last
-partial batch unless ``drop_last``; ``batch_size=None``: one item per call). Every
-item the reader yields is a tagged tuple ``(tag, worker, payload, states)``:
+workers the main-process dataset itself), as with ``DataLoader``, and reads it as
+torch's ``_IterableDatasetFetcher`` does: one ``iter(dataset)`` per pass, then only
+``next()`` on what it returned (a dataset that is its own iterator and restarts in
+``__iter__`` is read through, not restarted per batch), ``batch_size`` items per
+``collate_fn`` call, a last partial batch unless ``drop_last``; ``batch_size=None``:
+one item per call. Every item the reader yields is a tagged tuple ``(tag, worker,
+payload, states)``:
 
-* ``BATCH``: a batch and ``(dataset state, iterator state, last)`` right after it
-  (``last``: the iterator stopped inside this partial batch, so the worker's part of
-  the pass is over and its iterator is not asked again, as in torch's fetcher);
+* ``BATCH``: a batch and ``(dataset state, iterator state, last, generators)`` right
+  after it (``last``: the iterator stopped inside this partial batch, so the worker's
+  part of the pass is over and its iterator is not asked again, as in torch's fetcher;
+  ``generators``: the copy's generator states after the batch, None when ``last``);
 * ``END``: this worker's part of the pass is over, with the dataset's state then;
 * ``SKIP``: nothing, sent once at the start of a resumed pass by the workers whose
   batch of the current round was delivered before the pause (see below);
 * ``FAILED``: a :class:`~trainer_resume.loaders._fetch.FetchFailure`;
-* ``REFUSED``: neither the dataset nor its iterator has a state.
+* ``REFUSED``: the pass cannot be read exactly (the text says why).
 
 torch delivers an iterable loader's items round-robin over the workers, starting at
 worker 0, and skips a worker once its iteration has stopped. A resumed pass
@@ -22,37 +26,62 @@ continues after worker ``w``'s batch: workers ``0..w`` that still have items sen
 one ``SKIP`` first, so every worker keeps its own id (``get_worker_info().id``
 splits the data as before) and the delivered order is the uninterrupted one.
 
-The global generators are seeded before every batch from ``(augmentation_seed,
-epoch, worker, batch number)``, so the dataset's augmentation replays from any
-position; in the main process the caller's generators are handed back.
+Randomness. Each copy reads a pass with the global generators (Python ``random``,
+NumPy's global generator, torch CPU) seeded from ``pass_seed(augmentation_seed,
+pass, worker)`` before its ``iter(dataset)``; they carry on from batch to batch, as a
+worker's do in ``DataLoader`` (in the main process they are the copy's own: put in
+place for each read, the caller's handed back after it). The copy's
+``state_dict()`` is taken right after each batch, with the generators as that batch
+left them, and those generator states travel with it; after the copy's last read of
+a pass they are seeded for its next pass first. A resumed pass therefore runs
+``iter(dataset)`` under the seed the original pass ran it under, loads the copy's
+states, and reads on with the generators as the last delivered batch left them. A
+dataset that saves the global generators in its own state saves exactly those, so
+restoring them, in ``load_state_dict`` or lazily in its next ``__iter__`` /
+``__next__``, changes nothing.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable, Iterator
-from itertools import islice
+from itertools import repeat
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..rng import derive_seed
-from ._fetch import FetchFailure, run_seeded
-from ._seeding import seed_batch
+from ._fetch import FetchFailure
+from ._global_generators import Snapshot, capture, install
+from ._seeding import OwnGenerators, seed_batch
 from ._stateful import is_stateful
 
-__all__ = ["BATCH", "END", "FAILED", "REFUSED", "SKIP", "PassPlan", "PassReader", "WorkerStart"]
+__all__ = [
+    "BATCH",
+    "END",
+    "FAILED",
+    "REFUSED",
+    "SKIP",
+    "PassPlan",
+    "PassReader",
+    "WorkerStart",
+    "pass_seed",
+]
 
 BATCH, END, SKIP, FAILED, REFUSED = range(5)
 
-_PASS_SALT = 0x6974_6572  # b"iter": per-pass base of the augmentation seeds
-_OPEN_SALT = 0x6F70_656E  # b"open": seed of load_state_dict() and iter(dataset)
+_PASS_SALT = 0x6974_6572  # b"iter": per-pass, per-worker seed of a copy's generators
 _ENDED = object()
 
-# (dataset state to load or None, iterator state to load or None, batches this worker
-# delivered in the pass, its part of the pass has ended, send a SKIP first)
-WorkerStart = tuple[Any, Any, int, bool, bool]
+# (dataset state to load or None, iterator state to load or None, generator states to
+# put in place or None, batches this worker delivered in the pass, its part of the pass
+# has ended, send a SKIP first)
+WorkerStart = tuple[Any, Any, Any, int, bool, bool]
+
+
+def pass_seed(augmentation_seed: int, epoch: int, worker: int) -> int:
+    """The seed of worker ``worker``'s generators as it starts reading pass ``epoch``."""
+    return derive_seed(augmentation_seed, _PASS_SALT, epoch, worker)
 
 
 class PassPlan:
@@ -78,18 +107,32 @@ class PassPlan:
         self.epoch, self.starts = state
 
 
-_SCALARS = (int, float, str, bool, type(None))
+_SCALARS = frozenset((int, float, str, bool, type(None)))
 
 
-def _snapshot(value: Any) -> Any:
-    # A copy: the object goes on changing after the batch is handed over, and a worker's
-    # queue pickles what it sends later, on its own thread.
-    if not is_stateful(value):
-        return None
+def snapshot(value: Any) -> Any:
+    """``value.state_dict()``, copied: the object goes on changing after the batch is
+    handed over, and a worker's queue pickles what it sends later, on its own thread."""
     state = value.state_dict()
-    if type(state) is dict and all(type(item) in _SCALARS for item in state.values()):
-        return dict(state)  # the common small state: a flat copy is a deep one (many µs less)
+    if type(state) is dict:
+        for item in state.values():
+            if type(item) not in _SCALARS:
+                break
+        else:
+            return state.copy()  # the common small state: a flat copy is a deep one
     return copy.deepcopy(state)
+
+
+class _WorkerGenerators:
+    """In a worker the global generators are the copy's: nothing else draws from them."""
+
+    __slots__ = ()
+
+    def run(self, read: Callable[[], Any]) -> Any:
+        return read()
+
+    def after(self) -> Snapshot:
+        return capture()
 
 
 class PassReader(IterableDataset):
@@ -106,8 +149,11 @@ class PassReader(IterableDataset):
         collate_fn: The loader's collate function.
         batch_size: Items per batch, or ``None`` (each item is one batch).
         drop_last: Drop a last partial batch of a worker's pass.
-        augmentation_seed: Base of the per-batch seeds.
+        augmentation_seed: Base of the passes' seeds.
         plan: The pass this reader starts with.
+        check_open: Called with the copy before each pass's ``iter(dataset)`` and
+            whether the pass resumes inside the copy's part; returns why the pass
+            cannot be read exactly, or None.
     """
 
     def __init__(
@@ -118,6 +164,7 @@ class PassReader(IterableDataset):
         drop_last: bool,
         augmentation_seed: int,
         plan: PassPlan,
+        check_open: Callable[[Any, bool], str | None] | None = None,
     ) -> None:
         self.dataset = dataset
         self._collate_fn = collate_fn
@@ -125,6 +172,7 @@ class PassReader(IterableDataset):
         self._drop_last = drop_last
         self._augmentation_seed = augmentation_seed
         self._plan = plan
+        self._check_open = check_open
         self._passes = 0  # iter() calls on this copy
         self._epoch = plan.epoch
 
@@ -157,66 +205,105 @@ class PassReader(IterableDataset):
     def _read(
         self, worker: int, epoch: int, start: WorkerStart | None
     ) -> Iterator[tuple[int, int, Any, Any]]:
-        dataset_state, iterator_state, batches, ended, skip = start or (None, None, 0, False, False)
+        dataset_state, iterator_state, generators, batches, ended, skip = start or (
+            None,
+            None,
+            None,
+            0,
+            False,
+            False,
+        )
         if skip:
             yield SKIP, worker, None, None
         in_worker = get_worker_info() is not None
-        base = derive_seed(self._augmentation_seed, _PASS_SALT, epoch, worker)
+        streams = _WorkerGenerators() if in_worker else OwnGenerators()
+        seed = pass_seed(self._augmentation_seed, epoch, worker)
+        following = pass_seed(self._augmentation_seed, epoch + 1, worker)
         where = f"worker {worker}, batch {batches} of pass {epoch}"
         try:
-            iterator = run_seeded(
-                functools.partial(seed_batch, derive_seed(base, _OPEN_SALT, batches)),
-                lambda: self._open(dataset_state, iterator_state, ended),
+            opened = streams.run(
+                lambda: self._open(seed, dataset_state, iterator_state, generators, ended, batches)
             )
         except Exception as exc:
-            yield (
-                FAILED,
-                worker,
-                FetchFailure(0, where, 0, "iteration", exc, in_worker=in_worker),
-                None,
-            )
+            failure = FetchFailure(0, where, 0, "iteration", exc, in_worker=in_worker)
+            yield FAILED, worker, failure, None
             return
-        if iterator is None:
+        if opened is None:
             return  # its part of the pass had ended: the copy holds its state for the next pass
-        if not is_stateful(self.dataset) and not is_stateful(iterator):
-            yield REFUSED, worker, type(iterator).__name__, None
+        if isinstance(opened, str):
+            yield REFUSED, worker, opened, None
+            return
+        iterator = opened
+        dataset = self.dataset
+        dataset_stateful = is_stateful(dataset)
+        same = iterator is dataset  # its own iterator: one state_dict() serves both records
+        iterator_stateful = not same and is_stateful(iterator)
+        if not dataset_stateful and not iterator_stateful:
+            yield REFUSED, worker, _stateless(type(iterator).__name__), None
             return
         stopped = [False]  # the iterator stopped (inside a partial batch)
+
+        def taken() -> tuple[Any, Any]:
+            state = snapshot(dataset) if dataset_stateful else None
+            if same:
+                return state, state
+            return state, snapshot(iterator) if iterator_stateful else None
+
+        def read() -> tuple[Any, Any]:
+            batch = self._batch(iterator, stopped)
+            if batch is not _ENDED and not stopped[0]:
+                return batch, (*taken(), False)
+            # The copy's next read is the next pass: it starts with the generators
+            # seeded for it, and so does the state the copy saves of them.
+            seed_batch(following)
+            if batch is _ENDED:
+                return batch, snapshot(dataset) if dataset_stateful else None
+            return batch, (*taken(), True)
+
         while True:
             try:
-                batch = run_seeded(
-                    functools.partial(seed_batch, derive_seed(base, batches)),
-                    lambda: self._batch(iterator, stopped),
-                )
-                states = (
-                    (_snapshot(self.dataset), None, True)
-                    if batch is _ENDED
-                    else (_snapshot(self.dataset), _snapshot(iterator), stopped[0])
-                )
+                batch, states = streams.run(read)
             except Exception as exc:
                 where = f"worker {worker}, batch {batches} of pass {epoch}"
                 failure = FetchFailure(0, where, 0, "iteration", exc, in_worker=in_worker)
                 yield FAILED, worker, failure, None
                 return
             if batch is _ENDED:
-                yield END, worker, None, states[0]
+                yield END, worker, None, states
                 return
-            yield BATCH, worker, batch, states
+            yield BATCH, worker, batch, (*states, None if states[2] else streams.after())
             batches += 1
 
-    def _open(self, dataset_state: Any, iterator_state: Any, ended: bool) -> Iterator[Any] | None:
+    def _open(
+        self,
+        seed: int,
+        dataset_state: Any,
+        iterator_state: Any,
+        generators: Snapshot | None,
+        ended: bool,
+        batches: int,
+    ) -> Iterator[Any] | str | None:
         dataset = self.dataset
+        seed_batch(seed)
         if dataset_state is not None:
             dataset.load_state_dict(copy.deepcopy(dataset_state))
+            seed_batch(seed)  # iter() runs under the pass's seed, whatever loading drew or set
         if ended:
             return None
+        if self._check_open is not None:
+            refusal = self._check_open(dataset, batches > 0)
+            if refusal is not None:
+                return refusal
         iterator = iter(dataset)
         if iterator_state is not None:
             iterator.load_state_dict(copy.deepcopy(iterator_state))  # type: ignore[attr-defined]
+        if generators is not None:
+            install(generators)  # as the copy's last delivered batch left them
         return iterator
 
     def _batch(self, iterator: Iterator[Any], stopped: list[bool]) -> Any:
-        # As torch's _IterableDatasetFetcher: an iterator that stopped is not asked again.
+        # As torch's _IterableDatasetFetcher: next() only (islice would call iter() on
+        # the iterator for every batch), and an iterator that stopped is not asked again.
         if stopped[0]:
             return _ENDED
         size = self._batch_size
@@ -227,9 +314,19 @@ class PassReader(IterableDataset):
                 stopped[0] = True
                 return _ENDED
             return self._collate_fn(item)
-        items = list(islice(iterator, size))
+        # map() ends where next() raises StopIteration: the items before it, no iter() call.
+        items = list(map(next, repeat(iterator, size)))
         if len(items) < size:
             stopped[0] = True
             if not items or self._drop_last:
                 return _ENDED
         return self._collate_fn(items)
+
+
+def _stateless(iterator_type: str) -> str:
+    return (
+        f"neither the IterableDataset nor the {iterator_type} its __iter__ returns has "
+        "state_dict() and load_state_dict(), so its position cannot be recorded; give the "
+        "dataset (or its iterator) state_dict() and load_state_dict() (torchdata's Stateful "
+        "protocol)"
+    )

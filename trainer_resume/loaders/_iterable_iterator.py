@@ -58,12 +58,7 @@ class IterableIterator(ResumableIterator):
             elif tag == FAILED:
                 raise self._fail_fetch(payload.describe()) from cause_of(payload)
             elif tag == REFUSED:
-                error = UnsupportedResumeConfigurationError(
-                    f"neither the IterableDataset nor the {payload} its __iter__ returns has "
-                    "state_dict() and load_state_dict(), so its position cannot be recorded; give "
-                    "the dataset (or its iterator) state_dict() and load_state_dict() "
-                    "(torchdata's Stateful protocol)"
-                )
+                error = UnsupportedResumeConfigurationError(payload)
                 self._kill(error)
                 raise error
             elif tag != SKIP:

@@ -2,9 +2,10 @@
 
 Each worker (one with 0 workers) reads its own copy of the dataset; the main process
 records, per worker, the copy's ``state_dict()`` and its iterator's after the last
-batch *delivered* from it (prefetched batches never count), how many batches it
-delivered in the current pass and whether its part of the pass has ended, plus the
-worker whose turn is next in torch's round-robin. Each ``iter(loader)`` is one pass.
+batch *delivered* from it (prefetched batches never count), the copy's generator
+states then, how many batches it delivered in the current pass and whether its part
+of the pass has ended, plus the worker whose turn is next in torch's round-robin.
+Each ``iter(loader)`` is one pass.
 
 Where a pass starts from, as with ``DataLoader``:
 
@@ -26,9 +27,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import LoaderStateError
+from ..rng import validate_random_state
 from ..state import IterableDatasetSettings, IterableDatasetState
 from . import _state_keys as keys
-from ._iterable import PassPlan, WorkerStart
+from ._global_generators import Snapshot, snapshot_of, state_of
+from ._iterable import PassPlan, WorkerStart, pass_seed, snapshot
+from ._seeding import caller_generators, seed_batch
 from ._stateful import is_stateful
 
 __all__ = ["IterableSource"]
@@ -37,11 +41,12 @@ __all__ = ["IterableSource"]
 class _Record:
     """What was delivered from one worker's copy."""
 
-    __slots__ = ("batches", "dataset_state", "ended", "iterator_state")
+    __slots__ = ("batches", "dataset_state", "ended", "generators", "iterator_state")
 
-    def __init__(self, dataset_state: Any = None) -> None:
-        self.dataset_state = dataset_state  # None: the copy as its pass starts it
+    def __init__(self) -> None:
+        self.dataset_state: Any = None  # None: the copy as its pass starts it
         self.iterator_state: Any = None  # None: no batch of this pass yet (or stateless)
+        self.generators: Snapshot | None = None  # None: as the pass's seed starts them
         self.batches = 0
         self.ended = False
 
@@ -71,15 +76,9 @@ class IterableSource:
             "persistent_workers": bool(persistent_workers),
             "drop_last": bool(drop_last),
         }
-        # With 0 workers the main-process dataset is the copy that is read: its state now
-        # is where a state saved before any batch starts, also in a loader that read on.
+        # With 0 workers the main-process dataset is the copy that is read (see take_origin).
         self._main = dataset if num_workers == 0 else None
-        origin = (
-            copy.deepcopy(dataset.state_dict())
-            if num_workers == 0 and is_stateful(dataset)
-            else None
-        )
-        self._records = [_Record(origin) for _ in range(self._count)]
+        self._records = [_Record() for _ in range(self._count)]
         self._epoch = 0
         self._offset = 0
         self._delivered = 0
@@ -88,6 +87,18 @@ class IterableSource:
         # dataset) hold the records' dataset states: after a pass read to its end, before
         # anything was read, or (0 workers) after a state was loaded into the dataset.
         self._current = True
+
+    def take_origin(self, augmentation_seed: int) -> None:
+        """With 0 workers, record the main-process dataset's state now: where a state saved
+        before any batch starts, also in a loader that read on. It is taken with the
+        generators seeded as the first pass starts them, as every later state is taken with
+        the generators its next read starts from."""
+        main = self._main
+        if main is None or not is_stateful(main):
+            return
+        self._records[0].dataset_state = caller_generators().run(
+            lambda: seed_batch(pass_seed(augmentation_seed, 0, 0)), lambda: snapshot(main)
+        )
 
     @property
     def cursor(self) -> tuple[int, int]:
@@ -118,6 +129,7 @@ class IterableSource:
                 (
                     None if loaded else record.dataset_state,
                     record.iterator_state,
+                    record.generators,
                     record.batches,
                     record.ended,
                     progressed and worker < turn and not record.ended,
@@ -131,9 +143,9 @@ class IterableSource:
         """The pass whose number seeds fresh workers (``None``: persistent ones, seeded once)."""
         return self._epoch if self._fresh_copies else None
 
-    def commit_batch(self, worker: int, states: tuple[Any, Any, bool]) -> None:
+    def commit_batch(self, worker: int, states: tuple[Any, Any, bool, Snapshot | None]) -> None:
         record = self._records[worker]
-        record.dataset_state, record.iterator_state, record.ended = states
+        record.dataset_state, record.iterator_state, record.ended, record.generators = states
         record.batches += 1
         self._next_worker = (worker + 1) % self._count
         self._offset += 1
@@ -145,6 +157,7 @@ class IterableSource:
         if record.ended:
             return  # its last batch said so already, as a resumed pass that skips the end
         record.dataset_state, record.iterator_state, record.ended = dataset_state, None, True
+        record.generators = None
         self._next_worker = (worker + 1) % self._count
 
     def end_epoch(self, number: int) -> None:
@@ -164,7 +177,8 @@ class IterableSource:
         for record in self._records:
             if self._fresh_copies:
                 record.dataset_state = None
-            record.iterator_state, record.batches, record.ended = None, 0, False
+            record.iterator_state, record.generators = None, None
+            record.batches, record.ended = 0, False
 
     # --- state -----------------------------------------------------------------------
 
@@ -180,6 +194,9 @@ class IterableSource:
                 {
                     keys.DATASET_STATE: copy.deepcopy(record.dataset_state),
                     keys.ITERATOR_STATE: copy.deepcopy(record.iterator_state),
+                    keys.GENERATORS: (
+                        state_of(record.generators) if record.generators is not None else None
+                    ),
                     keys.BATCHES: record.batches,
                     keys.ENDED: record.ended,
                 }
@@ -215,11 +232,28 @@ class IterableSource:
             keys.check_mapping(
                 record,
                 where,
-                (keys.DATASET_STATE, keys.ITERATOR_STATE, keys.BATCHES, keys.ENDED),
+                (
+                    keys.DATASET_STATE,
+                    keys.ITERATOR_STATE,
+                    keys.GENERATORS,
+                    keys.BATCHES,
+                    keys.ENDED,
+                ),
             )
             batches += keys.check_count(record, where, keys.BATCHES)
             if type(record[keys.ENDED]) is not bool:
                 raise LoaderStateError(f"{where}[{keys.ENDED!r}] must be a bool")
+            generators = record[keys.GENERATORS]
+            if generators is not None:
+                try:
+                    validate_random_state(generators)
+                except (ValueError, RuntimeError) as exc:
+                    raise LoaderStateError(f"{where}[{keys.GENERATORS!r}]: {exc}") from exc
+                if generators["cuda"] is not None:
+                    raise LoaderStateError(
+                        f"{where}[{keys.GENERATORS!r}] holds a CUDA state; a copy's generators "
+                        "are the CPU ones"
+                    )
         if batches != offset or delivered < offset:
             raise LoaderStateError(
                 f"{what}: the workers delivered {batches} batch(es) in the pass, but "
@@ -233,7 +267,11 @@ class IterableSource:
             # The main-process dataset takes its state now, so what the caller changes in
             # it before the next pass (a set_epoch()) applies on top, as in the saved run.
             try:
-                main.load_state_dict(copy.deepcopy(saved[0][keys.DATASET_STATE]))
+                # The caller's generators come back: a dataset may set them as it loads.
+                caller_generators().run(
+                    _nothing,
+                    lambda: main.load_state_dict(copy.deepcopy(saved[0][keys.DATASET_STATE])),
+                )
             except Exception as exc:
                 self._current = False  # the next pass loads the unchanged records again
                 raise LoaderStateError(
@@ -243,6 +281,8 @@ class IterableSource:
         for record, entry in zip(self._records, saved):
             record.dataset_state = copy.deepcopy(entry[keys.DATASET_STATE])
             record.iterator_state = copy.deepcopy(entry[keys.ITERATOR_STATE])
+            generators = entry[keys.GENERATORS]
+            record.generators = snapshot_of(generators) if generators is not None else None
             record.batches, record.ended = entry[keys.BATCHES], entry[keys.ENDED]
         self._epoch, self._offset = state[keys.EPOCH], state[keys.OFFSET]
         self._delivered, self._next_worker = state[keys.DELIVERED], state[keys.NEXT_WORKER]
@@ -250,3 +290,7 @@ class IterableSource:
 
     def delivered_batches(self, state: Mapping[str, Any]) -> int:
         return state[keys.DELIVERED]
+
+
+def _nothing() -> None:
+    pass

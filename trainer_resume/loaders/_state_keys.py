@@ -59,6 +59,7 @@ NEXT_WORKER = "next_worker"
 WORKERS = "workers"
 DATASET_STATE = "dataset_state"
 ITERATOR_STATE = "iterator_state"
+GENERATORS = "generators"
 BATCHES = "batches"
 ENDED = "ended"
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Iterator, Mapping
-from itertools import islice
+from itertools import repeat
 from typing import Any
 
 from ..errors import LoaderStateError
@@ -93,7 +93,8 @@ class StatefulSource:
         size = self._batch_size
         if size is None:
             return next(iterator, _END)
-        batch = list(islice(iterator, size))
+        # next() only, as torch's fetcher: islice would call iter() on the iterator again.
+        batch = list(map(next, repeat(iterator, size)))
         if not batch or (self._drop_last and len(batch) < size):
             return _END
         return batch

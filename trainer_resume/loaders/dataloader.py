@@ -210,6 +210,8 @@ class ResumableDataLoader(DataLoader):
             augmentation_seeding = "batch" if source.epochs else "sample"
         self.augmentation_seeding = augmentation_seeding
         self._stream = Stream(source, keys.draw_seed(generator))
+        if isinstance(source, IterableSource):
+            source.take_origin(self._stream.augmentation_seed)
         self._engine: DataLoader | None = (
             None  # internal loader whose persistent workers are reused
         )

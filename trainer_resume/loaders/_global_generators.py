@@ -1,0 +1,306 @@
+"""The global generators' states taken whole and put back, and seeded from one integer, in microseconds.
+
+Python ``random``, NumPy's legacy global generator and torch's CPU generator hold what
+augmentation code draws from. Their public accessors are slow (``random.getstate``
+builds 625 ints, ``np.random.get_state`` a tuple around an array: tens of
+microseconds), so where this interpreter's layout is the known one the states are
+copied as raw bytes through memoryviews:
+
+* Python ``random``: the Mersenne Twister inside CPython's ``random.Random`` object
+  (an int index, then ``uint32 state[624]``) and its ``gauss_next`` attribute. The
+  layout is checked once per process against ``getstate`` / ``setstate`` on scratch
+  generators.
+* NumPy: the ``MT19937`` bit generator's state through
+  ``bit_generator.ctypes.state_address`` (public NumPy API: ``uint32 key[624]; int
+  pos``), and the cached second Gaussian that the legacy ``RandomState`` keeps in its
+  own object (``int has_gauss; double gauss``). Its place is found once per process by
+  writing a marker through ``set_state`` and checked by writing through the view and
+  reading back with ``get_state``. If ``np.random.set_bit_generator`` replaces the
+  bit generator, the next access finds the new one.
+* torch: ``get_state`` / ``set_state`` (a 5 KB tensor; no faster public route).
+
+Where a check fails, the public accessors are used: slower, never different. A
+:class:`Snapshot` holds either form and converts to the saved
+:class:`~trainer_resume.state.RandomState` schema and back. CUDA generators are never
+touched.
+
+:func:`seed_global` gives Python ``random`` the Mersenne Twister state of
+``init_genrand(low 32 bits)`` (computed by a private NumPy ``RandomState``: a third of
+``random.seed``'s cost), NumPy's global generator ``seed(high 32 bits)`` and torch CPU
+the whole seed, in every process and with either form.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import struct
+import sys
+from array import array
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..rng import RNG_FORMAT
+from ..state import RandomState
+
+__all__ = ["Snapshot", "capture", "install", "seed_global", "snapshot_of", "state_of"]
+
+_MASK32 = (1 << 32) - 1
+_WORDS = 624
+_KEY_BYTES = _WORDS * 4
+_MT_BYTES = _KEY_BYTES + 4  # NumPy's mt19937_state: uint32 key[624]; int pos
+_PY_OFFSET = (
+    16  # CPython's object header (reference count, type); then int index; uint32 state[624]
+)
+_FRESH_INDEX = (_WORDS).to_bytes(4, sys.byteorder)  # init_genrand leaves the index at 624
+_GAUSS_BYTES = 16  # int has_gauss; 4 bytes of padding; double gauss
+_MARKER = 0.8147236863931789  # a cached Gaussian no state holds by chance
+
+
+def _view(address: int, size: int) -> memoryview:
+    return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+
+
+def _python_view(instance: random.Random) -> memoryview | None:
+    """``instance``'s index and state as raw memory, if this interpreter's layout is the known one."""
+    if sys.implementation.name != "cpython" or type(instance) is not random.Random:
+        return None
+    probe, other = random.Random(20240611), random.Random(7)
+    probe.random()
+    try:
+        raw = ctypes.string_at(id(probe) + _PY_OFFSET, _MT_BYTES)
+        words = array("I")
+        words.frombytes(raw[4:])
+        index = int.from_bytes(raw[:4], sys.byteorder, signed=True)
+        if words.itemsize != 4 or (*words, index) != probe.getstate()[1]:
+            return None
+        _view(id(other) + _PY_OFFSET, _MT_BYTES)[:] = raw
+        if other.getstate() != probe.getstate() or other.random() != probe.random():
+            return None
+    except (ValueError, OverflowError, TypeError):
+        return None
+    return _view(id(instance) + _PY_OFFSET, _MT_BYTES)
+
+
+def _key_view(bit_generator: Any) -> memoryview | None:
+    if type(bit_generator) is not np.random.MT19937:
+        return None
+    return _view(bit_generator.ctypes.state_address, _MT_BYTES)
+
+
+def _gauss_view(state: np.random.RandomState) -> memoryview | None:
+    """Where ``state`` keeps its cached Gaussian (``has_gauss``, ``gauss``), found and checked."""
+    size = type(state).__basicsize__
+    saved = state.get_state()
+    try:
+        state.set_state(("MT19937", saved[1], saved[2], 1, _MARKER))
+        raw = ctypes.string_at(id(state), size)
+        found = raw.find(struct.pack("d", _MARKER))
+        offset = found - 8
+        if found < 0 or offset < 0 or raw.find(struct.pack("d", _MARKER), found + 1) >= 0:
+            return None
+        if int.from_bytes(raw[offset : offset + 4], sys.byteorder) != 1:
+            return None
+        view = _view(id(state) + offset, _GAUSS_BYTES)
+        state.set_state(("MT19937", saved[1], saved[2], 0, 0.0))
+        if bytes(view[:4]) != bytes(4):
+            return None
+        view[:] = (1).to_bytes(4, sys.byteorder) + bytes(4) + struct.pack("d", 0.25)
+        if state.get_state()[3:] != (1, 0.25):
+            return None
+        return view
+    except (ValueError, TypeError):
+        return None
+    finally:
+        state.set_state(saved)
+
+
+class _Layout:
+    """This process's views of the generators (found once, never pickled)."""
+
+    def __init__(self) -> None:
+        self.python_instance = random._inst  # held: the view points into it
+        self.python = _python_view(self.python_instance)
+        self.numpy_state = np.random.mtrand._rand
+        self.gauss = _gauss_view(self.numpy_state)
+        self.numpy_bit_generator: Any = None
+        self.numpy: memoryview | None = None
+        self.scratch = np.random.RandomState()
+        self.scratch_key = _key_view(self.scratch._bit_generator)
+        if self.scratch_key is not None:
+            self.scratch.seed(12345)  # check the scratch bytes against its public state once
+            state = self.scratch.get_state()
+            if (
+                bytes(self.scratch_key[:_KEY_BYTES]) != state[1].astype("<u4").tobytes()
+                or int.from_bytes(self.scratch_key[_KEY_BYTES:], sys.byteorder, signed=True)
+                != state[2]
+            ):
+                self.scratch_key = None
+
+    def numpy_key(self) -> memoryview | None:
+        """The global bit generator's state, or None (public accessors only)."""
+        bit_generator = self.numpy_state._bit_generator
+        if bit_generator is not self.numpy_bit_generator:  # replaced by set_bit_generator
+            self.numpy_bit_generator = bit_generator  # held: the view points into it
+            self.numpy = _key_view(bit_generator) if self.gauss is not None else None
+        return self.numpy
+
+
+_LAYOUT: list[_Layout] = []
+
+
+def layout() -> _Layout:
+    if not _LAYOUT:
+        _LAYOUT.append(_Layout())
+    return _LAYOUT[0]
+
+
+class Snapshot:
+    """The three global generators' states at one moment.
+
+    ``python`` is the raw index and state (``bytes``) with ``gauss_next`` beside it, or
+    ``random.getstate()``; ``numpy`` the raw key and position with ``numpy_gauss`` beside
+    it, or ``np.random.get_state()``; ``torch`` the CPU generator's state tensor. It
+    pickles the tensor as bytes (a tensor crossing a worker queue would go through
+    shared memory).
+    """
+
+    __slots__ = ("gauss_next", "numpy", "numpy_gauss", "python", "torch")
+
+    def __init__(
+        self, python: Any, gauss_next: Any, numpy: Any, numpy_gauss: Any, torch_state: Any
+    ) -> None:
+        self.python = python
+        self.gauss_next = gauss_next
+        self.numpy = numpy
+        self.numpy_gauss = numpy_gauss
+        self.torch = torch_state
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (
+            self.python,
+            self.gauss_next,
+            self.numpy,
+            self.numpy_gauss,
+            self.torch.numpy().tobytes(),
+        )
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.python, self.gauss_next, self.numpy, self.numpy_gauss, raw = state
+        self.torch = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+def capture() -> Snapshot:
+    """The global generators' states now (the caller holds ``rng.hold_generators()``)."""
+    place = layout()
+    python = place.python
+    key = place.numpy_key()
+    return Snapshot(
+        bytes(python) if python is not None else random.getstate(),
+        place.python_instance.gauss_next,
+        bytes(key) if key is not None else np.random.get_state(),
+        bytes(place.gauss) if key is not None else None,  # type: ignore[arg-type]
+        torch.default_generator.get_state(),
+    )
+
+
+def install(snapshot: Snapshot) -> None:
+    """Put ``snapshot``'s states into the global generators."""
+    place = layout()
+    torch.default_generator.set_state(snapshot.torch)
+    python = place.python
+    if type(snapshot.python) is bytes and python is not None:
+        python[:] = snapshot.python
+        place.python_instance.gauss_next = snapshot.gauss_next
+    else:
+        random.setstate(_python_public(snapshot))
+    key = place.numpy_key()
+    if type(snapshot.numpy) is bytes and key is not None:
+        key[:] = snapshot.numpy
+        place.gauss[:] = snapshot.numpy_gauss  # type: ignore[index]
+    else:
+        np.random.set_state(_numpy_public(snapshot))
+
+
+def seed_global(seed: int) -> None:
+    """Seed Python ``random``, NumPy's global generator and torch CPU from one integer."""
+    place = layout()
+    low = seed & _MASK32
+    place.scratch.seed(low)
+    python = place.python
+    scratch = place.scratch_key
+    if python is not None and scratch is not None:
+        python[:4] = _FRESH_INDEX
+        python[4:] = scratch[:_KEY_BYTES]
+        place.python_instance.gauss_next = None
+    else:
+        key = place.scratch.get_state()[1]
+        random.setstate((random.Random.VERSION, (*key.tolist(), _WORDS), None))
+    np.random.seed((seed >> 32) & _MASK32)
+    torch.default_generator.manual_seed(seed)
+
+
+# --- the saved schema ----------------------------------------------------------------
+
+
+def _python_public(snapshot: Snapshot) -> tuple[int, tuple[int, ...], float | None]:
+    if type(snapshot.python) is not bytes:
+        return snapshot.python  # type: ignore[no-any-return]
+    words = array("I")
+    words.frombytes(snapshot.python[4:])
+    index = int.from_bytes(snapshot.python[:4], sys.byteorder, signed=True)
+    return random.Random.VERSION, (*words, index), snapshot.gauss_next
+
+
+def _numpy_public(snapshot: Snapshot) -> tuple[str, np.ndarray, int, int, float]:
+    if type(snapshot.numpy) is not bytes:
+        return snapshot.numpy  # type: ignore[no-any-return]
+    key = np.frombuffer(snapshot.numpy, dtype=np.uint32, count=_WORDS).copy()
+    pos = int.from_bytes(snapshot.numpy[_KEY_BYTES:], sys.byteorder, signed=True)
+    has_gauss = int.from_bytes(snapshot.numpy_gauss[:4], sys.byteorder, signed=True)
+    (gauss,) = struct.unpack("d", snapshot.numpy_gauss[8:])
+    return "MT19937", key, pos, has_gauss, gauss
+
+
+def state_of(snapshot: Snapshot) -> RandomState:
+    """``snapshot`` as a :class:`~trainer_resume.state.RandomState` (plain data, no CUDA)."""
+    version, internal, gauss_next = _python_public(snapshot)
+    kind, key, pos, has_gauss, gauss = _numpy_public(snapshot)
+    return {
+        "format": RNG_FORMAT,
+        "python": {
+            "version": int(version),
+            "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss_next": gauss_next,
+        },
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np.asarray(key, dtype=np.int64).copy()),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(gauss),
+        },
+        "torch": snapshot.torch.clone(),
+        "cuda": None,
+        "cuda_device": None,
+    }
+
+
+def snapshot_of(state: RandomState) -> Snapshot:
+    """A :class:`Snapshot` of a validated ``state`` (public form: the first ``install`` is slower)."""
+    python, numpy_state = state["python"], state["numpy"]
+    return Snapshot(
+        (python["version"], tuple(python["internal"].tolist()), python["gauss_next"]),
+        None,
+        (
+            "MT19937",
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        ),
+        None,
+        state["torch"].clone(),
+    )
