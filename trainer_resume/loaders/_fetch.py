@@ -174,16 +174,11 @@ class BatchFetcher(Dataset):
                 return FetchFailure(
                     first_position, batch, first_position, "dataset", exc, in_worker=in_worker
                 )
-        else:
+        elif self.per_sample:
             samples = []
-            seeds = (
-                derive_seeds(base, first_position, len(batch), stride=stride)
-                if self.per_sample
-                else ()
-            )
+            seeds = derive_seeds(base, first_position, len(batch), stride=stride)
             for offset, index in enumerate(batch):
-                if self.per_sample:
-                    seed_cpu_generators(seeds[offset])
+                seed_cpu_generators(seeds[offset])
                 try:
                     samples.append(dataset[index])
                 except Exception as exc:
@@ -191,8 +186,19 @@ class BatchFetcher(Dataset):
                     return FetchFailure(
                         first_position, index, position, "dataset", exc, in_worker=in_worker
                     )
-            if self.per_sample:
-                seed_cpu_generators(batch_seed(base, first_position))
+            seed_cpu_generators(batch_seed(base, first_position))
+        else:
+            samples = []
+            append = samples.append
+            try:
+                for index in batch:  # as torch's fetcher, a list of dataset[index]
+                    append(dataset[index])
+            except Exception as exc:
+                offset = len(samples)
+                position = first_position + offset * stride
+                return FetchFailure(
+                    first_position, batch[offset], position, "dataset", exc, in_worker=in_worker
+                )
         try:
             return self.collate_fn(samples if self.batched else samples[0])
         except Exception as exc:

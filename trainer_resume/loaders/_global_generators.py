@@ -127,17 +127,17 @@ class _Layout:
         self.gauss = _gauss_view(self.numpy_state)
         self.numpy_bit_generator: Any = None
         self.numpy: memoryview | None = None
+        self.numpy_seed: Any = None
         self.scratch = np.random.RandomState()
         self.scratch_key = _key_view(self.scratch._bit_generator)
-        if self.scratch_key is not None:
-            self.scratch.seed(12345)  # check the scratch bytes against its public state once
-            state = self.scratch.get_state()
-            if (
-                bytes(self.scratch_key[:_KEY_BYTES]) != state[1].astype("<u4").tobytes()
-                or int.from_bytes(self.scratch_key[_KEY_BYTES:], sys.byteorder, signed=True)
-                != state[2]
-            ):
-                self.scratch_key = None
+        reference = np.random.RandomState(12345).get_state()
+        if not _holds(self.scratch_key, self.scratch.seed, reference):
+            self.scratch_key = None
+        # MT19937._legacy_seeding (RandomState.seed without its checks and Gaussian reset,
+        # in NumPy since 1.17) is used where it gives RandomState.seed's state.
+        legacy = getattr(self.scratch._bit_generator, "_legacy_seeding", None)
+        fast = legacy is not None and _holds(self.scratch_key, legacy, reference)
+        self.scratch_seed = legacy if fast else self.scratch.seed
 
     def numpy_key(self) -> memoryview | None:
         """The global bit generator's state, or None (public accessors only)."""
@@ -145,7 +145,24 @@ class _Layout:
         if bit_generator is not self.numpy_bit_generator:  # replaced by set_bit_generator
             self.numpy_bit_generator = bit_generator  # held: the view points into it
             self.numpy = _key_view(bit_generator) if self.gauss is not None else None
+            self.numpy_seed = (
+                getattr(bit_generator, "_legacy_seeding", None) if self.numpy is not None else None
+            )
         return self.numpy
+
+
+def _holds(key: memoryview | None, seed: Any, reference: tuple[Any, ...]) -> bool:
+    """``seed(12345)`` leaves ``key`` holding ``reference`` (RandomState(12345)'s public state)."""
+    if key is None:
+        return False
+    try:
+        seed(12345)
+    except (TypeError, ValueError):
+        return False
+    position = int.from_bytes(key[_KEY_BYTES:], sys.byteorder, signed=True)
+    return (
+        bytes(key[:_KEY_BYTES]) == reference[1].astype("<u4").tobytes() and position == reference[2]
+    )
 
 
 _LAYOUT: list[_Layout] = []
@@ -162,9 +179,9 @@ class Snapshot:
 
     ``python`` is the raw index and state (``bytes``) with ``gauss_next`` beside it, or
     ``random.getstate()``; ``numpy`` the raw key and position with ``numpy_gauss`` beside
-    it, or ``np.random.get_state()``; ``torch`` the CPU generator's state tensor. It
-    pickles the tensor as bytes (a tensor crossing a worker queue would go through
-    shared memory).
+    it, or ``np.random.get_state()``; ``torch`` the CPU generator's state tensor (or its
+    bytes). It pickles the tensor as bytes (a tensor crossing a worker queue would go
+    through shared memory) and keeps them as bytes until they are used.
     """
 
     __slots__ = ("gauss_next", "numpy", "numpy_gauss", "python", "torch")
@@ -179,22 +196,24 @@ class Snapshot:
         self.torch = torch_state
 
     def __getstate__(self) -> tuple[Any, ...]:
-        return (
-            self.python,
-            self.gauss_next,
-            self.numpy,
-            self.numpy_gauss,
-            self.torch.numpy().tobytes(),
-        )
+        raw = self.torch if type(self.torch) is bytes else self.torch.numpy().tobytes()
+        return self.python, self.gauss_next, self.numpy, self.numpy_gauss, raw
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self.python, self.gauss_next, self.numpy, self.numpy_gauss, raw = state
-        self.torch = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        # The torch state stays bytes until it is used: most never are (a worker sends
+        # one with every batch; only the delivered one's is saved, and only at a pause).
+        self.python, self.gauss_next, self.numpy, self.numpy_gauss, self.torch = state
+
+
+def _tensor(torch_state: Any) -> torch.Tensor:
+    if type(torch_state) is bytes:
+        return torch.frombuffer(bytearray(torch_state), dtype=torch.uint8)
+    return torch_state  # type: ignore[no-any-return]
 
 
 def capture() -> Snapshot:
     """The global generators' states now (the caller holds ``rng.hold_generators()``)."""
-    place = layout()
+    place = _LAYOUT[0] if _LAYOUT else layout()
     python = place.python
     key = place.numpy_key()
     return Snapshot(
@@ -208,8 +227,8 @@ def capture() -> Snapshot:
 
 def install(snapshot: Snapshot) -> None:
     """Put ``snapshot``'s states into the global generators."""
-    place = layout()
-    torch.default_generator.set_state(snapshot.torch)
+    place = _LAYOUT[0] if _LAYOUT else layout()
+    torch.default_generator.set_state(_tensor(snapshot.torch))
     python = place.python
     if type(snapshot.python) is bytes and python is not None:
         python[:] = snapshot.python
@@ -226,9 +245,8 @@ def install(snapshot: Snapshot) -> None:
 
 def seed_global(seed: int) -> None:
     """Seed Python ``random``, NumPy's global generator and torch CPU from one integer."""
-    place = layout()
-    low = seed & _MASK32
-    place.scratch.seed(low)
+    place = _LAYOUT[0] if _LAYOUT else layout()
+    place.scratch_seed(seed & _MASK32)
     python = place.python
     scratch = place.scratch_key
     if python is not None and scratch is not None:
@@ -238,7 +256,12 @@ def seed_global(seed: int) -> None:
     else:
         key = place.scratch.get_state()[1]
         random.setstate((random.Random.VERSION, (*key.tolist(), _WORDS), None))
-    np.random.seed((seed >> 32) & _MASK32)
+    high = (seed >> 32) & _MASK32
+    if place.numpy_key() is not None and place.numpy_seed is not None:
+        place.numpy_seed(high)
+        place.gauss[:4] = bytes(4)  # type: ignore[index]  # no cached Gaussian, as seed() leaves it
+    else:
+        np.random.seed(high)
     torch.default_generator.manual_seed(seed)
 
 
@@ -282,7 +305,7 @@ def state_of(snapshot: Snapshot) -> RandomState:
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(gauss),
         },
-        "torch": snapshot.torch.clone(),
+        "torch": _tensor(snapshot.torch).clone(),
         "cuda": None,
         "cuda_device": None,
     }

@@ -14,12 +14,17 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import torch
+from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
 from ..errors import IteratorInvalidatedError, LoaderCommitFailedError, LoaderFetchFailedError
 from ..pause_signals import quiet_child_exits
 from ._fetch import FetchFailure
 from ._sources import Pending, Source
 
 __all__ = ["Stream", "ResumableIterator", "cause_of", "release", "shutdown"]
+
+_profiler_enabled = torch.autograd._profiler_enabled
 
 
 class Stream:
@@ -103,8 +108,14 @@ class ResumableIterator:
 
     def _pull(self) -> Any:
         """The internal iterator's next item; its end closes the epoch, its failures kill this iterator."""
+        inner = self._inner
         try:
-            return next(self._inner)
+            if type(inner) is _SingleProcessDataLoaderIter and not _profiler_enabled():
+                # Its __next__ wraps _next_data (sampler, fetch, pin) in a profiler record
+                # and bookkeeping that cost as much as seeding a batch; with a profiler
+                # running the record is kept.
+                return inner._next_data()
+            return next(inner)
         except StopIteration:
             self._exhausted = True
             self._inner = None

@@ -21,36 +21,56 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+import torch
 from torch.utils.data import get_worker_info
 
 from ..rng import hold_generators
-from ._global_generators import Snapshot, capture, install, seed_global
+from ._global_generators import Snapshot, capture, install, layout, seed_global
 
 __all__ = ["CallerGenerators", "OwnGenerators", "caller_generators", "run_seeded", "seed_batch"]
 
 T = TypeVar("T")
 
 seed_batch = seed_global  # seeds Python random, NumPy's global generator and torch CPU
+_TORCH = torch.default_generator
 
 
 class CallerGenerators:
     """Runs a fetch in the main process and hands the caller's generator states back, also on errors."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_lock", "_place")
 
     def __init__(self) -> None:
         self._lock = hold_generators()
+        self._place = layout()
 
     def run(self, seed: Callable[[], None], fetch: Callable[[], T]) -> T:
         """``seed()`` then ``fetch()``; the caller's Python, NumPy and torch CPU states come back."""
+        place = self._place
+        python, key, gauss = place.python, place.numpy_key(), place.gauss
         # Another thread capturing the generators (a pause) waits until they are back.
         with self._lock:
-            caller = capture()
+            if python is None or key is None:
+                caller = capture()
+                try:
+                    seed()
+                    return fetch()
+                finally:
+                    install(caller)
+            # capture() and install() written out: this runs once per batch.
+            instance = place.python_instance
+            python_state, gauss_next = bytes(python), instance.gauss_next
+            numpy_state, numpy_gauss = bytes(key), bytes(gauss)  # type: ignore[arg-type]
+            torch_state = _TORCH.get_state()
             try:
                 seed()
                 return fetch()
             finally:
-                install(caller)
+                _TORCH.set_state(torch_state)
+                python[:] = python_state
+                instance.gauss_next = gauss_next
+                key[:] = numpy_state
+                gauss[:] = numpy_gauss  # type: ignore[index]
 
 
 _CALLER: list[CallerGenerators] = []  # this process's, made on first use (never pickled)

@@ -69,11 +69,12 @@ class ResumableDataLoader(DataLoader):
       ``__iter__`` returns an iterator that has them (torchdata's ``Stateful``
       protocol), with any ``num_workers``, ``persistent_workers``, ``prefetch_factor``,
       ``batch_size`` (or ``None``) and ``drop_last``: each worker reads its own copy,
-      batched and delivered round-robin as by ``DataLoader``, and each ``iter(loader)``
-      is one pass. The state holds, per worker, the copy's and its iterator's
-      ``state_dict()`` after the last batch *delivered* from it, and whose turn is next;
-      a resume loads them into the new workers' copies (with 0 workers into the
-      dataset, in :meth:`load_state_dict`). Non-persistent workers copy the
+      batched and delivered round-robin as by ``DataLoader`` (one ``iter(dataset)`` per
+      pass, then ``next()`` only, as torch's fetcher reads it), and each
+      ``iter(loader)`` is one pass. The state holds, per worker, the copy's and its
+      iterator's ``state_dict()`` after the last batch *delivered* from it, the copy's
+      generator states then, and whose turn is next; a resume loads them into the new
+      workers' copies (with 0 workers into the dataset, in :meth:`load_state_dict`). Non-persistent workers copy the
       main-process dataset at every pass start (so a state saved between passes loads
       nothing into them); persistent workers and 0 workers carry their copies' states
       into the next pass. To know whether a pass has ended, :meth:`state_dict` (and
@@ -91,14 +92,18 @@ class ResumableDataLoader(DataLoader):
     * Augmentation replays: ``augmentation_seed`` is drawn once at construction (from
       ``generator`` if given, else torch's default CPU generator) and saved in the
       state. With ``augmentation_seeding="batch"`` (the default over torch's and
-      stateful samplers, the only one for an ``IterableDataset``) Python ``random``,
-      NumPy's global generator and torch CPU are seeded once per batch from its position
-      (for an ``IterableDataset``: its pass, worker and number in that worker's pass),
-      and its samples and ``collate_fn`` draw in order (a dataset's ``__getitems__``
-      is used when it has one). With ``"sample"`` (the default for the endless samplers, required when they are
-      sharded) ``dataset[index]`` runs seeded by ``derive_seed(augmentation_seed,
-      stream_position)``, as under ``rng_scope``, and ``collate_fn`` by a per-batch
-      seed: a sample's augmentation then depends on neither batch size nor world size.
+      stateful samplers) Python ``random``, NumPy's global generator and torch CPU are
+      seeded once per batch from its position, and its samples and ``collate_fn`` draw
+      in order (a dataset's ``__getitems__`` is used when it has one). An
+      ``IterableDataset`` (recorded as ``"batch"`` too) has them seeded once per pass
+      and worker, before its ``iter()``; they carry on from batch to batch as in a
+      ``DataLoader`` worker (with 0 workers they are the copy's own, swapped in for its
+      reads), and the state saves them with the copy's position, so a dataset that keeps
+      them in its own state too resumes exactly. With ``"sample"`` (the default for the
+      endless samplers, required when they are sharded) ``dataset[index]`` runs seeded
+      by ``derive_seed(augmentation_seed, stream_position)``, as under ``rng_scope``,
+      and ``collate_fn`` by a per-batch seed: a sample's augmentation then depends on
+      neither batch size nor world size.
       The state records the choice. The caller's generators are handed back exactly
       after every batch, also with ``num_workers=0`` and on errors (CUDA is never
       touched); worker base seeds derive from ``augmentation_seed`` (``generator`` is
