@@ -56,6 +56,7 @@ _PY_OFFSET = (
 )
 _FRESH_INDEX = (_WORDS).to_bytes(4, sys.byteorder)  # init_genrand leaves the index at 624
 _GAUSS_BYTES = 16  # int has_gauss; 4 bytes of padding; double gauss
+_NO_GAUSS = bytes(_GAUSS_BYTES)  # has_gauss 0, gauss 0.0
 _MARKER = 0.8147236863931789  # a cached Gaussian no state holds by chance
 
 
@@ -259,7 +260,7 @@ def seed_global(seed: int) -> None:
     high = (seed >> 32) & _MASK32
     if place.numpy_key() is not None and place.numpy_seed is not None:
         place.numpy_seed(high)
-        place.gauss[:4] = bytes(4)  # type: ignore[index]  # no cached Gaussian, as seed() leaves it
+        place.gauss[:] = _NO_GAUSS  # type: ignore[index]  # no cached Gaussian, as seed() leaves it
     else:
         np.random.seed(high)
     torch.default_generator.manual_seed(seed)

@@ -1,0 +1,163 @@
+"""The global generators taken whole and put back as raw bytes: the same states, Gaussian
+caches and seeds as through the public accessors, on the real Python, NumPy and torch."""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from trainer_resume.loaders import _global_generators as generators
+from trainer_resume.loaders._seeding import CallerGenerators, OwnGenerators
+from trainer_resume.rng import random_state, restore_random_state
+from trainer_resume.testing import first_difference
+
+
+def _public() -> tuple:
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    python_a, numpy_a, torch_a = a
+    python_b, numpy_b, torch_b = b
+    return (
+        python_a == python_b
+        and numpy_a[0] == numpy_b[0]
+        and np.array_equal(numpy_a[1], numpy_b[1])
+        and numpy_a[2:] == numpy_b[2:]
+        and torch.equal(torch_a, torch_b)
+    )
+
+
+def _with_cached_gaussians(seed: int) -> None:
+    """Generators that each hold a cached second Gaussian, as the public states show."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    random.gauss(0.0, 1.0)
+    np.random.randn()
+    torch.randn(3)
+    assert random.getstate()[2] is not None and np.random.get_state()[3] == 1
+
+
+def test_this_interpreter_has_the_raw_layout_so_the_fast_path_is_what_the_tests_exercise():
+    place = generators.layout()
+    assert place.python is not None and place.gauss is not None
+    assert place.numpy_key() is not None and place.scratch_key is not None
+
+
+def test_a_snapshot_put_back_restores_every_generator_with_its_cached_gaussians():
+    _with_cached_gaussians(5)
+    before = _public()
+    snapshot = generators.capture()
+    random.random()
+    np.random.randn(3)
+    torch.rand(4)
+    generators.install(snapshot)
+    assert _same(_public(), before)
+    draws = (random.gauss(0.0, 1.0), float(np.random.randn()), float(torch.randn(())))
+    _with_cached_gaussians(5)
+    assert draws == (random.gauss(0.0, 1.0), float(np.random.randn()), float(torch.randn(())))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**32 - 1, 2**32, 0x1234_5678_9ABC_DEF0, 2**63 - 1])
+def test_seeding_gives_the_documented_states(seed):
+    generators.seed_global(seed)
+    low, high = seed & 0xFFFFFFFF, seed >> 32
+    # Python: the Mersenne Twister state of init_genrand(low 32 bits), as NumPy seeds it.
+    key = np.random.RandomState(low).get_state()[1]
+    assert random.getstate() == (3, (*key.tolist(), 624), None)
+    reference = np.random.RandomState(high).get_state()
+    state = np.random.get_state()
+    assert np.array_equal(state[1], reference[1]) and state[2:] == reference[2:]
+    assert torch.equal(torch.get_rng_state(), torch.Generator().manual_seed(seed).get_state())
+
+
+def test_seeding_drops_the_cached_gaussians():
+    _with_cached_gaussians(9)
+    generators.seed_global(77)
+    assert random.getstate()[2] is None and np.random.get_state()[3:] == (0, 0.0)
+
+
+def test_the_public_fallback_gives_the_same_states(monkeypatch):
+    generators.seed_global(123456789)
+    fast = _public()
+    place = generators.layout()
+    monkeypatch.setattr(place, "python", None)
+    monkeypatch.setattr(place, "scratch_key", None)
+    monkeypatch.setattr(place, "numpy", None)
+    monkeypatch.setattr(place, "numpy_bit_generator", place.numpy_state._bit_generator)
+    assert place.numpy_key() is None
+    generators.seed_global(123456789)
+    assert _same(_public(), fast)
+    _with_cached_gaussians(3)
+    before = _public()
+    snapshot = generators.capture()
+    assert type(snapshot.python) is tuple and type(snapshot.numpy) is tuple
+    random.random()
+    np.random.rand()
+    generators.install(snapshot)
+    assert _same(_public(), before)
+
+
+def test_a_snapshot_converts_to_the_saved_random_state_and_back_through_pickle():
+    _with_cached_gaussians(11)
+    expected = random_state()
+    snapshot = pickle.loads(pickle.dumps(generators.capture()))
+    assert type(snapshot.torch) is bytes  # kept as bytes until used
+    state = generators.state_of(snapshot)
+    assert first_difference(state, expected) is None
+    random.seed(0)
+    np.random.seed(0)
+    generators.install(generators.snapshot_of(state))
+    restored = random_state()
+    restore_random_state(expected)
+    assert first_difference(restored, random_state()) is None
+
+
+def test_the_callers_generators_come_back_with_their_cached_gaussians_after_a_seeded_fetch():
+    _with_cached_gaussians(21)
+    before = _public()
+
+    def fetch() -> float:
+        return random.gauss(0.0, 1.0) + float(np.random.randn(3).sum()) + float(torch.randn(()))
+
+    first = CallerGenerators().run(lambda: generators.seed_global(99), fetch)
+    assert _same(_public(), before)
+    assert CallerGenerators().run(lambda: generators.seed_global(99), fetch) == first
+
+
+def test_own_generators_carry_on_from_read_to_read_and_leave_the_callers_alone():
+    own = OwnGenerators()
+    _with_cached_gaussians(4)
+    before = _public()
+    first = own.run(lambda: (generators.seed_global(7), random.random())[1])
+    second = own.run(lambda: (random.random(), float(np.random.randn()), float(torch.rand(()))))
+    assert _same(_public(), before)
+    generators.seed_global(7)
+    assert [first, *second] == [
+        random.random(),
+        random.random(),
+        float(np.random.randn()),
+        float(torch.rand(())),
+    ]
+
+
+def test_a_replaced_numpy_bit_generator_is_found_again_and_the_old_one_is_not_written():
+    place = generators.layout()
+    old = np.random.mtrand._rand._bit_generator
+    old_state = old.state
+    try:
+        np.random.set_bit_generator(np.random.MT19937(5))
+        generators.seed_global(2**40 + 3)
+        reference = np.random.RandomState(2**8).get_state()
+        assert np.array_equal(np.random.get_state()[1], reference[1])
+        assert place.numpy_bit_generator is np.random.mtrand._rand._bit_generator
+        untouched = old.state["state"]
+        assert np.array_equal(untouched["key"], old_state["state"]["key"])
+        assert untouched["pos"] == old_state["state"]["pos"]
+    finally:
+        np.random.set_bit_generator(old)
