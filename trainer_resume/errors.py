@@ -198,6 +198,11 @@ class WorldSizeChangeWarning(UserWarning):
     """A pause is resumed with another number of ranks: sample-exact, not bit-comparable."""
 
 
+class UncheckedResumeWarning(UserWarning):
+    """A configuration could not be checked for an exact resume (another library's
+    internals were not as expected); the text names what could not be checked."""
+
+
 def get_error_message(code: int) -> str:
     """Return the fixed message of an error code.
 

@@ -33,9 +33,16 @@ from trainer_resume.loaders import (
 def test_signature_is_dataloaders_plus_keyword_only_resumable_options():
     ours = inspect.signature(ResumableDataLoader.__init__).parameters
     torchs = inspect.signature(DataLoader.__init__).parameters
-    assert list(ours) == [*torchs, "resumable", "augmentation_seeding"]
+    assert list(ours) == [
+        *torchs,
+        "resumable",
+        "augmentation_seeding",
+        "allow_inexact_shuffle_buffer",
+    ]
     assert ours["augmentation_seeding"].kind is inspect.Parameter.KEYWORD_ONLY
     assert ours["augmentation_seeding"].default is None
+    assert ours["allow_inexact_shuffle_buffer"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert ours["allow_inexact_shuffle_buffer"].default is False
     for name, parameter in torchs.items():
         assert (ours[name].kind, ours[name].default) == (parameter.kind, parameter.default), name
     assert ours["resumable"].kind is inspect.Parameter.KEYWORD_ONLY

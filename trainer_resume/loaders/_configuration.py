@@ -18,6 +18,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from ..errors import ResumableModeRequiredError, UnsupportedResumeConfigurationError
 from ._batching import ResumableBatchSampler
 from ._epochs import EPOCH_SAMPLERS, EpochSource
+from ._hf_streaming import check_streaming_dataset, is_streaming_dataset
 from ._iterable_source import IterableSource
 from ._sources import BatchSamplerSource, SamplerSource, Source
 from ._stateful import StatefulSource, is_stateful
@@ -57,14 +58,20 @@ def _is_epoch_sampler(sampler: Any) -> bool:
 
 
 def check_resumable_configuration(
-    dataset: Any, sampler: Any, batch_sampler: Any, in_order: bool
+    dataset: Any,
+    sampler: Any,
+    batch_sampler: Any,
+    in_order: bool,
+    *,
+    allow_inexact_shuffle_buffer: bool = False,
 ) -> None:
     """Refuse, before anything is built, what a resumable loader cannot resume exactly.
 
     Raises:
         UnsupportedResumeConfigurationError: ``in_order=False``, an IterableDataset that
-            has no state (its ``__iter__`` a generator), or a sampler / batch sampler whose
-            order cannot be recomputed.
+            has no state (its ``__iter__`` a generator), a Hugging Face streaming dataset
+            shuffled with a buffer (unless ``allow_inexact_shuffle_buffer``), or a sampler /
+            batch sampler whose order cannot be recomputed.
         ResumableModeRequiredError: a sampler of this package built with ``resumable=False``.
     """
     if in_order is not True:
@@ -81,6 +88,10 @@ def check_resumable_configuration(
                 "its position cannot be recorded; give the dataset (or the iterator its "
                 "__iter__ returns) state_dict() and load_state_dict() (torchdata's Stateful "
                 "protocol), or use a map-style dataset"
+            )
+        if is_streaming_dataset(dataset):
+            check_streaming_dataset(
+                dataset, allow_inexact_shuffle_buffer=allow_inexact_shuffle_buffer
             )
         return
     for given in (sampler, batch_sampler, getattr(batch_sampler, "sampler", None)):

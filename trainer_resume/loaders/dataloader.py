@@ -22,6 +22,7 @@ from . import _state_keys as keys
 from ._batching import ResumableBatchSampler
 from ._configuration import check_resumable_configuration, source_of
 from ._fetch import BatchFetcher, as_is
+from ._hf_streaming import is_streaming_dataset, prepare_pass
 from ._iterable import PassPlan, PassReader
 from ._iterable_iterator import IterableIterator
 from ._iterable_source import IterableSource
@@ -119,6 +120,10 @@ class ResumableDataLoader(DataLoader):
             other argument is ``torch.utils.data.DataLoader``'s.
         augmentation_seeding: ``"batch"`` or ``"sample"`` (keyword-only); ``None``
             chooses as described above.
+        allow_inexact_shuffle_buffer: Accept a Hugging Face streaming dataset shuffled
+            with a buffer (``.shuffle(buffer_size=...)``), refused otherwise: its state
+            does not hold the buffer, so a resume refills it with other examples and
+            differs from the uninterrupted run (keyword-only).
 
     Raises:
         ResumableModeRequiredError: a resumable sampler with ``resumable=False``, or
@@ -126,8 +131,9 @@ class ResumableDataLoader(DataLoader):
         UnsupportedResumeConfigurationError: with ``resumable=True``: an
             IterableDataset without a state (its ``__iter__`` a generator; one that
             returns an iterator without a state is refused by the first ``next()``), a
-            sampler or batch sampler other than those above (subclasses included), or
-            ``in_order=False``.
+            sampler or batch sampler other than those above (subclasses included),
+            ``in_order=False``, or a Hugging Face streaming dataset shuffled with a buffer
+            (unless ``allow_inexact_shuffle_buffer``).
         ValueError: the sampler was built for a dataset of another size,
             ``augmentation_seeding`` is unknown, ``"batch"`` with a sharded endless
             sampler or ``"sample"`` with an IterableDataset (and every argument error
@@ -156,6 +162,7 @@ class ResumableDataLoader(DataLoader):
         in_order: bool = True,
         resumable: bool = False,
         augmentation_seeding: str | None = None,
+        allow_inexact_shuffle_buffer: bool = False,
     ) -> None:
         if not isinstance(resumable, bool):
             raise TypeError(f"resumable must be a bool, got {type(resumable).__name__}")
@@ -163,8 +170,19 @@ class ResumableDataLoader(DataLoader):
             raise ValueError(
                 f"augmentation_seeding must be 'batch', 'sample' or None, got {augmentation_seeding!r}"
             )
+        if not isinstance(allow_inexact_shuffle_buffer, bool):
+            raise TypeError(
+                "allow_inexact_shuffle_buffer must be a bool, got "
+                f"{type(allow_inexact_shuffle_buffer).__name__}"
+            )
         if resumable:
-            check_resumable_configuration(dataset, sampler, batch_sampler, in_order)
+            check_resumable_configuration(
+                dataset,
+                sampler,
+                batch_sampler,
+                in_order,
+                allow_inexact_shuffle_buffer=allow_inexact_shuffle_buffer,
+            )
         else:
             for given in (sampler, batch_sampler):
                 if _is_resumable_sampler(given):
@@ -321,6 +339,7 @@ class ResumableDataLoader(DataLoader):
                 self.drop_last,
                 stream.augmentation_seed,
                 plan,
+                prepare_pass if is_streaming_dataset(self.dataset) else None,
             ),
             worker_seeds,
         )
