@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 SIZE = 24
 BAD_ID = 17
@@ -113,3 +113,77 @@ def resumable_noisy_loader(num_workers: int):
         num_workers=num_workers,
         resumable=True,
     )
+
+
+class ItemStream(IterableDataset):
+    """30 ``{"id", "image"}`` items, its own iterator with a position as its state; split by
+    worker (torch's recipe) when ``sharded``; augmented from torch's generator if ``noisy``."""
+
+    ITEMS = 30
+
+    def __init__(self, *, sharded: bool = True, noisy: bool = False) -> None:
+        self.sharded = sharded
+        self.noisy = noisy
+        self.position = 0
+        self.numbers: list[int] = []
+
+    def _numbers(self) -> list[int]:
+        info = get_worker_info()
+        if info is None or not self.sharded:
+            return list(range(self.ITEMS))
+        return list(range(info.id, self.ITEMS, info.num_workers))
+
+    def __iter__(self) -> ItemStream:
+        self.numbers, self.position = self._numbers(), 0
+        return self
+
+    def __next__(self) -> dict:
+        if self.position >= len(self.numbers):
+            raise StopIteration
+        number = self.numbers[self.position]
+        self.position += 1
+        image = torch.full((3, 4, 4), float(number))
+        if self.noisy:
+            image = image + torch.rand(())
+        return {"id": number, "image": image}
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+class PlainItems(IterableDataset):
+    """Items without any state: a generator."""
+
+    def __iter__(self):
+        yield from ({"id": number} for number in range(12))
+
+
+def item_stream() -> ItemStream:
+    return ItemStream()
+
+
+def noisy_item_stream() -> ItemStream:
+    return ItemStream(noisy=True)
+
+
+def unsharded_item_stream() -> ItemStream:
+    """Every worker reads the whole stream: each item once per worker."""
+    return ItemStream(sharded=False)
+
+
+def plain_items() -> PlainItems:
+    return PlainItems()
+
+
+class ForgetfulStream(ItemStream):
+    """Its state always says "at the start": a resume reads the pass over again."""
+
+    def state_dict(self) -> dict:
+        return {"position": 0}
+
+
+def forgetful_stream() -> ForgetfulStream:
+    return ForgetfulStream()

@@ -1,24 +1,38 @@
-"""``trainer-resume audit-loader``: contract, worker, epoch and throughput checks of a loader."""
+"""``trainer-resume audit-loader``: contract, worker, epoch, resume and throughput checks of a loader."""
 
 from __future__ import annotations
 
 import statistics
-from typing import TextIO
+from typing import Any, TextIO
 
 from ...rng import seed_cpu_generators
 from .._common import EXIT_CHECK_FAILED, EXIT_OK, format_table
 from .compare import check_epochs, compare_workers, explain
-from .contract import AuditUsageError, ContractReport, check_contract, describe
-from .runs import EpochRun, build_target, is_endless, load_factory, run_epochs
+from .contract import (
+    AuditUsageError,
+    ContractReport,
+    check_contract,
+    check_stream_contract,
+    describe,
+)
+from .resume import check_resumes, print_resumes, resumable_reason
+from .runs import EpochRun, Target, build_target, is_endless, load_factory, run_epochs
+from .streams import check_stream_passes, compare_stream_workers
 
 __all__ = ["AuditUsageError", "run_audit"]
 
 _SHOWN = 10  # contract violations listed; the rest are counted
 
 
-def _print_contract(report: ContractReport, out: TextIO) -> None:
-    scope = "every index" if report.complete else f"the first {report.checked} indices"
-    print(f"\ncontract: dataset[i] for {scope}, before collation", file=out)
+def _print_contract(report: ContractReport, out: TextIO, *, stream: bool = False) -> None:
+    if stream:
+        scope = "every item" if report.complete else f"the first {report.checked} items"
+        where = f"iter(dataset) read in this process, {scope}"
+    else:
+        where = "dataset[i] for " + (
+            "every index" if report.complete else f"the first {report.checked} indices"
+        )
+    print(f"\ncontract: {where}, before collation", file=out)
     rows = [
         (path or "(sample)", *describe(signature), f"{count}/{report.checked}")
         for path, (signature, count) in report.references.items()
@@ -31,7 +45,8 @@ def _print_contract(report: ContractReport, out: TextIO) -> None:
     if not report.violations:
         print("  ok: every field has one type, dtype and shape", file=out)
     drawn = ", ".join(report.global_generators)
-    print(f"  global generators dataset[i] draws from: {drawn or 'none'}", file=out)
+    reader = "the items draw" if stream else "dataset[i] draws"
+    print(f"  global generators {reader} from: {drawn or 'none'}", file=out)
 
 
 def _print_throughput(runs: dict[int, list[EpochRun]], out: TextIO) -> None:
@@ -92,6 +107,17 @@ def run_audit(
 
     seed_cpu_generators(seed)
     first = build_target(factory, num_workers=0, batch_size=batch_size)
+    if first.iterable:
+        return _run_stream_audit(
+            factory,
+            first,
+            settings=settings,
+            epochs=epochs,
+            batches=batches,
+            batch_size=batch_size,
+            seed=seed,
+            out=out,
+        )
     dataset_size = len(first.dataset)
     origin = (
         f"a dataset; the audit loads it with batch_size={batch_size}, shuffle=False, no collation"
@@ -118,27 +144,11 @@ def run_audit(
         )
         return EXIT_CHECK_FAILED
 
-    runs: dict[int, list[EpochRun]] = {}
-    failures: list[str] = []
     endless = is_endless(first.loader)
-    for workers_count in settings:
-        current = first if workers_count == 0 else None
-        if current is None:
-            seed_cpu_generators(seed)
-            current = build_target(factory, num_workers=workers_count, batch_size=batch_size)
-        seed_cpu_generators(seed)
-        try:
-            runs[workers_count] = run_epochs(
-                current.loader, dataset_size=dataset_size, epochs=epochs, batches=batches
-            )
-        except AuditUsageError:
-            raise
-        except Exception as error:  # a loader that fails under one setting is a finding
-            failures.append(
-                f"  FAILED num_workers={workers_count}: {type(error).__name__}: {error}"
-            )
-        finally:
-            _close(current.loader)
+    _close(first.loader)
+    runs, failures = _run_settings(
+        factory, settings, epochs, batches, batch_size, seed, dataset_size
+    )
     if failures:
         print("\nloading: a setting raised while iterating", file=out)
         print("\n".join(failures), file=out)
@@ -155,9 +165,134 @@ def run_audit(
     )
     problems = len(failures) + findings.problems
     problems += check_epochs(runs, dataset_size, endless, out)
+    problems += _resumes(factory, first, runs, settings, batches, batch_size, seed, out)
     _print_throughput(runs, out)
     print(f"\nresult: {'ok' if not problems else f'{problems} problem(s) found'}", file=out)
     return EXIT_CHECK_FAILED if problems else EXIT_OK
+
+
+def _run_stream_audit(
+    factory: Any,
+    first: Target,
+    *,
+    settings: list[int],
+    epochs: int,
+    batches: int | None,
+    batch_size: int,
+    seed: int,
+    out: TextIO,
+) -> int:
+    """The audit of an ``IterableDataset``: its items are identified by content."""
+    loader = first.loader
+    if first.built_by_audit:
+        kind = type(loader).__name__
+        how = ", resumable=True" if kind == "ResumableDataLoader" else ""
+        origin = (
+            f"an IterableDataset; the audit loads it with {kind}(batch_size={batch_size}{how}), "
+            "no collation"
+        )
+    else:
+        origin = (
+            f"a {type(loader).__name__} (batch_size={loader.batch_size}) over an IterableDataset"
+        )
+    print(f"  factory returned {origin}", file=out)
+    print(
+        f"  settings: num_workers {settings}, {epochs} passes, batches per pass: {batches or 'all'}, seed {seed}",
+        file=out,
+    )
+    _close(loader)
+    # The contract reads a copy of its own: reading advances a stateful dataset.
+    seed_cpu_generators(seed)
+    reader = build_target(factory, num_workers=0, batch_size=batch_size)
+    per_batch = reader.loader.batch_size or 1
+    limit = None if batches is None else batches * per_batch
+    contract = check_stream_contract(reader.dataset, limit)
+    contract.complete = limit is None or contract.checked < limit
+    _close(reader.loader)
+    _print_contract(contract, out, stream=True)
+    if contract.violations:
+        print(
+            f"\nresult: {len(contract.violations)} contract violation(s); loader runs skipped "
+            "(collation would fail on them or hide them)",
+            file=out,
+        )
+        return EXIT_CHECK_FAILED
+    runs, failures = _run_settings(factory, settings, epochs, batches, batch_size, seed, None)
+    if failures:
+        print("\nloading: a setting raised while iterating", file=out)
+        print("\n".join(failures), file=out)
+    if 0 not in runs:
+        print(f"\nresult: {len(failures)} problem(s) found; the reference setting failed", file=out)
+        return EXIT_CHECK_FAILED
+    drawn = contract.global_generators
+    problems = len(failures)
+    problems += compare_stream_workers(runs, by_content=not drawn, drawn=drawn, out=out)
+    check_stream_passes(runs, by_content=not drawn, out=out)
+    if first.refusal is not None:
+        problems += 1
+    problems += _resumes(factory, first, runs, settings, batches, batch_size, seed, out)
+    _print_throughput(runs, out)
+    print(f"\nresult: {'ok' if not problems else f'{problems} problem(s) found'}", file=out)
+    return EXIT_CHECK_FAILED if problems else EXIT_OK
+
+
+def _run_settings(
+    factory: Any,
+    settings: list[int],
+    epochs: int,
+    batches: int | None,
+    batch_size: int,
+    seed: int,
+    dataset_size: int | None,
+) -> tuple[dict[int, list[EpochRun]], list[str]]:
+    """Each worker setting's passes, from a fresh target built and read under ``seed``."""
+    runs: dict[int, list[EpochRun]] = {}
+    failures: list[str] = []
+    for workers_count in settings:
+        seed_cpu_generators(seed)
+        current = build_target(factory, num_workers=workers_count, batch_size=batch_size)
+        seed_cpu_generators(seed)
+        try:
+            runs[workers_count] = run_epochs(
+                current.loader, dataset_size=dataset_size, epochs=epochs, batches=batches
+            )
+        except AuditUsageError:
+            raise
+        except Exception as error:  # a loader that fails under one setting is a finding
+            failures.append(
+                f"  FAILED num_workers={workers_count}: {type(error).__name__}: {error}"
+            )
+        finally:
+            _close(current.loader)
+    return runs, failures
+
+
+def _resumes(
+    factory: Any,
+    first: Target,
+    runs: dict[int, list[EpochRun]],
+    settings: list[int],
+    batches: int | None,
+    batch_size: int,
+    seed: int,
+    out: TextIO,
+) -> int:
+    """Resume checks with 0 workers and the most workers asked for; returns the problems."""
+    reason = resumable_reason(first)
+    if reason is not None:
+        print(f"\nresume: not checked: {reason}", file=out)
+        return 0
+    checks = []
+    for workers in sorted({0, max(settings)}):
+        if workers not in runs or not runs[workers]:
+            continue
+
+        def build(workers: int = workers) -> Target:
+            seed_cpu_generators(seed)
+            return build_target(factory, num_workers=workers, batch_size=batch_size)
+
+        checks.extend(check_resumes(build, workers, runs[workers][0], batches=batches))
+    return print_resumes(checks, out)
 
 
 def _close(loader: object) -> None:

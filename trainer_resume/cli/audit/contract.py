@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ __all__ = [
     "ContractReport",
     "Violation",
     "check_contract",
+    "check_stream_contract",
     "field_name",
     "flatten_sample",
 ]
@@ -42,13 +43,14 @@ class AuditUsageError(UsageError):
 
 @dataclass(frozen=True)
 class Violation:
-    """One sample that breaks the contract."""
+    """One sample that breaks the contract (an ``IterableDataset``'s: by its place in the stream)."""
 
     index: int
     text: str
+    what: str = "sample index"  # or "item"
 
     def __str__(self) -> str:
-        return f"sample index {self.index}: {self.text}"
+        return f"{self.what} {self.index}: {self.text}"
 
 
 @dataclass
@@ -144,16 +146,52 @@ def _drawn_from(before: tuple[Any, Any, Any], after: tuple[Any, Any, Any]) -> li
 
 def check_contract(dataset: Any, indices: Sequence[int]) -> ContractReport:
     """Read ``dataset[i]`` for each index (no collation) and check every field."""
-    report = ContractReport(checked=len(indices))
+
+    def read() -> Iterator[tuple[int, Any, BaseException | None]]:
+        for index in indices:
+            try:
+                yield index, dataset[index], None
+            except Exception as error:  # a failing sample is a finding, not the end of the audit
+                yield index, None, error
+
+    return _check(read(), "sample index", lambda index: f"dataset[{index}]")
+
+
+def check_stream_contract(dataset: Any, limit: int | None) -> ContractReport:
+    """Read an ``IterableDataset`` as a loader without workers does (one ``iter()``, then
+    ``next()``), up to ``limit`` items, and check every field of each item."""
+
+    def read() -> Iterator[tuple[int, Any, BaseException | None]]:
+        number = 0
+        try:
+            iterator = iter(dataset)
+            while limit is None or number < limit:
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+                yield number, item, None
+                number += 1
+        except Exception as error:  # the stream ends at a failure: a finding
+            yield number, None, error
+
+    return _check(read(), "item", lambda number: f"reading item {number}")
+
+
+def _check(
+    samples: Iterator[tuple[int, Any, BaseException | None]],
+    what: str,
+    action: Callable[[int], str],
+) -> ContractReport:
+    report = ContractReport()
     per_sample: list[tuple[int, dict[str, Signature] | None]] = []
     counts: dict[str, Counter[Signature]] = {}
     before = _global_generators()
-    for index in indices:
-        try:
-            sample = dataset[index]
-        except Exception as error:  # a failing sample is a finding, not the end of the audit
-            text = f"dataset[{index}] raised {type(error).__name__}: {error}"
-            report.violations.append(Violation(index, text))
+    for index, sample, error in samples:
+        report.checked += 1
+        if error is not None:
+            text = f"{action(index)} raised {type(error).__name__}: {error}"
+            report.violations.append(Violation(index, text, what))
             per_sample.append((index, None))
             continue
         signatures = {path: _signature(value) for path, value in flatten_sample(sample).items()}
@@ -173,9 +211,9 @@ def check_contract(dataset: Any, indices: Sequence[int]) -> ContractReport:
             found = signatures.get(path)
             if found is None:
                 text = f"has no {field_name(path)} (present in {count} of {sampled} samples)"
-                report.violations.append(Violation(index, text))
+                report.violations.append(Violation(index, text, what))
             elif found != expected:
                 difference = _difference(found, expected)
                 text = f"{field_name(path)} {difference} (like {count} of {sampled} samples)"
-                report.violations.append(Violation(index, text))
+                report.violations.append(Violation(index, text, what))
     return report

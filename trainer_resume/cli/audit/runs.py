@@ -16,7 +16,15 @@ from torch.utils.data import DataLoader, IterableDataset
 from .contract import AuditUsageError
 from .tagging import Delivered, keep_samples, tag_loader, value_digest
 
-__all__ = ["EpochRun", "Target", "build_target", "is_endless", "load_factory", "run_epochs"]
+__all__ = [
+    "EpochRun",
+    "Target",
+    "build_target",
+    "delivered",
+    "is_endless",
+    "load_factory",
+    "run_epochs",
+]
 
 
 @dataclass
@@ -26,6 +34,8 @@ class Target:
     loader: DataLoader
     dataset: Any  # the dataset itself (the loader reads it through the tagging wrapper)
     built_by_audit: bool  # the factory returned a dataset that the audit wrapped
+    iterable: bool = False  # an IterableDataset: items identified by content, not index
+    refusal: str | None = None  # why ResumableDataLoader refused the factory's dataset
 
 
 @dataclass
@@ -44,7 +54,7 @@ class EpochRun:
 
     @property
     def samples_per_s(self) -> float | None:
-        measured = len(self.indices) - self.warmup_samples
+        measured = len(self.samples) - self.warmup_samples
         if measured <= 0 or self.measured_s <= 0:
             return None
         return measured / self.measured_s
@@ -115,16 +125,12 @@ def build_target(factory: Callable[..., Any], *, num_workers: int, batch_size: i
                 f"num_workers={product.num_workers}"
             )
         dataset = product.dataset
-        if isinstance(dataset, IterableDataset):
-            raise AuditUsageError(
-                "the loader's dataset is an IterableDataset; only map-style datasets can be audited"
-            )
         tag_loader(product)
-        return Target(product, dataset, built_by_audit=False)
-    if isinstance(product, IterableDataset):
-        raise AuditUsageError(
-            "the factory returned an IterableDataset; only map-style datasets can be audited"
+        return Target(
+            product, dataset, built_by_audit=False, iterable=isinstance(dataset, IterableDataset)
         )
+    if isinstance(product, IterableDataset):
+        return _stream_target(product, num_workers=num_workers, batch_size=batch_size)
     if not (hasattr(product, "__getitem__") and hasattr(product, "__len__")):
         raise AuditUsageError(
             f"the factory returned a {type(product).__name__}; expected a map-style dataset "
@@ -142,7 +148,25 @@ def build_target(factory: Callable[..., Any], *, num_workers: int, batch_size: i
     return Target(loader, product, built_by_audit=True)
 
 
-def _delivered(batch: Any) -> Delivered:
+def _stream_target(dataset: Any, *, num_workers: int, batch_size: int) -> Target:
+    """An IterableDataset, loaded without collation by ResumableDataLoader(resumable=True), so
+    its resumes are checked; by torch's DataLoader where that refuses it (the refusal is a
+    finding)."""
+    from ...errors import UnsupportedResumeConfigurationError
+    from ...loaders import ResumableDataLoader
+
+    options = {"batch_size": batch_size, "num_workers": num_workers, "collate_fn": keep_samples}
+    refusal = None
+    try:
+        loader: DataLoader = ResumableDataLoader(dataset, resumable=True, **options)
+    except UnsupportedResumeConfigurationError as error:
+        refusal = str(error)
+        loader = DataLoader(dataset, **options)
+    tag_loader(loader)
+    return Target(loader, dataset, built_by_audit=True, iterable=True, refusal=refusal)
+
+
+def delivered(batch: Any) -> Delivered:
     if not isinstance(batch, Delivered):
         raise AuditUsageError(
             f"the loader delivered a {type(batch).__name__} instead of its collate_fn's output; "
@@ -152,7 +176,10 @@ def _delivered(batch: Any) -> Delivered:
 
 
 def is_endless(loader: DataLoader) -> bool:
-    """True when the loader has no length (an endless sampler): its epochs are cut by size."""
+    """True when the loader has no length (an endless sampler): its epochs are cut by size.
+    An IterableDataset's passes end where its iterators stop."""
+    if isinstance(loader.dataset, IterableDataset):
+        return False
     try:
         len(loader)
     except (TypeError, NotImplementedError, OverflowError):
@@ -161,7 +188,7 @@ def is_endless(loader: DataLoader) -> bool:
 
 
 def run_epochs(
-    loader: DataLoader, *, dataset_size: int, epochs: int, batches: int | None
+    loader: DataLoader, *, dataset_size: int | None, epochs: int, batches: int | None
 ) -> list[EpochRun]:
     """Iterate ``epochs`` passes; a pass ends with the iterator, after ``batches``
     batches, or (for an endless loader) after ``dataset_size`` samples."""
@@ -173,23 +200,23 @@ def run_epochs(
         iterator = iter(loader)
         first_done = start
         while batches is None or run.batches < batches:
-            if endless and len(run.indices) >= dataset_size:
+            if endless and dataset_size is not None and len(run.indices) >= dataset_size:
                 break
             try:
                 batch = next(iterator)
             except StopIteration:
                 run.ended = True
                 break
-            delivered = _delivered(batch)
-            run.indices.extend(delivered.indices)
-            run.samples.extend(delivered.samples)
-            run.batch_indices.append(delivered.indices)
-            run.batch_digests.append(value_digest(delivered.batch))
+            delivered_batch = delivered(batch)
+            run.indices.extend(delivered_batch.indices)
+            run.samples.extend(delivered_batch.samples)
+            run.batch_indices.append(delivered_batch.indices)
+            run.batch_digests.append(value_digest(delivered_batch.batch))
             run.batches += 1
             if run.batches == 1:
                 first_done = time.perf_counter()
                 run.warmup_s = first_done - start
-                run.warmup_samples = len(delivered.indices)
+                run.warmup_samples = len(delivered_batch.samples)
         run.measured_s = time.perf_counter() - first_done if run.batches > 1 else 0.0
         # Dropping the iterator stops its workers before the next pass starts new ones.
         del iterator

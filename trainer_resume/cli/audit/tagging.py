@@ -6,7 +6,10 @@ puts two thin wrappers into the loader under audit: :class:`IndexedDataset` retu
 loader's own ``collate_fn``, and returns the batch with the indices and one content
 digest per field of every sample, taken before collation (where ``dataset[i]`` ran,
 in the worker). The loader's sampler, workers, seeding and collation are otherwise
-untouched, so what is measured is the loader as the factory built it.
+untouched, so what is measured is the loader as the factory built it. An
+``IterableDataset`` has no indices: its items reach ``collate_fn`` bare and are
+identified by their content digests; only the collate function is wrapped, so the
+dataset the loader reads is the factory's own.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from .contract import flatten_sample
 
@@ -46,7 +49,7 @@ class Tagged:
 class Delivered:
     """A batch as the loader delivers it, with what the audit recorded about its samples."""
 
-    indices: list[int]
+    indices: list[int]  # empty for an IterableDataset's items
     samples: list[dict[str, str]]  # per sample: field path -> content digest
     batch: Any  # the loader's collate_fn output, kept so the audit measures its transfer too
 
@@ -79,16 +82,27 @@ class IndexedDataset(Dataset):
 
 
 class TaggingCollate:
-    """Calls the loader's ``collate_fn`` on the bare samples; returns a :class:`Delivered`."""
+    """Calls the loader's ``collate_fn`` on the bare samples; returns a :class:`Delivered`.
 
-    def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
+    Args:
+        collate_fn: The loader's own.
+        batched: For an ``IterableDataset``'s items (never tagged): ``collate_fn`` gets a
+            list of them (``batch_size`` set) rather than one.
+    """
+
+    def __init__(self, collate_fn: Callable[[Any], Any], batched: bool = True) -> None:
         self.collate_fn = collate_fn
+        self.batched = batched
 
     def __call__(self, items: Any) -> Delivered:
         if isinstance(items, Tagged):  # no automatic batching: collate_fn gets one sample
             return Delivered(
                 [items.index], [sample_digests(items.sample)], self.collate_fn(items.sample)
             )
+        if not self.batched:  # an IterableDataset's item, one per batch
+            return Delivered([], [sample_digests(items)], self.collate_fn(items))
+        if not items or not isinstance(items[0], Tagged):  # an IterableDataset's items
+            return Delivered([], [sample_digests(item) for item in items], self.collate_fn(items))
         return Delivered(
             [item.index for item in items],
             [sample_digests(item.sample) for item in items],
@@ -105,6 +119,10 @@ def tag_loader(loader: DataLoader) -> None:
     """Put the tagging wrappers into ``loader`` before it is iterated."""
     # DataLoader (and ResumableDataLoader for collate_fn) refuse these assignments after
     # construction, to protect a running iteration; none runs yet, and each iter() reads both.
+    if isinstance(loader.dataset, IterableDataset):
+        batched = loader.batch_size is not None
+        object.__setattr__(loader, "collate_fn", TaggingCollate(loader.collate_fn, batched))
+        return
     object.__setattr__(loader, "dataset", IndexedDataset(loader.dataset))
     object.__setattr__(loader, "collate_fn", TaggingCollate(loader.collate_fn))
 
