@@ -1,8 +1,8 @@
 """Where a sample's time goes: ResumableDataLoader against DataLoader, in one process.
 
-The dataset of ``benchmarks/loader_throughput.py`` (``dataset[i]`` spins a fixed CPU
-time) read with ``num_workers=0``, so everything a worker would do runs here, where
-it can be timed and profiled. First plain timing (median of ``--repeats`` runs of
+The map-style dataset of ``benchmarks/_loader_cases.py`` (``dataset[i]`` spins a fixed
+CPU time) read with ``num_workers=0``, so everything a worker would do runs here,
+where it can be timed and profiled. First plain timing (median of ``--repeats`` runs of
 ``--batches`` batches, alternating): CPU microseconds per sample of each loader and
 the difference, the per-sample cost the resumable loader adds to every worker.
 Then one ``cProfile`` run of each with no spin (``--profile-cost-us 0``: the
@@ -12,6 +12,10 @@ own work, seeding and restoring the RNGs around each sample (replayable
 augmentation), collate, the sampler, the loader's own bookkeeping, and the rest.
 
     python -m benchmarks._profile_loader --quick
+
+Then the seeding and hand-back of one batch (``CallerGenerators.run`` around
+``seed_batch``) step by step: each step timed on its own (min over repeats of the mean
+of many calls), against the whole; "call overhead" is the whole less the steps.
 
 Prints the split and writes benchmarks/out/profile_loader.json (read by ``python -m
 benchmarks`` for the notes of benchmarks/RESULTS.md).
@@ -25,14 +29,16 @@ import pstats
 import re
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 from benchmarks._common import print_table, write_json
-from benchmarks.loader_throughput import BATCH, SpinDataset
-from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
+from benchmarks._loader_cases import BATCH
+from benchmarks._loader_cases import make_loader as make_case_loader
+from trainer_resume.loaders import ResumableDataLoader
 
 CATEGORIES = (
     "dataset",
@@ -46,11 +52,8 @@ LOADERS = ("DataLoader", "ResumableDataLoader")
 
 
 def make_loader(kind: str, cost_us: float) -> DataLoader:
-    dataset = SpinDataset(cost_us)
-    if kind == "DataLoader":
-        return DataLoader(dataset, batch_size=BATCH, shuffle=True)
-    sampler = InfiniteRandomSampler(dataset, resumable=True)
-    return ResumableDataLoader(dataset, batch_size=BATCH, sampler=sampler, resumable=True)
+    """The throughput benchmark's map-style loaders (``shuffle=True``), without workers."""
+    return make_case_loader("torch" if kind == "DataLoader" else "resumable", cost_us, 0)
 
 
 def categorise(where: tuple[str, int, str]) -> str:
@@ -58,7 +61,7 @@ def categorise(where: tuple[str, int, str]) -> str:
     filename, _, function = where
     path = filename.replace("\\", "/")
     name = Path(path).name
-    if name in ("loader_throughput.py", "_common.py") or "thread_time" in function:
+    if name in ("_loader_cases.py", "_common.py") or "thread_time" in function:
         return "dataset"
     if (
         name == "rng.py"
@@ -145,6 +148,81 @@ def _describe(where: tuple[str, int, str]) -> str:
     return f"{Path(filename).name}:{line}({function})"
 
 
+def seeding_breakdown(calls: int, repeats: int) -> dict[str, float]:
+    """µs of each step of seeding one batch and handing the caller's generators back."""
+    import timeit
+
+    import torch
+
+    from trainer_resume.loaders._global_generators import layout, seed_global
+    from trainer_resume.loaders._seeding import CallerGenerators
+    from trainer_resume.rng import hold_generators
+
+    place = layout()
+    python, key, gauss = place.python, place.numpy_key(), place.gauss
+    if python is None or key is None or gauss is None:
+        return {}  # the public accessors' path: not the one measured here
+    generator, lock, scratch = torch.default_generator, hold_generators(), place.scratch_key
+    seed = 0x1234_5678_9ABC_DEF0
+    python_state, numpy_state, numpy_gauss = bytes(python), bytes(key), bytes(gauss)
+    torch_state = generator.get_state()
+    generators = CallerGenerators()
+
+    def python_back() -> None:
+        bytes(python)
+        python[:] = python_state
+
+    def numpy_back() -> None:
+        bytes(key)
+        bytes(gauss)
+        key[:] = numpy_state
+        gauss[:] = numpy_gauss
+
+    def seed_python() -> None:
+        place.scratch_seed(seed & 0xFFFFFFFF)
+        python[4:] = scratch[: len(python) - 4]  # type: ignore[index]
+
+    def seed_numpy() -> None:
+        place.numpy_seed(seed >> 32)
+        gauss[:] = bytes(16)
+
+    def locked() -> None:
+        with lock:
+            pass
+
+    steps: dict[str, Callable[[], object]] = {
+        "hold and release the generators lock": locked,
+        "Python random: take and put back (raw, 2.5 KB)": python_back,
+        "NumPy: take and put back (raw, 2.5 KB + Gaussian cache)": numpy_back,
+        "torch CPU: get_state + set_state (5 KB tensor)": lambda: generator.set_state(
+            generator.get_state()
+        ),
+        "seed Python random (init_genrand by NumPy, copied)": seed_python,
+        "seed NumPy (init_genrand)": seed_numpy,
+        "seed torch CPU (manual_seed)": lambda: generator.manual_seed(seed),
+    }
+    timings = {
+        name: min(timeit.timeit(step, number=calls) / calls for _ in range(repeats)) * 1e6
+        for name, step in steps.items()
+    }
+    generator.set_state(torch_state)
+    whole = (
+        min(
+            timeit.timeit(lambda: generators.run(lambda: seed_global(seed), _nothing), number=calls)
+            / calls
+            for _ in range(repeats)
+        )
+        * 1e6
+    )
+    timings["call overhead (the whole less the steps)"] = whole - sum(timings.values())
+    timings["whole: CallerGenerators.run around seed_batch"] = whole
+    return timings
+
+
+def _nothing() -> None:
+    pass
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -197,6 +275,13 @@ def main(argv: list[str] | None = None) -> None:
             for category in CATEGORIES
         ],
     )
+    seeding = seeding_breakdown(calls=2000 if args.quick else 20000, repeats=7)
+    print_table(
+        "Seeding one batch and handing the caller's generators back, step by step (µs; each step "
+        "timed on its own, min of 7 repeats)",
+        ["step", "µs"],
+        [[name, f"{value:.2f}"] for name, value in seeding.items()],
+    )
     path = write_json(
         "profile_loader",
         {
@@ -209,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             "median_cpu_us_per_sample": medians,
             "categories": list(CATEGORIES),
             "profiles": profiles,
+            "seeding_breakdown_us": seeding,
         },
     )
     print(f"wrote {path}")

@@ -41,6 +41,7 @@ from benchmarks._report import (
     where_loader_time_goes,
     where_pause_time_goes,
     where_resume_time_goes,
+    where_seeding_time_goes,
     worst_pause_size,
 )
 
@@ -274,6 +275,14 @@ def build_notes(
             (
                 "Where the time goes: ResumableDataLoader throughput",
                 _verdict(checks, "loader throughput", "loader throughput") + paragraph,
+            )
+        )
+    paragraph = where_seeding_time_goes(results.get("profile_loader"))
+    if paragraph:
+        notes.append(
+            (
+                "Where the time goes: seeding and handing back per batch",
+                _verdict(checks, "seeding + hand-back", "seeding") + paragraph,
             )
         )
     paragraph = where_resume_time_goes(results.get("profile_resume"))
