@@ -149,11 +149,10 @@ def _describe(where: tuple[str, int, str]) -> str:
 
 
 def seeding_breakdown(calls: int, repeats: int) -> dict[str, float]:
-    """µs of each step of seeding one batch and handing the caller's generators back."""
-    import timeit
-
+    """CPU µs of each step of seeding one batch and handing the caller's generators back."""
     import torch
 
+    from benchmarks.loader_throughput import per_call_us
     from trainer_resume.loaders._global_generators import layout, seed_global
     from trainer_resume.loaders._seeding import CallerGenerators
     from trainer_resume.rng import hold_generators
@@ -201,19 +200,9 @@ def seeding_breakdown(calls: int, repeats: int) -> dict[str, float]:
         "seed NumPy (init_genrand)": seed_numpy,
         "seed torch CPU (manual_seed)": lambda: generator.manual_seed(seed),
     }
-    timings = {
-        name: min(timeit.timeit(step, number=calls) / calls for _ in range(repeats)) * 1e6
-        for name, step in steps.items()
-    }
+    timings = {name: per_call_us(step, calls, repeats) for name, step in steps.items()}
     generator.set_state(torch_state)
-    whole = (
-        min(
-            timeit.timeit(lambda: generators.run(lambda: seed_global(seed), _nothing), number=calls)
-            / calls
-            for _ in range(repeats)
-        )
-        * 1e6
-    )
+    whole = per_call_us(lambda: generators.run(lambda: seed_global(seed), _nothing), calls, repeats)
     timings["call overhead (the whole less the steps)"] = whole - sum(timings.values())
     timings["whole: CallerGenerators.run around seed_batch"] = whole
     return timings
@@ -277,8 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     seeding = seeding_breakdown(calls=2000 if args.quick else 20000, repeats=7)
     print_table(
-        "Seeding one batch and handing the caller's generators back, step by step (µs; each step "
-        "timed on its own, min of 7 repeats)",
+        "Seeding one batch and handing the caller's generators back, step by step (CPU µs; each "
+        "step timed on its own, min of 7 repeats)",
         ["step", "µs"],
         [[name, f"{value:.2f}"] for name, value in seeding.items()],
     )

@@ -27,7 +27,7 @@ ResumableDataLoader / DataLoader samples/s >= 0.97 at 200 µs per sample.
 Then the per-batch price of replayable augmentation without workers, on its own:
 seeding Python, NumPy and torch CPU for one batch and handing the caller's states
 back (``CallerGenerators.run`` around ``seed_batch`` and an empty fetch), the minimum
-over repeats of the mean of many calls (target <= 8 µs, 5 µs as a stretch); and for an
+over repeats of the mean of many calls, in CPU time (target <= 8 µs, 5 µs as a stretch); and for an
 iterable dataset's copy read in the main process, swapping its generators in and out
 around an empty read.
 
@@ -70,7 +70,7 @@ from benchmarks._loader_cases import (
     stop_workers,
 )
 
-__all__ = ["BATCH", "SpinDataset", "main", "measure", "seeding_cost_us"]
+__all__ = ["BATCH", "SpinDataset", "main", "measure", "per_call_us", "seeding_cost_us"]
 
 WORKER_COUNTS = (0, 2)
 TARGET = 0.97
@@ -117,8 +117,11 @@ def state_dict_cost(
     return times, size
 
 
-def _per_call_us(call: Callable[[], object], calls: int, repeats: int) -> float:
-    return min(timeit.timeit(call, number=calls) / calls for _ in range(repeats)) * 1e6
+def per_call_us(call: Callable[[], object], calls: int, repeats: int) -> float:
+    """CPU µs per call: the minimum over ``repeats`` of the mean of ``calls`` calls (CPU time, so
+    that other work on a shared machine does not count)."""
+    timer = timeit.Timer(call, timer=time.process_time)
+    return min(timer.timeit(number=calls) / calls for _ in range(repeats)) * 1e6
 
 
 def seeding_cost_us(calls: int, repeats: int) -> float:
@@ -127,7 +130,7 @@ def seeding_cost_us(calls: int, repeats: int) -> float:
 
     generators = CallerGenerators()
     seed = 0x1234_5678_9ABC_DEF0
-    return _per_call_us(
+    return per_call_us(
         lambda: generators.run(lambda: seed_batch(seed), lambda: None), calls, repeats
     )
 
@@ -138,7 +141,7 @@ def swap_cost_us(calls: int, repeats: int) -> float:
 
     own = OwnGenerators()
     own.run(lambda: None)
-    return _per_call_us(lambda: own.run(lambda: None), calls, repeats)
+    return per_call_us(lambda: own.run(lambda: None), calls, repeats)
 
 
 def _spread(values: list[float]) -> str:

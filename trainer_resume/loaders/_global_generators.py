@@ -290,18 +290,25 @@ def _numpy_public(snapshot: Snapshot) -> tuple[str, np.ndarray, int, int, float]
 
 def state_of(snapshot: Snapshot) -> RandomState:
     """``snapshot`` as a :class:`~trainer_resume.state.RandomState` (plain data, no CUDA)."""
-    version, internal, gauss_next = _python_public(snapshot)
+    if type(snapshot.python) is bytes:
+        internal = np.empty(_WORDS + 1, dtype=np.int64)
+        internal[:_WORDS] = np.frombuffer(snapshot.python, dtype=np.uint32, offset=4)
+        internal[_WORDS] = int.from_bytes(snapshot.python[:4], sys.byteorder, signed=True)
+        version, gauss_next = random.Random.VERSION, snapshot.gauss_next
+    else:
+        version, words, gauss_next = snapshot.python
+        internal = np.asarray(words, dtype=np.int64)
     kind, key, pos, has_gauss, gauss = _numpy_public(snapshot)
     return {
         "format": RNG_FORMAT,
         "python": {
             "version": int(version),
-            "internal": torch.tensor(internal, dtype=torch.int64),
+            "internal": torch.from_numpy(internal),
             "gauss_next": gauss_next,
         },
         "numpy": {
             "kind": str(kind),
-            "keys": torch.from_numpy(np.asarray(key, dtype=np.int64).copy()),
+            "keys": torch.from_numpy(np.asarray(key, dtype=np.int64)),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(gauss),

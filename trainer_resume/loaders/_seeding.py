@@ -97,26 +97,26 @@ class OwnGenerators:
 
     :meth:`run` puts the kept states in place (nothing before the first read, which
     seeds them itself), runs the read, keeps the states it left (:meth:`after`), and
-    gives the caller's back, also on errors.
+    gives the caller's back, also on errors (through :class:`CallerGenerators`).
     """
 
-    __slots__ = ("_lock", "_states")
+    __slots__ = ("_caller", "_states")
 
     def __init__(self) -> None:
-        self._lock = hold_generators()
+        self._caller = caller_generators()
         self._states: Snapshot | None = None
 
     def run(self, read: Callable[[], T]) -> T:
-        with self._lock:
-            caller = capture()
-            try:
-                if self._states is not None:
-                    install(self._states)
-                result = read()
-                self._states = capture()
-                return result
-            finally:
-                install(caller)
+        def own() -> T:
+            result = read()
+            self._states = capture()
+            return result
+
+        return self._caller.run(self._install, own)
+
+    def _install(self) -> None:
+        if self._states is not None:
+            install(self._states)
 
     def after(self) -> Snapshot:
         """The states the last read left (its successor starts from them)."""
