@@ -4,13 +4,15 @@ delivered exactly once across workers, and resumes checked against the uninterru
 from __future__ import annotations
 
 import pytest
-from _audit_datasets import ItemStream
+from support.audit_datasets import ItemStream
 
 from trainer_resume.cli import main
 
 
 def audit(capsys, factory: str, *options: str) -> tuple[int, str]:
-    status = main(["audit-loader", f"_audit_datasets:{factory}", "--batch-size", "4", *options])
+    status = main(
+        ["audit-loader", f"support.audit_datasets:{factory}", "--batch-size", "4", *options]
+    )
     return status, capsys.readouterr().out
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 from itertools import islice
 
-import _iterable_streams as iterables
 import numpy as np
 import pytest
 import torch
+from support import iterable_streams as iterables
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from trainer_resume.loaders import ResumableDataLoader
