@@ -85,6 +85,7 @@ def test_seeding_drops_the_cached_gaussians():
 def test_the_public_fallback_gives_the_same_states(monkeypatch):
     generators.seed_global(123456789)
     fast = _public()
+    monkeypatch.setattr(generators, "_SEEDERS", [])  # the seeder is made again from the layout
     place = generators.layout()
     monkeypatch.setattr(place, "python", None)
     monkeypatch.setattr(place, "scratch_key", None)
@@ -150,8 +151,13 @@ def test_a_replaced_numpy_bit_generator_is_found_again_and_the_old_one_is_not_wr
     place = generators.layout()
     old = np.random.mtrand._rand._bit_generator
     old_state = old.state
+    caller = CallerGenerators()  # bound to the views before the replacement
     try:
         np.random.set_bit_generator(np.random.MT19937(5))
+        np.random.randn()  # a cached Gaussian in the new generator's state
+        before = _public()
+        caller.run(lambda: generators.seed_global(2**40 + 3), lambda: np.random.rand(3))
+        assert _same(_public(), before)
         generators.seed_global(2**40 + 3)
         reference = np.random.RandomState(2**8).get_state()
         assert np.array_equal(np.random.get_state()[1], reference[1])

@@ -37,6 +37,7 @@ import random
 import struct
 import sys
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -246,7 +247,16 @@ def install(snapshot: Snapshot) -> None:
 
 def seed_global(seed: int) -> None:
     """Seed Python ``random``, NumPy's global generator and torch CPU from one integer."""
-    place = _LAYOUT[0] if _LAYOUT else layout()
+    if not _SEEDERS:
+        _SEEDERS.append(_fast_seeder(layout()) or _seed_any)
+    _SEEDERS[0](seed)
+
+
+_SEEDERS: list[Callable[[int], None]] = []  # this process's fastest seeder, made on first use
+
+
+def _seed_any(seed: int) -> None:
+    place = layout()
     place.scratch_seed(seed & _MASK32)
     python = place.python
     scratch = place.scratch_key
@@ -264,6 +274,31 @@ def seed_global(seed: int) -> None:
     else:
         np.random.seed(high)
     torch.default_generator.manual_seed(seed)
+
+
+def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
+    """``_seed_any`` over this process's views, bound once: it runs once per batch."""
+    python, scratch, key, gauss = place.python, place.scratch_key, place.numpy_key(), place.gauss
+    numpy_seed, scratch_seed = place.numpy_seed, place.scratch_seed
+    if python is None or scratch is None or key is None or gauss is None or numpy_seed is None:
+        return None
+    index, words, fresh = python[:4], python[4:], scratch[:_KEY_BYTES]
+    instance, numpy_state = place.python_instance, place.numpy_state
+    bit_generator, manual_seed = place.numpy_bit_generator, torch.default_generator.manual_seed
+
+    def seed_fast(seed: int) -> None:
+        if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
+            _seed_any(seed)
+            return
+        scratch_seed(seed & _MASK32)
+        index[:] = _FRESH_INDEX
+        words[:] = fresh
+        instance.gauss_next = None
+        numpy_seed((seed >> 32) & _MASK32)
+        gauss[:] = _NO_GAUSS  # no cached Gaussian, as seed() leaves it
+        manual_seed(seed)
+
+    return seed_fast
 
 
 # --- the saved schema ----------------------------------------------------------------

@@ -19,7 +19,7 @@ reads there run as they are (:func:`run_seeded`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import get_worker_info
@@ -36,41 +36,51 @@ _TORCH = torch.default_generator
 
 
 class CallerGenerators:
-    """Runs a fetch in the main process and hands the caller's generator states back, also on errors."""
+    """Runs a fetch in the main process and hands the caller's generator states back, also on errors.
 
-    __slots__ = ("_lock", "_place")
+    ``run(seed, fetch)`` calls ``seed()`` then ``fetch()`` and returns what ``fetch``
+    returned; the caller's Python, NumPy and torch CPU states come back after it. It is
+    a function bound to this process's views of the generators (it runs once per batch).
+    """
+
+    __slots__ = ("run",)
 
     def __init__(self) -> None:
-        self._lock = hold_generators()
-        self._place = layout()
+        self.run: Callable[[Callable[[], None], Callable[[], Any]], Any] = _hand_back(
+            layout(), hold_generators()
+        )
 
-    def run(self, seed: Callable[[], None], fetch: Callable[[], T]) -> T:
-        """``seed()`` then ``fetch()``; the caller's Python, NumPy and torch CPU states come back."""
-        place = self._place
-        python, key, gauss = place.python, place.numpy_key(), place.gauss
+
+def _hand_back(place: Any, lock: Any) -> Callable[[Callable[[], None], Callable[[], T]], T]:
+    python, gauss, instance = place.python, place.gauss, place.python_instance
+    numpy_state, get_state, set_state = place.numpy_state, _TORCH.get_state, _TORCH.set_state
+    key = place.numpy_key()  # finds the bit generator first
+    bit_generator = place.numpy_bit_generator
+
+    def run(seed: Callable[[], None], fetch: Callable[[], T]) -> T:
         # Another thread capturing the generators (a pause) waits until they are back.
-        with self._lock:
-            if python is None or key is None:
-                caller = capture()
+        with lock:
+            if python is None or key is None or numpy_state._bit_generator is not bit_generator:
+                caller = capture()  # the public accessors, or a replaced NumPy generator
                 try:
                     seed()
                     return fetch()
                 finally:
                     install(caller)
-            # capture() and install() written out: this runs once per batch.
-            instance = place.python_instance
             python_state, gauss_next = bytes(python), instance.gauss_next
-            numpy_state, numpy_gauss = bytes(key), bytes(gauss)  # type: ignore[arg-type]
-            torch_state = _TORCH.get_state()
+            numpy_state_bytes, numpy_gauss = bytes(key), bytes(gauss)
+            torch_state = get_state()
             try:
                 seed()
                 return fetch()
             finally:
-                _TORCH.set_state(torch_state)
+                set_state(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
-                key[:] = numpy_state
-                gauss[:] = numpy_gauss  # type: ignore[index]
+                key[:] = numpy_state_bytes
+                gauss[:] = numpy_gauss
+
+    return run
 
 
 _CALLER: list[CallerGenerators] = []  # this process's, made on first use (never pickled)
