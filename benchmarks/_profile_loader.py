@@ -201,7 +201,8 @@ def seeding_breakdown(calls: int, repeats: int) -> dict[str, float]:
         "seed torch CPU (manual_seed)": lambda: generator.manual_seed(seed),
     }
     timings = {name: per_call_us(step, calls, repeats) for name, step in steps.items()}
-    generator.set_state(torch_state)
+    generator.set_state(torch_state)  # the steps seeded the global generators: put them back
+    python[:], key[:], gauss[:] = python_state, numpy_state, numpy_gauss
     whole = per_call_us(lambda: generators.run(lambda: seed_global(seed), _nothing), calls, repeats)
     timings["call overhead (the whole less the steps)"] = whole - sum(timings.values())
     timings["whole: CallerGenerators.run around seed_batch"] = whole

@@ -422,7 +422,9 @@ class ResumableDataLoader(DataLoader):
         """The delivered position: batches returned to the caller, never prefetched ones.
 
         Returns:
-            A :class:`~trainer_resume.state.LoaderState` of ints, str and None only.
+            A :class:`~trainer_resume.state.LoaderState` of ints, str and None (over an
+            ``IterableDataset`` also its copies' ``state_dict()`` and generator states,
+            uint8 and int64 tensors), readable by ``torch.load(weights_only=True)``.
 
         Raises:
             ResumableModeRequiredError: the loader was built with ``resumable=False``.
