@@ -272,6 +272,11 @@ def test_augmentation_draws_leave_the_callers_generators_as_they_were_with_zero_
         pytest.param({"offset": 3}, "delivered 2 batch", id="offset-not-the-workers-sum"),
         pytest.param({"workers": []}, "workers", id="workers-missing"),
         pytest.param(
+            {"format": "trainer_resume.iterable_dataset/1"},
+            "saved by an earlier version, which seeded each batch of an IterableDataset",
+            id="earlier-format",
+        ),
+        pytest.param(
             {"settings": {"num_workers": 3, "persistent_workers": False, "drop_last": False}},
             "num_workers=3",
             id="other-num-workers",

@@ -63,6 +63,15 @@ GENERATORS = "generators"
 BATCHES = "batches"
 ENDED = "ended"
 
+# Formats of earlier versions that this one cannot resume, and why (said when one is loaded).
+RETIRED_FORMATS = {
+    "trainer_resume.iterable_dataset/1": (
+        "it was saved by an earlier version, which seeded each batch of an IterableDataset "
+        "instead of saving its copies' generator states, so the rest of its pass cannot be "
+        "replayed here; resume it with that version, or start from a state saved by this one"
+    ),
+}
+
 
 def draw_seed(generator: torch.Generator | None) -> int:
     """Draw one seed in ``[0, 2**63)`` from ``generator`` (torch's default CPU RNG if None)."""

@@ -480,9 +480,11 @@ class ResumableDataLoader(DataLoader):
         sampler_state = state[keys.SAMPLER]
         expected_format = stream.source.format
         if isinstance(sampler_state, Mapping) and sampler_state.get(keys.FORMAT) != expected_format:
+            found = sampler_state.get(keys.FORMAT)
+            retired = keys.RETIRED_FORMATS.get(found) if isinstance(found, str) else None
             raise LoaderStateError(
-                f"{what}[{keys.SAMPLER!r}] has format {sampler_state.get(keys.FORMAT)!r}, but this loader's "
-                f"sampler saves {expected_format!r}"
+                f"{what}[{keys.SAMPLER!r}] has format {found!r}, but this loader's "
+                f"sampler saves {expected_format!r}" + (f": {retired}" if retired else "")
             )
         stream.source.validate(sampler_state)
         expected = stream.source.delivered_batches(sampler_state)
