@@ -77,6 +77,7 @@ _ENDED = object()
 # put in place or None, batches this worker delivered in the pass, its part of the pass
 # has ended, send a SKIP first)
 WorkerStart = tuple[Any, Any, Any, int, bool, bool]
+_AS_IT_IS: WorkerStart = (None, None, None, 0, False, False)  # the copy starts the pass as it is
 
 
 def pass_seed(augmentation_seed: int, epoch: int, worker: int) -> int:
@@ -220,14 +221,7 @@ class PassReader(IterableDataset):
     def _read(
         self, worker: int, epoch: int, start: WorkerStart | None
     ) -> Iterator[tuple[int, int, Any, Any]]:
-        dataset_state, iterator_state, generators, batches, ended, skip = start or (
-            None,
-            None,
-            None,
-            0,
-            False,
-            False,
-        )
+        dataset_state, iterator_state, generators, batches, ended, skip = start or _AS_IT_IS
         if skip:
             yield SKIP, worker, None, None
         in_worker = get_worker_info() is not None
