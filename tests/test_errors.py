@@ -136,6 +136,7 @@ def test_public_names_are_the_catalogue_the_warnings_and_the_lookups():
         "PauseSignalWarning",
         "SkippedCheckpointWarning",
         "WorldSizeChangeWarning",
+        "UncheckedResumeWarning",
     }
     catalogue = {name for name, _ in FROZEN_CODES.values()}
     assert sorted(errors.__all__) == sorted(
