@@ -2,7 +2,8 @@
 
 ``PLAN`` is a JSON list of ``{"variant": {...}, "reference": bool, "signals": [m, ...]}``
 (see ``support.hf_runs.variant``); each ``m`` is the micro-batch (counted from 0 over
-the run) during which the run sends SIGTERM to its own process group. Every run
+the run) during which the run sends SIGTERM to its own process group (``-1``: during
+its first evaluation). Every run
 builds a fresh trainer, model and data, as a new command would, in
 ``OUT/<variant name>/`` (``reference``) or ``OUT/<variant name>/signal-<m>/``.
 

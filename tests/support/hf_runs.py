@@ -150,23 +150,31 @@ def datasets(folder: Path, settings: dict[str, Any]) -> tuple[Dataset, Dataset, 
 
 
 class StepRecorder(TrainerCallback):
-    """Every optimizer step's ``(global_step, state.epoch)``, as the other callbacks see it."""
+    """Every optimizer step's ``(global_step, state.epoch)``, as the other callbacks see it;
+    with ``signal_in_evaluation``, SIGTERM to the process group during the first evaluation."""
 
-    def __init__(self) -> None:
+    def __init__(self, signal_in_evaluation: bool = False) -> None:
         self.steps: list[tuple[int, float]] = []
+        self.signal_in_evaluation = signal_in_evaluation
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.steps.append((state.global_step, state.epoch))
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.signal_in_evaluation:  # the evaluation loader's workers are running
+            self.signal_in_evaluation = False
+            os.killpg(os.getpgrp(), signal.SIGTERM)
 
 
 class Recording:
     """What a run records: micro-batches, losses, steps; and when to send SIGTERM."""
 
     def __init__(self, signal_at: int | None) -> None:
-        self.signal_at = signal_at  # the micro-batch (counted from 0 over the run) to signal in
+        # The micro-batch (counted from 0 over the run) to signal in; -1: the first evaluation.
+        self.signal_at = signal_at
         self.batches: list[dict[str, torch.Tensor]] = []
         self.losses: list[torch.Tensor] = []
-        self.steps = StepRecorder()
+        self.steps = StepRecorder(signal_in_evaluation=signal_at == -1)
         self.first_micro_batch = 0  # the run-wide number of this run's first micro-batch
 
 
@@ -198,9 +206,16 @@ def build(
     *,
     signal_at: int | None = None,
     plain: bool = False,
+    cls: type[Trainer] | None = None,
+    trainer_options: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Trainer:
-    """A recording trainer of ``settings`` (``plain``: transformers' own Trainer)."""
+    """A recording trainer of ``settings`` (``plain``: transformers' own Trainer).
+
+    ``overrides`` change ``TrainingArguments``; ``trainer_options`` the trainer's own
+    arguments (``callbacks`` are added to the step recorder); ``cls`` replaces the
+    recording ``ResumableTrainer`` with a subclass of it.
+    """
     train, evaluation, collator = datasets(folder, settings)
     recording = Recording(signal_at)
     options: dict[str, Any] = {
@@ -209,12 +224,14 @@ def build(
         "train_dataset": train,
         "eval_dataset": evaluation,
         "data_collator": collator,
-        "callbacks": [recording.steps],
     }
+    options.update(trainer_options or {})
+    options["callbacks"] = [recording.steps, *options.get("callbacks", [])]
     if plain:
         trainer = RecordingPlainTrainer(**options)
     else:
-        trainer = RecordingTrainer(pause_path=folder / "pause.ckpt", **options)
+        options.setdefault("pause_path", folder / "pause.ckpt")
+        trainer = (cls or RecordingTrainer)(**options)
     trainer.recording = recording
     return trainer
 

@@ -11,7 +11,8 @@ say the run is finished).
 The variants cover every pair of {random MLM collator, random ``__getitem__``} x
 {0, 2 workers} x {accumulation 1, 2}, plus an epoch of 11 batches with accumulation
 2 (its last window holds one batch); each is signalled mid-epoch, during its first
-epoch's last step and in its second epoch (mid-window where accumulating).
+epoch's last step and in its second epoch (mid-window where accumulating), and one
+during the evaluation at its first epoch's end, whose loader has workers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import torch
 from support import lightning_procs as procs
 from support.hf_runs import variant, variant_name
 
+from trainer_resume.difference import first_difference
+
 pytestmark = pytest.mark.slow
 
 # (variant, [(micro-batch signalled in, the step the pause lands after, where)])
@@ -39,8 +42,14 @@ CASES: list[tuple[dict[str, Any], list[tuple[int, int, str]]]] = [
         [(4, 3, "mid-epoch"), (10, 6, "epoch-last-step"), (14, 8, "second-epoch")],
     ),
     (
+        # -1: during the evaluation at the first epoch's end, whose loader has 2 workers.
         variant("getitem", workers=2, accumulation=1),
-        [(4, 5, "mid-epoch"), (11, 12, "epoch-last-step"), (16, 17, "second-epoch")],
+        [
+            (4, 5, "mid-epoch"),
+            (11, 12, "epoch-last-step"),
+            (16, 17, "second-epoch"),
+            (-1, 12, "epoch-end-evaluation"),
+        ],
     ),
     (
         variant("getitem", workers=0, accumulation=2),
@@ -85,21 +94,9 @@ def _records(out: Path, settings: dict[str, Any], micro: int) -> tuple[dict, dic
     return _load(folder / "reference.pt"), _load(where / "paused.pt"), _load(where / "resumed.pt")
 
 
-def _assert_same(actual: Any, expected: Any, where: str) -> None:
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(actual, torch.Tensor), where
-        assert actual.dtype == expected.dtype and actual.shape == expected.shape, where
-        assert torch.equal(actual, expected), where
-    elif isinstance(expected, dict):
-        assert isinstance(actual, dict) and list(actual) == list(expected), where
-        for key in expected:
-            _assert_same(actual[key], expected[key], f"{where}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), where
-        for index, (mine, theirs) in enumerate(zip(actual, expected)):
-            _assert_same(mine, theirs, f"{where}[{index}]")
-    else:
-        assert type(actual) is type(expected) and actual == expected, (where, actual, expected)
+def _assert_same(actual: Any, expected: Any, what: str) -> None:
+    difference = first_difference(expected, actual)
+    assert difference is None, f"{what}: {difference.describe()}"
 
 
 @pytest.mark.parametrize(("settings", "micro", "step"), SCENARIOS)

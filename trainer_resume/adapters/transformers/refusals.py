@@ -66,7 +66,8 @@ def _collect(value: Any, prefix: str, found: list[str], depth: int) -> None:
         found.append(f"{prefix}seed={value.seed!r}")
     for name, item in items:
         if isinstance(item, _GENERATORS):
-            found.append(f"{prefix}{name} ({type(item).__module__}.{type(item).__qualname__})")
+            module = type(item).__module__.replace("torch._C", "torch")
+            found.append(f"{prefix}{name} ({module}.{type(item).__qualname__})")
         elif depth > 1 and not isinstance(item, (str, bytes, int, float, torch.Tensor)):
             if hasattr(item, "__dict__") and not isinstance(item, torch.nn.Module):
                 _collect(item, f"{prefix}{name}.", found, depth - 1)

@@ -49,17 +49,11 @@ __all__ = ["ResumableTrainer"]
 
 StrPath = str | os.PathLike[str]
 
-# TrainingArguments that change how fast batches come, never what is in them (the
-# loader's batches do not depend on its workers): a resume may change them.
-_SPEED_ONLY_ARGUMENTS = (
-    "dataloader_num_workers",
-    "dataloader_persistent_workers",
-    "dataloader_prefetch_factor",
-    "dataloader_pin_memory",
-    "disable_tqdm",
-    "report_to",
-    "run_name",
-)
+# TrainingArguments that change how fast batches come or how progress shows, never a
+# random draw: a resume may change them. (Not the workers: the training loader's batches
+# do not depend on them, but an evaluation loader's collator then draws in its workers
+# instead of from the main process's generators.)
+_SPEED_ONLY_ARGUMENTS = ("dataloader_pin_memory", "dataloader_prefetch_factor", "disable_tqdm")
 # Trainer attributes a pause leaves out on purpose: wrappers of what it saves, and the
 # Accelerator (whose counters the Trainer sets itself before each micro-batch).
 _NOT_SAVED = ("optimizer", "model_wrapped", "accelerator", "deepspeed")
@@ -125,8 +119,7 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         pause_path: The pause file (its finished marker goes beside it).
         config: Your own settings to hold the resume to (a dict, dataclass or
             OmegaConf config), besides the ``TrainingArguments`` (which are held
-            always, except those that only change loading speed: the loader's
-            workers, pinning and prefetch, progress bars and reporting).
+            always, except the loaders' pinning and prefetch and the progress bars).
         version: The version of your training code; a pause file of another is refused.
         key: Sign pause files with this key (bytes, at least 16) and refuse unsigned ones.
         resume_points: Take periodic resume points (``ResumePoints``) besides the pause

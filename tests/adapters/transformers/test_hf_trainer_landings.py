@@ -1,0 +1,200 @@
+"""Where ResumableTrainer's pauses land and what the pause file carries, in one process:
+an epoch ended early by a callback, the run's last step, stateful callbacks, resume
+points after a crash, and the refusals of a pause file that does not fit the trainer.
+
+A pause here is requested with ``request_pause`` (what the SIGTERM handler does);
+the resumed run is a fresh trainer, model and data, compared with an uninterrupted
+run (new processes and real signals: test_hf_trainer_resume.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.hf_runs import build, run_record, variant
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from trainer_resume import ResumePoints, load_checkpoint, run_finished, save_checkpoint
+from trainer_resume.difference import first_difference
+from trainer_resume.errors import (
+    CheckpointFormatError,
+    ConfigSignatureMismatchError,
+    ResumeStateMismatchError,
+)
+
+
+class _PauseAt(TrainerCallback):
+    """Requests a pause while step ``step`` runs (it lands at that step's end)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.trainer: Any = None
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step - 1:
+            self.trainer.request_pause(self.trainer.pause_path)
+
+
+class _EndEpochAt(TrainerCallback):
+    """Ends the first epoch early, after step ``step``, as a user's callback may."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            control.should_epoch_stop = True
+
+
+class _Counter(TrainerCallback, ExportableState):
+    """Counts steps; its count is state a resume must carry."""
+
+    def __init__(self, every: int = 1) -> None:
+        self.every = every
+        self.count = 0
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.count += self.every
+
+    def state(self) -> dict[str, Any]:
+        return {"args": {"every": self.every}, "attributes": {"count": self.count}}
+
+
+class _CrashAt(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            raise RuntimeError(f"crash after step {self.step}")
+
+
+def _train(folder: Path, *callbacks: TrainerCallback, **options: Any) -> Any:
+    settings = options.pop("settings", variant())
+    trainer = build(folder, settings, trainer_options={"callbacks": list(callbacks)}, **options)
+    for callback in callbacks:
+        if isinstance(callback, _PauseAt):
+            callback.trainer = trainer
+    trainer.train()
+    return trainer
+
+
+def _assert_continues(reference: Any, paused: Any, resumed: Any) -> None:
+    """The pause and the resume together trained what the reference trained."""
+    before, after = run_record(paused, final=False), run_record(resumed, final=True)
+    expected = run_record(reference, final=True)
+    for name in ("batches", "losses", "steps"):
+        difference = first_difference(expected[name], before[name] + after[name])
+        assert difference is None, f"{name}: {difference.describe()}"
+    for name in ("model", "optimizer", "scheduler", "epoch", "log_history"):
+        difference = first_difference(expected[name], after[name])
+        assert difference is None, f"{name}: {difference.describe()}"
+
+
+def test_an_epoch_ended_early_by_a_callback_pauses_after_that_epochs_end(tmp_path: Path) -> None:
+    reference = _train(tmp_path / "reference", _EndEpochAt(4))
+    paused = _train(tmp_path / "run", _EndEpochAt(4), _PauseAt(4))
+    assert paused.paused and paused.state.global_step == 4
+    # The evaluation of the epoch's end ran before the pause, not after the resume.
+    assert "eval_loss" in paused.state.log_history[-2]
+    resumed = _train(tmp_path / "run", _EndEpochAt(4))
+    _assert_continues(reference, paused, resumed)
+
+
+@pytest.mark.parametrize("steps", [24, 7], ids=["epoch-end", "max-steps-mid-epoch"])
+def test_a_pause_requested_during_the_last_step_lets_the_run_finish(
+    tmp_path: Path, steps: int
+) -> None:
+    trainer = _train(tmp_path, _PauseAt(steps), max_steps=steps)
+    assert not trainer.paused and trainer.state.global_step == steps
+    finished = run_finished(trainer.pause_path)
+    # The last step is no landing while a pause is pending, so the marker counts the
+    # steps up to the one before it.
+    assert finished is not None and finished.completed_steps == steps - 1
+    assert not Path(trainer.pause_path).exists()
+
+
+def test_stateful_callbacks_continue_from_their_state_at_the_pause(tmp_path: Path) -> None:
+    reference = _train(tmp_path / "reference", _Counter())
+    paused = _train(tmp_path / "run", _Counter(), _PauseAt(5))
+    counter = _Counter()
+    resumed = _train(tmp_path / "run", counter)
+    assert counter.count == 24
+    _assert_continues(reference, paused, resumed)
+
+
+def test_a_resume_with_other_stateful_callbacks_is_refused(tmp_path: Path) -> None:
+    _train(tmp_path, _Counter(), _PauseAt(5))
+    with pytest.raises(ResumeStateMismatchError) as caught:
+        _train(tmp_path)
+    assert caught.value.detail == (
+        "the paused run had the stateful callbacks ['test_hf_trainer_landings._Counter'], this "
+        "trainer has []: pass the same callbacks as the paused run"
+    )
+    with pytest.raises(ResumeStateMismatchError) as caught:
+        _train(tmp_path, _Counter(every=2))
+    assert caught.value.detail == (
+        "callback test_hf_trainer_landings._Counter was built with {'every': 1} in the paused "
+        "run and with {'every': 2} here: build it as the paused run did"
+    )
+
+
+def test_a_resume_with_other_training_arguments_is_refused_naming_the_argument(
+    tmp_path: Path,
+) -> None:
+    _train(tmp_path, _PauseAt(5))
+    with pytest.raises(ConfigSignatureMismatchError) as caught:
+        _train(tmp_path, learning_rate=1e-3)
+    assert caught.value.code == 323
+    assert caught.value.detail == "training_arguments.learning_rate: 0.002 vs 0.001"
+
+
+def test_after_a_crash_train_continues_from_the_newest_resume_point(tmp_path: Path) -> None:
+    reference = _train(tmp_path / "reference")
+    folder = tmp_path / "run"
+    points = {"pause_path": folder / "points" / "pause.ckpt"}
+
+    def with_points(*callbacks: TrainerCallback) -> Any:
+        options = {**points, "resume_points": ResumePoints(folder / "points", every_steps=5)}
+        trainer = build(
+            folder, variant(), trainer_options={**options, "callbacks": list(callbacks)}
+        )
+        trainer.train()
+        return trainer
+
+    (folder / "points").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="crash after step 13"):
+        with_points(_CrashAt(13))
+    resumed = with_points()
+    expected = run_record(reference, final=True)
+    after = run_record(resumed, final=True)
+    # From the point of step 10: the steps after it, then the same end.
+    assert [step for step, _ in after["steps"]] == list(range(11, 25))
+    for name in ("model", "optimizer", "scheduler", "epoch", "log_history"):
+        difference = first_difference(expected[name], after[name])
+        assert difference is None, f"{name}: {difference.describe()}"
+    difference = first_difference(expected["losses"][10:], after["losses"])
+    assert difference is None, difference and difference.describe()
+    assert run_finished(folder / "points") is not None
+
+
+def test_a_pause_file_with_a_malformed_trainer_state_is_refused_before_anything_changes(
+    tmp_path: Path,
+) -> None:
+    _train(tmp_path, _PauseAt(5))
+    path = tmp_path / "pause.ckpt"
+    checkpoint = load_checkpoint(path)
+    checkpoint["extra"]["transformers"]["bookkeeping"]["_tr_loss"] = 0.5
+    save_checkpoint(checkpoint, path)
+    trainer = build(tmp_path, variant())
+    before = {name: value.clone() for name, value in trainer.model.state_dict().items()}
+    with pytest.raises(CheckpointFormatError) as caught:
+        trainer.train()
+    assert (
+        caught.value.detail == "the pause file's Trainer state: bookkeeping['_tr_loss'] is a float"
+    )
+    assert first_difference(before, trainer.model.state_dict()) is None
+    assert trainer.recording.batches == []
