@@ -382,6 +382,31 @@ def pause_memory_checks(checkpointing: Mapping[str, Any] | None) -> list[TargetC
     return checks
 
 
+HF_TRAINER_TARGET = "ResumableTrainer resumes a transformers Trainer run bit-identically"
+
+
+def hf_trainer_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
+    """ResumableTrainer's resumed run equals its uninterrupted run (losses and weights)."""
+    source = "hf_trainer_resume.json"
+    if data is None:
+        return [_missing(HF_TRAINER_TARGET, source, "no result from this run")]
+    try:
+        ours, theirs = data["methods"]["resumable"], data["methods"]["trainer"]
+        where = f"resumed after step {data['interrupted_after']} of {data['steps']}"
+        if ours["identical"]:
+            measured = f"{where}: losses and weights identical"
+        else:
+            measured = f"{where}: differs from step {ours['first_differing_step']}"
+        if theirs["first_differing_step"] is not None:
+            measured += (
+                f"; the Trainer's own resume differs from step {theirs['first_differing_step']}"
+            )
+        return [TargetCheck(HF_TRAINER_TARGET, _status(bool(ours["identical"])), measured, source)]
+    except (KeyError, TypeError) as error:
+        why = f"unexpected JSON layout ({type(error).__name__}: {error})"
+        return [_missing(HF_TRAINER_TARGET, source, why)]
+
+
 def check_targets(results: Results) -> list[TargetCheck]:
     """Every target of the suite, checked from the scripts' JSON (None: no JSON from this run)."""
     return [
@@ -392,6 +417,7 @@ def check_targets(results: Results) -> list[TargetCheck]:
         *pause_time_checks(results.get("checkpointing"), results.get("pause")),
         *resume_time_checks(results.get("checkpointing")),
         *pause_memory_checks(results.get("checkpointing")),
+        *hf_trainer_checks(results.get("hf_trainer_resume")),
     ]
 
 
@@ -498,6 +524,44 @@ def checkpoint_summary(results: Results) -> list[Section]:
             )
         )
     return sections
+
+
+def hf_trainer_summary(results: Results) -> list[Section]:
+    """The Trainer's own resume beside ResumableTrainer's: exactness, pause and resume times."""
+    data = results.get("hf_trainer_resume")
+    if data is None:
+        return []
+    try:
+        rows = [
+            [
+                method["label"],
+                "yes" if method["identical"] else "no",
+                "none"
+                if method["first_differing_step"] is None
+                else str(method["first_differing_step"]),
+                f"{method['max_weight_difference']:.3g}",
+                f"{method['median_pause_s']:.3f}",
+                f"{method['median_resume_s']:.3f}",
+            ]
+            for method in data["methods"].values()
+        ]
+        title = (
+            f"Hugging Face Trainer resume (hf_trainer_resume.py, {data['parameters'] / 1e6:.1f}M "
+            f"parameters, resumed after step {data['interrupted_after']} of {data['steps']}, "
+            f"medians of {data['repeats']})"
+        )
+    except (KeyError, TypeError) as error:
+        problem = f"unexpected JSON layout ({type(error).__name__}: {error})"
+        return [("Hugging Face Trainer resume", ["problem"], [[problem]])]
+    headers = [
+        "method",
+        "bit-identical",
+        "first differing step",
+        "max weight difference",
+        "pause s",
+        "resume s",
+    ]
+    return [(title, headers, rows)]
 
 
 def where_pause_time_goes(profile: Mapping[str, Any] | None) -> str | None:

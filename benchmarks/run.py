@@ -37,6 +37,7 @@ from benchmarks._report import (
     TargetCheck,
     check_targets,
     checkpoint_summary,
+    hf_trainer_summary,
     render_results,
     where_loader_time_goes,
     where_pause_time_goes,
@@ -72,12 +73,21 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("pause", "pause", ("--quick",)),
     Benchmark("checkpointing", "checkpointing", ("--quick",)),
     Benchmark("sharded_pause", "sharded_pause", ("--quick",)),
+    Benchmark("hf_trainer_resume", "hf_trainer_resume", ("--quick",)),
     Benchmark("profile_pause", "_profile_pause", ("--quick",)),
     Benchmark("profile_loader", "_profile_loader", ("--quick",)),
     Benchmark("profile_resume", "_profile_resume", ("--quick",)),
 )
 NAMES = tuple(benchmark.name for benchmark in SUITE)
-DISTRIBUTIONS = ("torch", "numpy", "pytorch-lightning", "torchdata", "accelerate", "trainer-resume")
+DISTRIBUTIONS = (
+    "torch",
+    "numpy",
+    "pytorch-lightning",
+    "torchdata",
+    "accelerate",
+    "transformers",
+    "trainer-resume",
+)
 
 
 # ------------------------------------------------------------------------- machine
@@ -326,7 +336,7 @@ def write_results(
         runs=runs,
         checks=checks,
         notes=build_notes(results, checks, runs),
-        sections=checkpoint_summary(results),
+        sections=[*checkpoint_summary(results), *hf_trainer_summary(results)],
     )
     path.write_text(text)
     return checks

@@ -11,6 +11,8 @@ from benchmarks._report import (
     ScriptRun,
     check_targets,
     cpu_ratio_checks,
+    hf_trainer_checks,
+    hf_trainer_summary,
     pause_memory_checks,
     pause_time_checks,
     render_results,
@@ -235,7 +237,7 @@ def test_rendered_results_show_each_check_status_and_figure() -> None:
     assert "**MISS** | num_workers=2: 0.900" in text
     assert "not available: missing" in text
     assert "fsync 1.000 s" in text
-    assert "3 passed, 1 missed, 4 not measured." in text  # no CPU or seeding figures here
+    assert "3 passed, 1 missed, 5 not measured." in text  # no CPU, seeding or Trainer figures
 
 
 def test_throughput_checks_each_num_workers_row_at_200us_separately() -> None:
@@ -331,3 +333,64 @@ def test_the_seeding_note_lists_each_step_largest_first() -> None:
         "seed torch CPU (manual_seed) 1.50 µs."
     )
     assert where_seeding_time_goes({"cost_us": 200.0}) is None
+
+
+def _hf_trainer(identical: bool) -> dict[str, Any]:
+    def method(label: str, first: int | None, difference: float) -> dict[str, Any]:
+        return {
+            "label": label,
+            "identical": first is None and difference == 0.0,
+            "first_differing_step": first,
+            "max_weight_difference": difference,
+            "median_pause_s": 0.05,
+            "median_resume_s": 1.25,
+        }
+
+    return {
+        "parameters": 550_000,
+        "steps": 12,
+        "interrupted_after": 4,
+        "repeats": 3,
+        "methods": {
+            "trainer": method("Trainer", 5, 0.0034),
+            "resumable": method(
+                "ResumableTrainer", None if identical else 7, 0.0 if identical else 0.1
+            ),
+        },
+    }
+
+
+def test_hf_trainer_check_passes_when_the_resumed_run_is_identical_and_names_the_trainers_step() -> (
+    None
+):
+    [check] = hf_trainer_checks(_hf_trainer(identical=True))
+    assert check.status == PASS
+    assert check.measured == (
+        "resumed after step 4 of 12: losses and weights identical; the Trainer's own resume "
+        "differs from step 5"
+    )
+    [check] = hf_trainer_checks(_hf_trainer(identical=False))
+    assert check.status == MISS and check.measured.startswith(
+        "resumed after step 4 of 12: differs from step 7"
+    )
+
+
+def test_hf_trainer_without_or_with_malformed_json_is_not_measured() -> None:
+    assert [check.status for check in hf_trainer_checks(None)] == [NOT_MEASURED]
+    assert [check.status for check in hf_trainer_checks({"methods": {}})] == [NOT_MEASURED]
+
+
+def test_hf_trainer_summary_puts_both_resumes_side_by_side() -> None:
+    [(title, headers, rows)] = hf_trainer_summary(
+        {"hf_trainer_resume": _hf_trainer(identical=True)}
+    )
+    assert title == (
+        "Hugging Face Trainer resume (hf_trainer_resume.py, 0.6M parameters, resumed after step 4 "
+        "of 12, medians of 3)"
+    )
+    assert headers[1:4] == ["bit-identical", "first differing step", "max weight difference"]
+    assert rows == [
+        ["Trainer", "no", "5", "0.0034", "0.050", "1.250"],
+        ["ResumableTrainer", "yes", "none", "0", "0.050", "1.250"],
+    ]
+    assert hf_trainer_summary({}) == []

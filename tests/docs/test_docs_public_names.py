@@ -1,4 +1,5 @@
-"""The public names of the sharded package and the Lightning adapter are names the docs use."""
+"""The public names of the sharded package and the Lightning and transformers adapters are
+names the docs use."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ DOCS = "\n".join(
 )
 
 
-@pytest.mark.parametrize("module", ["trainer_resume.sharded", "trainer_resume.adapters.lightning"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "trainer_resume.sharded",
+        "trainer_resume.adapters.lightning",
+        "trainer_resume.adapters.transformers",
+    ],
+)
 def test_every_public_name_of_the_module_is_named_in_the_docs(module):
     names = importlib.import_module(module).__all__
     unnamed = [name for name in names if not re.search(rf"`[^`]*\b{name}\b[^`]*`", DOCS)]

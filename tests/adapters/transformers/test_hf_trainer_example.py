@@ -39,7 +39,12 @@ def test_quickstart_preempted_and_run_again_ends_with_the_uninterrupted_weights(
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    example.main([str(tmp_path / "uninterrupted")])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the runs above (OMP_NUM_THREADS=1): the same sums
+    try:
+        example.main([str(tmp_path / "uninterrupted")])
+    finally:
+        torch.set_num_threads(threads)
     example.main([str(run_dir)])
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"the run in {run_dir} is finished; weights in final_weights.pt"

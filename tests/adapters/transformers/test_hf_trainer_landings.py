@@ -94,12 +94,15 @@ def _assert_continues(reference: Any, paused: Any, resumed: Any) -> None:
         assert difference is None, f"{name}: {difference.describe()}"
 
 
-def test_an_epoch_ended_early_by_a_callback_pauses_after_that_epochs_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("step", [4, 7], ids=["its-last-step", "the-next-epoch"])
+def test_an_epoch_ended_early_by_a_callback_pauses_exactly_at_its_end_and_after(
+    tmp_path: Path, step: int
+) -> None:
     reference = _train(tmp_path / "reference", _EndEpochAt(4))
-    paused = _train(tmp_path / "run", _EndEpochAt(4), _PauseAt(4))
-    assert paused.paused and paused.state.global_step == 4
-    # The evaluation of the epoch's end ran before the pause, not after the resume.
-    assert "eval_loss" in paused.state.log_history[-2]
+    paused = _train(tmp_path / "run", _EndEpochAt(4), _PauseAt(step))
+    assert paused.paused and paused.state.global_step == step
+    if step == 4:  # the epoch's end (its evaluation) ran before the pause, not after the resume
+        assert "eval_loss" in paused.state.log_history[-2]
     resumed = _train(tmp_path / "run", _EndEpochAt(4))
     _assert_continues(reference, paused, resumed)
 

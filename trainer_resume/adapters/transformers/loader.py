@@ -61,9 +61,12 @@ class TrainLoader:
 
     def __iter__(self) -> Iterator[Any]:
         start, self._start = self._start, 0
+        inner = iter(self.loader)
+        # After iter(): a new iterator that replaces one which delivered part of an epoch
+        # moves the loader on to the next epoch, the one this iteration reads.
         self._epoch = self.loader.epoch
         self._delivered = start
-        return _Counted(self, iter(self.loader))
+        return _Counted(self, inner)
 
     def start_at(self, batches: int) -> None:
         """The next iteration continues an epoch of which ``batches`` were delivered before."""

@@ -35,6 +35,7 @@ import torch
 from transformers.trainer_callback import ExportableState, TrainerControl, TrainerState
 
 from ...errors import CheckpointFormatError, ResumeStateMismatchError
+from ...state import is_int
 
 __all__ = ["EXTRA_KEY", "LOOP_FORMAT", "Position", "capture", "check", "position", "restore"]
 
@@ -107,7 +108,7 @@ def _require(condition: bool, text: str) -> None:
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value) and value >= 0
 
 
 def position(saved: Any, accumulation: int) -> Position:

@@ -40,20 +40,25 @@ from ...pause_signals import DEFAULT_PAUSE_SIGNALS, pause_signals_blocked
 from ...resume_points import ResumePoints
 from ...resume_points.files import latest_checkpoint
 from ...rng import restore_random_state
-from ...state import PauseCheckpoint
+from ...state import PauseCheckpoint, StrPath
 from . import loop_state
 from .loader import TrainLoader, build_train_loader
 from .refusals import check_trainer, refuse_train_arguments
 
 __all__ = ["ResumableTrainer"]
 
-StrPath = str | os.PathLike[str]
-
-# TrainingArguments that change how fast batches come or how progress shows, never a
-# random draw: a resume may change them. (Not the workers: the training loader's batches
-# do not depend on them, but an evaluation loader's collator then draws in its workers
-# instead of from the main process's generators.)
-_SPEED_ONLY_ARGUMENTS = ("dataloader_pin_memory", "dataloader_prefetch_factor", "disable_tqdm")
+# TrainingArguments that name where files go or change how fast batches come or how
+# progress shows, never a computation or a random draw: a resume may change them (a run
+# folder may move). Not the workers: the training loader's batches do not depend on
+# them, but an evaluation loader's collator then draws in its workers instead of from
+# the main process's generators.
+_UNSIGNED_ARGUMENTS = (
+    "output_dir",
+    "run_name",
+    "dataloader_pin_memory",
+    "dataloader_prefetch_factor",
+    "disable_tqdm",
+)
 # Trainer attributes a pause leaves out on purpose: wrappers of what it saves, and the
 # Accelerator (whose counters the Trainer sets itself before each micro-batch).
 _NOT_SAVED = ("optimizer", "model_wrapped", "accelerator", "deepspeed")
@@ -119,7 +124,8 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         pause_path: The pause file (its finished marker goes beside it).
         config: Your own settings to hold the resume to (a dict, dataclass or
             OmegaConf config), besides the ``TrainingArguments`` (which are held
-            always, except the loaders' pinning and prefetch and the progress bars).
+            always, except ``output_dir``, ``run_name``, the loaders' pinning and
+            prefetch and the progress bars).
         version: The version of your training code; a pause file of another is refused.
         key: Sign pause files with this key (bytes, at least 16) and refuse unsigned ones.
         resume_points: Take periodic resume points (``ResumePoints``) besides the pause
@@ -162,7 +168,7 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         arguments = {
             name: value
             for name, value in self.args.to_dict().items()
-            if name not in _SPEED_ONLY_ARGUMENTS
+            if name not in _UNSIGNED_ARGUMENTS
         }
         self._initialize_training_resume(
             {"training_arguments": arguments, "config": config},
@@ -206,6 +212,8 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
             self.restore_signal_handlers()
             self._resumed = None
             self._landing = None
+            if self._train_loader is not None:  # its workers stop; its position stays
+                self._train_loader.loader.close()
         if not self.paused:
             self.finish(self.pause_path)
         return output
