@@ -9,6 +9,7 @@ run (new processes and real signals: test_hf_trainer_resume.py).
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,16 @@ class _Counter(TrainerCallback, ExportableState):
 
     def state(self) -> dict[str, Any]:
         return {"args": {"every": self.every}, "attributes": {"count": self.count}}
+
+
+class _SignalMask(TrainerCallback):
+    """Records whether SIGTERM is blocked in this thread while the evaluation runs."""
+
+    def __init__(self) -> None:
+        self.blocked: list[bool] = []
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.blocked.append(signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []))
 
 
 class _CrashAt(TrainerCallback):
@@ -201,3 +212,15 @@ def test_a_pause_file_with_a_malformed_trainer_state_is_refused_before_anything_
     )
     assert first_difference(before, trainer.model.state_dict()) is None
     assert trainer.recording.batches == []
+
+
+def test_evaluation_runs_with_the_pause_signals_blocked_so_its_workers_ignore_them(
+    tmp_path: Path,
+) -> None:
+    # Workers started meanwhile inherit the block (whatever their start method); a signal
+    # to the main process waits for the evaluation's end and then pauses at the landing.
+    mask = _SignalMask()
+    trainer = build(tmp_path, variant(), trainer_options={"callbacks": [mask]})
+    trainer.evaluate()
+    assert mask.blocked == [True, True]
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
