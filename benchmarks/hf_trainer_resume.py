@@ -60,7 +60,6 @@ def _trainer(method: str, folder: Path, size: tuple[int, int, int], phase: str) 
     import torch
     from torch.utils.data import Dataset
     from transformers import (
-        BertConfig,
         BertForMaskedLM,
         BertTokenizer,
         DataCollatorForLanguageModeling,
@@ -71,7 +70,7 @@ def _trainer(method: str, folder: Path, size: tuple[int, int, int], phase: str) 
 
     from trainer_resume.adapters.transformers import ResumableTrainer
 
-    hidden, layers, vocabulary = size
+    vocabulary = size[2]
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     words += [f"w{index}" for index in range(vocabulary - len(words))]
     folder.mkdir(parents=True, exist_ok=True)
@@ -121,16 +120,7 @@ def _trainer(method: str, folder: Path, size: tuple[int, int, int], phase: str) 
             self.saves.append(time.perf_counter() - begin)
 
     set_seed(0)
-    model = BertForMaskedLM(
-        BertConfig(
-            vocab_size=vocabulary,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=max(2, hidden // 64),
-            intermediate_size=4 * hidden,
-            max_position_embeddings=LENGTH,
-        )
-    )
+    model = BertForMaskedLM(_config(size))
     saving = method == "trainer" and phase != "reference"
     arguments = TrainingArguments(
         output_dir=str(folder / "out"),
@@ -337,11 +327,11 @@ def _quiet() -> None:
     gc.freeze()
 
 
-def _parameters(size: tuple[int, int, int]) -> int:
-    from transformers import BertConfig, BertForMaskedLM
+def _config(size: tuple[int, int, int]) -> Any:
+    from transformers import BertConfig
 
     hidden, layers, vocabulary = size
-    config = BertConfig(
+    return BertConfig(
         vocab_size=vocabulary,
         hidden_size=hidden,
         num_hidden_layers=layers,
@@ -349,7 +339,12 @@ def _parameters(size: tuple[int, int, int]) -> int:
         intermediate_size=4 * hidden,
         max_position_embeddings=LENGTH,
     )
-    return sum(parameter.numel() for parameter in BertForMaskedLM(config).parameters())
+
+
+def _parameters(size: tuple[int, int, int]) -> int:
+    from transformers import BertForMaskedLM
+
+    return sum(parameter.numel() for parameter in BertForMaskedLM(_config(size)).parameters())
 
 
 if __name__ == "__main__":
