@@ -224,3 +224,16 @@ def test_evaluation_runs_with_the_pause_signals_blocked_so_its_workers_ignore_th
     trainer.evaluate()
     assert mask.blocked == [True, True]
     assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_a_pause_file_of_another_trainer_is_refused(tmp_path: Path) -> None:
+    _train(tmp_path, _PauseAt(5))
+    path = tmp_path / "pause.ckpt"
+    checkpoint = load_checkpoint(path)
+    del checkpoint["extra"]["transformers"]
+    save_checkpoint(checkpoint, path)
+    with pytest.raises(CheckpointFormatError) as caught:
+        _train(tmp_path)
+    assert caught.value.detail == (
+        f"{path} holds no Trainer state: it was not written by a ResumableTrainer"
+    )

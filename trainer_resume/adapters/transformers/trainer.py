@@ -29,10 +29,13 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import torch
 from transformers import Trainer, TrainerCallback
 
-from ...errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
+from ...errors import (
+    CheckpointFormatError,
+    ResumeStateMismatchError,
+    UnsupportedResumeConfigurationError,
+)
 from ...finished import refuse_if_finished
 from ...loaders import ResumableDataLoader
 from ...mixin import TrainingResumeMixin, serialized_training, training_step
@@ -66,13 +69,15 @@ _RUN_EPOCH = inspect.signature(Trainer._run_epoch)
 
 
 class _Resumed:
-    """A resume in progress: the verified pause file, read once, and where it continues."""
+    """A resume in progress: the verified pause file (read once, dropped once restored),
+    its RNG state and where the loop continues."""
 
-    __slots__ = ("at_epoch_start", "checkpoint", "path", "position")
+    __slots__ = ("at_epoch_start", "checkpoint", "path", "position", "rng")
 
     def __init__(self, path: str, checkpoint: Any, position: loop_state.Position) -> None:
         self.path = path
-        self.checkpoint = checkpoint
+        self.checkpoint: Any = checkpoint
+        self.rng = checkpoint.get("rng")  # checked by resume() before it is used
         self.position = position
         self.at_epoch_start = position.batches == 0
 
@@ -230,6 +235,10 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         checkpoint = super()._load_pause_checkpoint(path)
         extra = checkpoint.get("extra") if isinstance(checkpoint, Mapping) else None
         saved = extra.get(loop_state.EXTRA_KEY) if isinstance(extra, Mapping) else None
+        if saved is None:
+            raise CheckpointFormatError(
+                f"{path} holds no Trainer state: it was not written by a ResumableTrainer"
+            )
         where = loop_state.position(saved, self.args.gradient_accumulation_steps)
         return _Resumed(path, checkpoint, where)
 
@@ -294,7 +303,7 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
                 loader.start_at(start)
                 # The pause was taken just before this epoch's next batch: callbacks run
                 # since the restore (on_train_begin, on_epoch_begin) must not move the RNG.
-                restore_random_state(resumed.checkpoint["rng"], _rng_device())
+                restore_random_state(resumed.rng)
         return super()._run_epoch(*bound.args[1:], **bound.kwargs)
 
     def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:
@@ -336,15 +345,17 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
     # ------------------------------------------------------- callback events
     def _begin_training(self) -> None:
         self._train_loader = self._adopt_loader(self.callback_handler.train_dataloader)
-        if self._resumed is not None:
-            self.resume(self._resumed.path)
+        resumed = self._resumed
+        if resumed is not None:
+            self.resume(resumed.path)
+            resumed.checkpoint = None  # restored: only its RNG state is needed again
 
     def _begin_epoch(self) -> None:
         resumed = self._resumed
         if resumed is not None and resumed.at_epoch_start:
             # The pause was taken before this epoch began: the callbacks run since the
             # restore (on_train_begin) must not move the RNG.
-            restore_random_state(resumed.checkpoint["rng"], _rng_device())
+            restore_random_state(resumed.rng)
             self._resumed = None
 
     def _end_step(self) -> None:
@@ -401,7 +412,11 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
 
     def _load_pause_checkpoint(self, path: StrPath) -> Any:
         resumed = self._resumed
-        if resumed is not None and os.fspath(path) == resumed.path:
+        if (
+            resumed is not None
+            and resumed.checkpoint is not None
+            and os.fspath(path) == resumed.path
+        ):
             return resumed.checkpoint  # read and verified when train() started
         return super()._load_pause_checkpoint(path)
 
@@ -414,7 +429,3 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         """
         with pause_signals_blocked():
             return super().evaluate(*args, **kwargs)
-
-
-def _rng_device() -> int | None:
-    return torch.cuda.current_device() if torch.cuda.is_available() else None
