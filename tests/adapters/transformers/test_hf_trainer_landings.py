@@ -83,8 +83,12 @@ class _CrashAt(TrainerCallback):
             raise RuntimeError(f"crash after step {self.step}")
 
 
+# Six batches per epoch, two epochs: twelve steps.
+SMALL = variant(batches=6)
+
+
 def _train(folder: Path, *callbacks: TrainerCallback, **options: Any) -> Any:
-    settings = options.pop("settings", variant())
+    settings = options.pop("settings", SMALL)
     trainer = build(folder, settings, trainer_options={"callbacks": list(callbacks)}, **options)
     for callback in callbacks:
         if isinstance(callback, _PauseAt):
@@ -93,10 +97,21 @@ def _train(folder: Path, *callbacks: TrainerCallback, **options: Any) -> Any:
     return trainer
 
 
-def _assert_continues(reference: Any, paused: Any, resumed: Any) -> None:
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The uninterrupted run's record."""
+    return run_record(_train(tmp_path_factory.mktemp("reference")), final=True)
+
+
+@pytest.fixture(scope="module")
+def early_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The uninterrupted run's record, its first epoch ended after step 2 by a callback."""
+    return run_record(_train(tmp_path_factory.mktemp("early"), _EndEpochAt(2)), final=True)
+
+
+def _assert_continues(expected: dict[str, Any], paused: Any, resumed: Any) -> None:
     """The pause and the resume together trained what the reference trained."""
     before, after = run_record(paused, final=False), run_record(resumed, final=True)
-    expected = run_record(reference, final=True)
     for name in ("batches", "losses", "steps"):
         difference = first_difference(expected[name], before[name] + after[name])
         assert difference is None, f"{name}: {difference.describe()}"
@@ -105,20 +120,19 @@ def _assert_continues(reference: Any, paused: Any, resumed: Any) -> None:
         assert difference is None, f"{name}: {difference.describe()}"
 
 
-@pytest.mark.parametrize("step", [4, 7], ids=["its-last-step", "the-next-epoch"])
+@pytest.mark.parametrize("step", [2, 4], ids=["its-last-step", "the-next-epoch"])
 def test_an_epoch_ended_early_by_a_callback_pauses_exactly_at_its_end_and_after(
-    tmp_path: Path, step: int
+    tmp_path: Path, early_reference: dict[str, Any], step: int
 ) -> None:
-    reference = _train(tmp_path / "reference", _EndEpochAt(4))
-    paused = _train(tmp_path / "run", _EndEpochAt(4), _PauseAt(step))
+    paused = _train(tmp_path, _EndEpochAt(2), _PauseAt(step))
     assert paused.paused and paused.state.global_step == step
-    if step == 4:  # the epoch's end (its evaluation) ran before the pause, not after the resume
+    if step == 2:  # the epoch's end (its evaluation) ran before the pause, not after the resume
         assert "eval_loss" in paused.state.log_history[-2]
-    resumed = _train(tmp_path / "run", _EndEpochAt(4))
-    _assert_continues(reference, paused, resumed)
+    resumed = _train(tmp_path, _EndEpochAt(2))
+    _assert_continues(early_reference, paused, resumed)
 
 
-@pytest.mark.parametrize("steps", [24, 7], ids=["epoch-end", "max-steps-mid-epoch"])
+@pytest.mark.parametrize("steps", [12, 5], ids=["epoch-end", "max-steps-mid-epoch"])
 def test_a_pause_requested_during_the_last_step_lets_the_run_finish(
     tmp_path: Path, steps: int
 ) -> None:
@@ -131,17 +145,18 @@ def test_a_pause_requested_during_the_last_step_lets_the_run_finish(
     assert not Path(trainer.pause_path).exists()
 
 
-def test_stateful_callbacks_continue_from_their_state_at_the_pause(tmp_path: Path) -> None:
-    reference = _train(tmp_path / "reference", _Counter())
-    paused = _train(tmp_path / "run", _Counter(), _PauseAt(5))
+def test_stateful_callbacks_continue_from_their_state_at_the_pause(
+    tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    paused = _train(tmp_path, _Counter(), _PauseAt(3))
     counter = _Counter()
-    resumed = _train(tmp_path / "run", counter)
-    assert counter.count == 24
+    resumed = _train(tmp_path, counter)
+    assert counter.count == 12
     _assert_continues(reference, paused, resumed)
 
 
 def test_a_resume_with_other_stateful_callbacks_is_refused(tmp_path: Path) -> None:
-    _train(tmp_path, _Counter(), _PauseAt(5))
+    _train(tmp_path, _Counter(), _PauseAt(3))
     with pytest.raises(ResumeStateMismatchError) as caught:
         _train(tmp_path)
     assert caught.value.detail == (
@@ -159,38 +174,36 @@ def test_a_resume_with_other_stateful_callbacks_is_refused(tmp_path: Path) -> No
 def test_a_resume_with_other_training_arguments_is_refused_naming_the_argument(
     tmp_path: Path,
 ) -> None:
-    _train(tmp_path, _PauseAt(5))
+    _train(tmp_path, _PauseAt(3))
     with pytest.raises(ConfigSignatureMismatchError) as caught:
         _train(tmp_path, learning_rate=1e-3)
     assert caught.value.code == 323
     assert caught.value.detail == "training_arguments.learning_rate: 0.002 vs 0.001"
 
 
-def test_after_a_crash_train_continues_from_the_newest_resume_point(tmp_path: Path) -> None:
-    reference = _train(tmp_path / "reference")
+def test_after_a_crash_train_continues_from_the_newest_resume_point(
+    tmp_path: Path, reference: dict[str, Any]
+) -> None:
     folder = tmp_path / "run"
     points = {"pause_path": folder / "points" / "pause.ckpt"}
 
     def with_points(*callbacks: TrainerCallback) -> Any:
-        options = {**points, "resume_points": ResumePoints(folder / "points", every_steps=5)}
-        trainer = build(
-            folder, variant(), trainer_options={**options, "callbacks": list(callbacks)}
-        )
+        options = {**points, "resume_points": ResumePoints(folder / "points", every_steps=2)}
+        trainer = build(folder, SMALL, trainer_options={**options, "callbacks": list(callbacks)})
         trainer.train()
         return trainer
 
     (folder / "points").mkdir(parents=True)
-    with pytest.raises(RuntimeError, match="crash after step 13"):
-        with_points(_CrashAt(13))
+    with pytest.raises(RuntimeError, match="crash after step 9"):
+        with_points(_CrashAt(9))
     resumed = with_points()
-    expected = run_record(reference, final=True)
     after = run_record(resumed, final=True)
-    # From the point of step 10: the steps after it, then the same end.
-    assert [step for step, _ in after["steps"]] == list(range(11, 25))
+    # From the point of step 8: the steps after it, then the same end.
+    assert [step for step, _ in after["steps"]] == list(range(9, 13))
     for name in ("model", "optimizer", "scheduler", "epoch", "log_history"):
-        difference = first_difference(expected[name], after[name])
+        difference = first_difference(reference[name], after[name])
         assert difference is None, f"{name}: {difference.describe()}"
-    difference = first_difference(expected["losses"][10:], after["losses"])
+    difference = first_difference(reference["losses"][8:], after["losses"])
     assert difference is None, difference and difference.describe()
     assert run_finished(folder / "points") is not None
 
@@ -198,12 +211,12 @@ def test_after_a_crash_train_continues_from_the_newest_resume_point(tmp_path: Pa
 def test_a_pause_file_with_a_malformed_trainer_state_is_refused_before_anything_changes(
     tmp_path: Path,
 ) -> None:
-    _train(tmp_path, _PauseAt(5))
+    _train(tmp_path, _PauseAt(3))
     path = tmp_path / "pause.ckpt"
     checkpoint = load_checkpoint(path)
     checkpoint["extra"]["transformers"]["bookkeeping"]["_tr_loss"] = 0.5
     save_checkpoint(checkpoint, path)
-    trainer = build(tmp_path, variant())
+    trainer = build(tmp_path, SMALL)
     before = {name: value.clone() for name, value in trainer.model.state_dict().items()}
     with pytest.raises(CheckpointFormatError) as caught:
         trainer.train()
@@ -220,14 +233,14 @@ def test_evaluation_runs_with_the_pause_signals_blocked_so_its_workers_ignore_th
     # Workers started meanwhile inherit the block (whatever their start method); a signal
     # to the main process waits for the evaluation's end and then pauses at the landing.
     mask = _SignalMask()
-    trainer = build(tmp_path, variant(), trainer_options={"callbacks": [mask]})
+    trainer = build(tmp_path, SMALL, trainer_options={"callbacks": [mask]})
     trainer.evaluate()
     assert mask.blocked == [True, True]
     assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 def test_a_pause_file_of_another_trainer_is_refused(tmp_path: Path) -> None:
-    _train(tmp_path, _PauseAt(5))
+    _train(tmp_path, _PauseAt(3))
     path = tmp_path / "pause.ckpt"
     checkpoint = load_checkpoint(path)
     del checkpoint["extra"]["transformers"]
