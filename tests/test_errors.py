@@ -28,7 +28,7 @@ FROZEN_CODES = {
         "PauseBlockedError",
         "the last training step failed; pause is blocked until a step succeeds or a checkpoint is restored",
     ),
-    327: ("CheckpointWriteError", "writing failed; the previous checkpoint is intact"),
+    327: ("CheckpointWriteError", "writing failed"),
     328: ("UnsafeCheckpointError", "the file holds objects outside the safe (weights-only) set"),
     329: ("VersionMismatchError", "module version differs"),
     330: (
@@ -41,8 +41,7 @@ FROZEN_CODES = {
     ),
     332: (
         "UnsupportedResumeConfigurationError",
-        "configuration cannot be resumed exactly (stateless IterableDataset, sampler subclass, "
-        "custom batch_sampler, in_order=False, collate_fn replaced)",
+        "configuration cannot be resumed exactly",
     ),
     333: ("LoaderStateError", "malformed loader/sampler state (format, cursor, index, sizes)"),
     334: ("IteratorInvalidatedError", "iterator used after close() or load_state_dict()"),

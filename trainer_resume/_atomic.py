@@ -35,6 +35,7 @@ __all__ = [
     "DigestingWriter",
     "TempFile",
     "is_temp_name",
+    "make_parent_directory",
     "remove_stale_temps",
     "replace_atomically",
     "save_plain_torch_file",
@@ -196,6 +197,7 @@ def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
     """
     directory, name = os.path.split(os.path.abspath(path))
     temp = os.path.join(directory, _temp_name(name))
+    previous = os.path.exists(path)  # a failure says it is intact only when there is one
     fd: int | None = None
     created = False
     try:
@@ -221,7 +223,8 @@ def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
             _remove_quietly(temp)
         if not isinstance(exc, Exception):  # KeyboardInterrupt and co. stay what they are
             raise
-        raise CheckpointWriteError(f"could not write {path}: {exc!r}") from exc
+        kept = "; the previous file there is intact" if previous else ""
+        raise CheckpointWriteError(f"could not write {path}: {exc!r}{kept}") from exc
     try:
         fsync_directory(directory)
     except OSError as exc:
@@ -320,6 +323,35 @@ def fsync_directory(directory: str) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def make_parent_directory(path: str | os.PathLike[str]) -> None:
+    """Create the folder a file at ``path`` is written to, if missing; durably.
+
+    Each folder created has its entry fsynced in its parent, so a crash after a file
+    was written into it cannot lose the folder. Called where a pause file's path is
+    given (arming signals, pausing, finishing), so a path such as
+    ``runs/job-17/pause.ckpt`` works before ``runs/job-17`` exists.
+
+    Raises:
+        CheckpointWriteError: a folder could not be created (the reason is chained).
+    """
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    missing = []
+    current = directory
+    while not os.path.isdir(current) and os.path.dirname(current) != current:
+        missing.append(current)
+        current = os.path.dirname(current)
+    if not missing:
+        return
+    try:
+        os.makedirs(directory, exist_ok=True)
+        for folder in reversed(missing):
+            fsync_directory(os.path.dirname(folder))
+    except OSError as exc:
+        raise CheckpointWriteError(
+            f"{os.fspath(path)}: its folder {directory} could not be created ({exc!r})"
+        ) from exc
 
 
 def _close_quietly(fd: int) -> None:

@@ -43,7 +43,13 @@ from .errors import (
     WorldSizeChangeWarning,
 )
 from .rng import derive_seed, random_state, restore_random_state, seed_cpu_generators
-from .state import DistributedPauseState, PauseCheckpoint, RandomState, RankPauseState
+from .state import (
+    GRADIENTS_KEY,
+    DistributedPauseState,
+    PauseCheckpoint,
+    RandomState,
+    RankPauseState,
+)
 
 __all__ = [
     "DISTRIBUTED_FORMAT",
@@ -51,6 +57,8 @@ __all__ = [
     "DistributedPauseState",
     "RankPauseState",
     "agree",
+    "agreed_pause",
+    "announce_refusal",
     "any_rank",
     "any_ranks",
     "combined_pause",
@@ -162,6 +170,15 @@ def agree(local_error: BaseException | str | None, action: str) -> None:
         raise _refusal(action, *failed[0])
 
 
+def announce_refusal(error: BaseException, action: str) -> None:
+    """Tell the other ranks that this rank refuses ``action`` (they raise in their
+    ``agree``); the caller then raises its own ``error``."""
+    try:
+        agree(error, action)
+    except Exception:  # noqa: BLE001 - every rank failed; this one raises its own error
+        pass
+
+
 def rank_zero_result(compute: Callable[[], Any]) -> Any:
     """Rank 0 runs ``compute``; every rank gets its result, or raises the error it raised."""
     outcome: list[Any] = [None]
@@ -182,11 +199,25 @@ def pause_path_agreed(requested: str | None) -> str | None:
 
     One small all-reduce per step; the paths are exchanged only when a pause is due.
     """
-    if not any_rank(requested is not None):
-        return None
+    return agreed_pause(requested, defer=False)[0]
+
+
+def agreed_pause(requested: str | None, *, defer: bool) -> tuple[str | None, bool]:
+    """At a step boundary: ``(pause path or None, deferred)``, the same on every rank.
+
+    ``defer`` (this rank wants a pause requested now to land at a later boundary) is
+    agreed in the same all-reduce as the request: when any rank asked and any rank
+    defers, no rank pauses here and ``deferred`` is true everywhere, so a
+    rank-dependent answer never leaves one rank pausing alone.
+    """
+    asked, deferring = any_ranks([requested is not None, defer])
+    if not asked:
+        return None, False
+    if deferring:
+        return None, True
     paths: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(paths, requested)
-    return next(path for path in paths if path is not None)
+    return next(path for path in paths if path is not None), False
 
 
 # ----------------------------------------------------------------------- pause
@@ -205,14 +236,14 @@ def gather_pause(checkpoint: PauseCheckpoint) -> PauseCheckpoint | None:
         RuntimeError: the ranks are not at the same completed step (on every rank).
     """
     size, rank = dist.get_world_size(), dist.get_rank()
-    mine = (
-        checkpoint["completed_steps"],
-        {
-            "loaders": checkpoint["loaders"],
-            "extra": checkpoint["extra"],
-            "rng": checkpoint["rng"],
-        },
-    )
+    state: RankPauseState = {
+        "loaders": checkpoint["loaders"],
+        "extra": checkpoint["extra"],
+        "rng": checkpoint["rng"],
+    }
+    if checkpoint.get(GRADIENTS_KEY) is not None:  # each rank's own, also under no_sync
+        state[GRADIENTS_KEY] = checkpoint[GRADIENTS_KEY]
+    mine = (checkpoint["completed_steps"], state)
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, mine)
     steps = [entry[0] for entry in gathered]
@@ -255,7 +286,7 @@ def commit(write: Callable[[], None], path: str) -> None:
         if error is not None:
             raise CheckpointWriteError(f"{path}: {type(error).__name__}: {error}") from error
         raise CheckpointWriteError(
-            f"{path}: rank 0 could not write the pause file; the previous one is intact"
+            f"{path}: rank 0 could not write the pause file; nothing there was replaced"
         )
 
 
@@ -294,6 +325,8 @@ def _ranks(
             raise CheckpointFormatError(
                 f"{location}: rank {index}'s state lacks loaders, extra or rng"
             )
+        if not isinstance(state.get(GRADIENTS_KEY, {}), dict):
+            raise CheckpointFormatError(f"{location}: rank {index}'s gradients are not a dict")
     if not isinstance(base, int):
         raise CheckpointFormatError(f"{location}: {DISTRIBUTED_KEY!r} lacks an int rng_base_seed")
     return size, ranks, base
@@ -341,15 +374,10 @@ def rank_view(
             mine["extra"],
             mine["rng"],
         )
+        _set_gradients(view, mine.get(GRADIENTS_KEY))
         return view
-    for name in ("loaders", "extra"):
-        for index, other in enumerate(ranks[1:], start=1):
-            if first_difference(other[name], ranks[0][name]) is not None:
-                what = "loader positions" if name == "loaders" else "extra states"
-                raise ResumeStateMismatchError(
-                    f"{location} was paused with {saved_world} rank(s) whose {what} differ (rank 0 and rank {index}); "
-                    f"they cannot be redistributed over {world_size} rank(s): resume with {saved_world}"
-                )
+    _check_redistributable(ranks, saved_world, world_size, location)
+    _set_gradients(view, ranks[0].get(GRADIENTS_KEY))
     steps = checkpoint["completed_steps"]
     new_steps = converted_steps(steps, saved_world, world_size)
     seed_base = base if base is not None else _single_base(ranks[0]["rng"])
@@ -367,6 +395,55 @@ def rank_view(
         stacklevel=3,
     )
     return view
+
+
+def _ordered_by_world_size(state: Any) -> bool:
+    # A resumable loader's epoch-sampler state (EpochSamplerSettings in state.py).
+    sampler = state.get("sampler") if isinstance(state, Mapping) else None
+    settings = sampler.get("settings") if isinstance(sampler, Mapping) else None
+    return isinstance(settings, Mapping) and settings.get("sampler") == "DistributedSampler"
+
+
+def _set_gradients(view: dict[str, Any], gradients: Any) -> None:
+    if gradients is None:
+        view.pop(GRADIENTS_KEY, None)
+    else:
+        view[GRADIENTS_KEY] = gradients
+
+
+def _check_redistributable(
+    ranks: list[Mapping[str, Any]], saved_world: int, world_size: int, location: str
+) -> None:
+    for loader, state in ranks[0]["loaders"].items():
+        if _ordered_by_world_size(state):
+            raise ResumeStateMismatchError(
+                f"{location} was paused with {saved_world} rank(s) and cannot be resumed with "
+                f"{world_size}: loader {loader!r} reads a DistributedSampler, which orders each epoch "
+                f"by the number of ranks, so its position means nothing with another number; resume "
+                f"with {saved_world} rank(s), or read one global stream that re-shards sample-exactly "
+                "(InfiniteRandomSampler or build_batch_sampler, see docs/distributed.md)"
+            )
+    # What every new rank takes from rank 0 must have been the same on every saved rank.
+    for name, what in (
+        ("loaders", "loader positions"),
+        ("extra", "extra states"),
+        (GRADIENTS_KEY, "accumulated gradients"),
+    ):
+        for index, other in enumerate(ranks[1:], start=1):
+            difference = first_difference(other.get(name), ranks[0].get(name))
+            if difference is None:
+                continue
+            if name == GRADIENTS_KEY:
+                reason = (
+                    "it was paused inside a gradient-accumulation window, where each rank holds "
+                    "the partial sum of its own micro-batches"
+                )
+            else:
+                reason = f"their {what} differ (rank 0 and rank {index}, at {difference.path!r})"
+            raise ResumeStateMismatchError(
+                f"{location} was paused with {saved_world} rank(s) and cannot be redistributed over "
+                f"{world_size}: {reason}; resume with {saved_world} rank(s)"
+            )
 
 
 def _single_base(state: Any) -> int:

@@ -88,7 +88,8 @@ class PauseBlockedError(ResumeError):
 
 class CheckpointWriteError(ResumeError):
     code = 327
-    message = "writing failed; the previous checkpoint is intact"
+    # The detail says whether a previous checkpoint at that path is intact.
+    message = "writing failed"
 
 
 class CheckpointNotDurableError(CheckpointWriteError):
@@ -122,10 +123,8 @@ class ResumableModeRequiredError(ResumeError):
 
 class UnsupportedResumeConfigurationError(ResumeError):
     code = 332
-    message = (
-        "configuration cannot be resumed exactly (stateless IterableDataset, sampler subclass, "
-        "custom batch_sampler, in_order=False, collate_fn replaced)"
-    )
+    # The detail names the cause (the loader, object or setting) and the fix.
+    message = "configuration cannot be resumed exactly"
 
 
 class LoaderStateError(ResumeError):

@@ -63,7 +63,9 @@ def finished_marker_path(path: StrPath) -> str:
     return location + _FILE_SUFFIX
 
 
-def mark_finished(path: StrPath, *, completed_steps: int, key: bytes | None = None) -> str:
+def mark_finished(
+    path: StrPath, *, completed_steps: int, key: bytes | None = None, retire: bool = True
+) -> str:
     """Mark the run that pauses to ``path`` finished and retire its pause file.
 
     The marker is written durably first; only then is a pause file at ``path``
@@ -73,6 +75,8 @@ def mark_finished(path: StrPath, *, completed_steps: int, key: bytes | None = No
         path: The run's pause file path, or its resume-point directory.
         completed_steps: The run's final step count, recorded in the marker.
         key: The run's signing key, if it signs its files.
+        retire: ``False`` keeps a pause file at ``path`` (one the run did not resume
+            from); the marker still wins over it.
 
     Returns:
         The marker's path.
@@ -90,7 +94,7 @@ def mark_finished(path: StrPath, *, completed_steps: int, key: bytes | None = No
         "finished_at": time.time(),
     }
     save_checkpoint(record, marker, key=key)
-    if os.path.isfile(location):
+    if retire and os.path.isfile(location):
         os.remove(location)
         fsync_directory(os.path.dirname(os.path.abspath(location)))
     return marker

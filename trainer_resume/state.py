@@ -40,6 +40,7 @@ __all__ = [
     "LightningPauseState",
     "FinishedMarker",
     "PAUSE_FORMAT",
+    "GRADIENTS_KEY",
     "SAMPLER_FORMAT",
     "BATCH_SAMPLER_FORMAT",
     "EPOCH_SAMPLER_FORMAT",
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 PAUSE_FORMAT = "trainer_resume.pause/1"
+# The pause-file entry of the gradients carried between steps (see mixin/_gradients.py).
+GRADIENTS_KEY = "gradients"
 SHARDED_FORMAT = "trainer_resume.sharded/1"
 # The "format" entries of the loader states below.
 SAMPLER_FORMAT = "trainer_resume.sampler/1"
@@ -388,6 +391,8 @@ class RankPauseState(TypedDict):
     loaders: dict[str, LoaderState]  # the same global cursor on every rank
     extra: dict[str, Any]
     rng: RandomState
+    # This rank's gradients when any was present (inside an accumulation window).
+    gradients: NotRequired[dict[str, Any]]
 
 
 class DistributedPauseState(TypedDict):
@@ -426,6 +431,9 @@ class PauseCheckpoint(TypedDict):
     loaders: dict[str, LoaderState]
     extra: dict[str, Any]
     rng: RandomState
+    # object name -> the .grad of its parameters (module: {name: tensor or None};
+    # optimizer: [[tensor or None] per group]); present only when a gradient was.
+    gradients: NotRequired[dict[str, Any]]
     distributed: NotRequired[DistributedPauseState]
 
 

@@ -210,3 +210,11 @@ def test_unknown_factory_is_a_usage_error_naming_it(capsys):
         capsys.readouterr().err
         == "error: module 'support.audit_datasets' has no attribute 'no_such_factory'\n"
     )
+
+
+def test_a_factory_that_is_not_callable_is_a_usage_error_naming_its_type(capsys):
+    assert main(["audit-loader", "support.audit_datasets:SIZE"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "error: support.audit_datasets:SIZE is an int, not a callable factory\n"
+    )

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from support.fsdp_workers import FSDPTrainer
+from torch import nn
 
 from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import (
@@ -25,6 +26,7 @@ from trainer_resume.errors import (
     UnsafeCheckpointError,
     UnsupportedResumeConfigurationError,
 )
+from trainer_resume.mixin import training_step
 from trainer_resume.rng import random_state, restore_random_state
 from trainer_resume.sharded import WeightsOnlyLoadPlanner
 from trainer_resume.testing import first_difference
@@ -262,3 +264,64 @@ def test_dcp_metadata_globals_outside_the_allowlist_are_refused_before_their_mod
         load_metadata(pickle.dumps(os.system), "m")
     with pytest.raises(CheckpointFormatError, match=r"m: holds a dict, not DCP's Metadata"):
         load_metadata(pickle.dumps({"a": 1}), "m")
+
+
+class WindowFSDPTrainer(FSDPTrainer):
+    """Two micro-batches per optimizer step; gradients None at window ends. With
+    ``sync=False`` the first micro-batch keeps FSDP2 from reduce-scattering."""
+
+    sync = True
+
+    @training_step
+    def step(self) -> None:
+        x, y, _ = next(self.iterator)
+        last = self.completed_steps % 2 == 1
+        self.model.set_requires_gradient_sync(self.sync or last)
+        (nn.functional.mse_loss(self.model(x), y) / 2).backward()
+        if last:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+
+def _gradients(trainer: FSDPTrainer) -> dict[str, Any]:
+    return {name: _local(p.grad) for name, p in trainer.model.named_parameters()}
+
+
+def test_a_sharded_model_paused_inside_an_accumulation_window_resumes_its_gradients(
+    one_rank, tmp_path
+):
+    reference = WindowFSDPTrainer()
+    one_rank.append(reference)
+    for _ in range(5):
+        reference.step()
+    trainer = WindowFSDPTrainer()
+    one_rank.append(trainer)
+    for _ in range(3):
+        trainer.step()  # the pause holds the first micro-batch's sharded gradients
+    trainer.pause(tmp_path / "pause")
+    paused = _gradients(trainer)
+    assert all(grad is not None for grad in paused.values())
+    resumed = WindowFSDPTrainer()
+    one_rank.append(resumed)
+    resumed.resume(tmp_path / "pause")
+    assert first_difference(paused, _gradients(resumed)) is None
+    for _ in range(2):
+        resumed.step()
+    difference = first_difference(_local(reference.state()), _local(resumed.state()))
+    assert difference is None, difference.describe()
+
+
+def test_gradients_fsdp2_has_not_reduced_are_refused_when_training_starts(one_rank):
+    trainer = WindowFSDPTrainer()
+    one_rank.append(trainer)
+    trainer.sync = False
+    with pytest.raises(UnsupportedResumeConfigurationError) as refused:
+        trainer.step()
+    assert str(refused.value) == (
+        "[332] configuration cannot be resumed exactly: the sharded model 'model.0' holds gradients "
+        "FSDP2 has not reduce-scattered yet (set_requires_gradient_sync(False) inside a "
+        "gradient-accumulation window): a pause cannot save them; keep gradient sync on for "
+        "every micro-batch (the sharded gradients then add up in each parameter's .grad, which "
+        "a pause saves)"
+    )

@@ -91,6 +91,22 @@ class RequestPauseAt(pl.Callback):
             self.resume.request_pause()
 
 
+class RequestPauseInValidation(pl.Callback):
+    """Asks ``resume`` for a pause during the ``batch``-th validation batch of the fit."""
+
+    def __init__(self, batch: int, resume: ResumeCallback) -> None:
+        self.batch = batch
+        self.resume = resume
+        self.seen = 0
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        self.seen += 1
+        if self.seen == self.batch:
+            self.resume.request_pause()
+
+
 def val_loader() -> DataLoader:
     return DataLoader(child.AugmentedDataset(12), batch_size=4)
 
@@ -107,6 +123,7 @@ def fit(
     *,
     train: Any = None,
     pause_at_batch: int | None = None,
+    pause_in_validation: int | None = None,
     ckpt_path: Any = None,
     resume: bool = True,
     config: Any = child.CONFIG,
@@ -128,6 +145,8 @@ def fit(
         callback = ResumeCallback(directory / "pause.ckpt", config=config)
         if pause_at_batch is not None:
             callbacks.append(RequestPauseAt(pause_at_batch, callback))
+        if pause_in_validation is not None:
+            callbacks.append(RequestPauseInValidation(pause_in_validation, callback))
         callbacks.append(callback)
     settings: dict[str, Any] = {"max_steps": -1, "max_epochs": 3, "limit_train_batches": 4}
     settings.update(options)

@@ -80,6 +80,11 @@ class ResumableIterator:
         """Still able to deliver batches (not exhausted, failed, closed or replaced)."""
         return self._dead is None and not self._exhausted
 
+    @property
+    def ended(self) -> bool:
+        """Its iteration ended with a batch it delivered (not closed, failed or replaced)."""
+        return self._exhausted and self._dead is None and self.delivered > 0
+
     def __next__(self) -> Any:
         if self._dead is not None:
             raise type(self._dead)(self._dead.detail)  # type: ignore[attr-defined]

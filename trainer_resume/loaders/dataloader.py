@@ -265,6 +265,48 @@ class ResumableDataLoader(DataLoader):
         return source.cursor[0] if source.epochs else 0
 
     @property
+    def epoch_ended(self) -> bool:
+        """True from the delivery of an iteration's last batch until the next ``iter(loader)``.
+
+        The iteration's last batch is an epoch's (or, over an ``IterableDataset``, a
+        pass's) last, so a training loop is about to run its epoch-end work; the
+        trainer mixin lands a pause requested now after that work (see
+        docs/data-loading.md#the-epoch-loop). False for endless samplers, before the
+        first batch and after ``load_state_dict``.
+        """
+        self._require_stream("epoch_ended")
+        self._settle()
+        active = self._active
+        return active is not None and active.ended
+
+    def end_epoch(self) -> None:
+        """End the epoch in progress now: the next ``iter(loader)`` reads the next epoch.
+
+        What a new ``iter(loader)`` does when the previous iterator delivered batches
+        and was replaced part-way (a loop that stops its epochs early, such as
+        Lightning with ``limit_train_batches``), for a loader whose position was loaded
+        part-way into an epoch. The current iterator ends (``IteratorInvalidatedError``
+        on its next use). Nothing changes between epochs (no batch of the epoch was
+        delivered) or for endless samplers, whose iterations never end.
+        """
+        stream = self._require_stream("end_epoch")
+        stream.require_committable()
+        source = stream.source
+        if not source.epochs:
+            return
+        self._settle()
+        number, offset = source.cursor
+        active = self._active
+        if active is not None and active.alive:
+            active.retire("end_epoch() ended this iterator's epoch")
+        self._active = None
+        if offset:
+            # The epoch's order is computed first: computing it moves the sampler's
+            # generator as the uninterrupted run's did, and the next epoch follows from it.
+            source.begin(stream.augmentation_seed)
+            source.abandon(number)
+
+    @property
     def augmentation_seed(self) -> int:
         """Base seed of every sample's and batch's augmentation (resumable mode)."""
         return self._require_stream("augmentation_seed").augmentation_seed

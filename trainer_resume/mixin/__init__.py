@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 
 from .. import distributed as _distributed
+from .._atomic import make_parent_directory
+from .._hook_results import is_library_loader
 from .._pause_checks import (
     check_layout,
     check_names,
@@ -40,12 +42,24 @@ from ..errors import (
 from ..finished import finished_marker_path, mark_finished, refuse_if_finished
 from ..resume_points import ResumePoint, ResumePoints
 from ..rng import restore_random_state
-from ..sharded.detect import SHARDED_STATE, ShardedObjects, refuse_dtensors, sharded_objects
+from ..sharded.detect import (
+    SHARDED_STATE,
+    ShardedObjects,
+    refuse_dtensors,
+    refuse_unreduced_gradients,
+    sharded_objects,
+)
 from ..sharded.manifest import is_pause_directory
 from ..signature import canonical_config, config_difference, config_signature
-from ..state import PAUSE_FORMAT, PauseCheckpoint, StrPath
+from ..state import GRADIENTS_KEY, PAUSE_FORMAT, PauseCheckpoint, StrPath
 from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
-from ._hook_audit import audit_trainer, name_stale_iterators, stale_iterators, warn_if_no_step
+from ._gradients import check_gradients, collect_gradients, restore_gradients
+from ._hook_audit import (
+    audit_trainer,
+    name_stale_iterators,
+    stale_iterators,
+    warn_request_without_step,
+)
 from ._latest import latest_to_resume
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
 from ._step_guard import (
@@ -54,6 +68,11 @@ from ._step_guard import (
     guard_of,
     serialized_training,
     training_step,
+)
+from ._training_start import (
+    check_at_training_start,
+    check_hook_results,
+    restore_foreign_loaders,
 )
 
 if TYPE_CHECKING:
@@ -80,14 +99,6 @@ class _Settings:
         self.signature = signature
         self.canonical = canonical
         self.key = key
-
-
-def _refuse_on_every_rank(error: BaseException, action: str) -> None:
-    # Tell the other ranks (they raise too); this rank then raises its own error.
-    try:
-        _distributed.agree(error, action)
-    except Exception:  # noqa: BLE001 - every rank failed; this one raises its own error
-        pass
 
 
 def _overrides(trainer: Any, hook: str) -> bool:
@@ -167,9 +178,19 @@ class TrainingResumeMixin:
         if resume_points is not None:
             resume_points.attach(self)
         self.__dict__[GUARD_ATTRIBUTE].points = resume_points
-        self.__dict__[GUARD_ATTRIBUTE].audit = lambda trainer: audit_trainer(
-            trainer, excluded, TrainingResumeMixin
-        )
+
+        def first_boundary(trainer: TrainingResumeMixin) -> Any:
+            # When training starts: the first micro-batch of a window shows where the
+            # gradients of a sharded model go, before any pause could need them.
+            try:
+                objects = trainer._resume_objects()
+            except Exception:  # noqa: BLE001 - pause() calls the same hook and reports it
+                objects = {}
+            refuse_unreduced_gradients(objects, sharded_objects(objects))
+            return audit_trainer(trainer, excluded, TrainingResumeMixin)
+
+        self.__dict__[GUARD_ATTRIBUTE].audit = first_boundary
+        self.__dict__[GUARD_ATTRIBUTE].start_check = check_at_training_start
         record_boundary(self, self.__dict__[GUARD_ATTRIBUTE])
 
     # ------------------------------------------------------------ state flags
@@ -279,11 +300,14 @@ class TrainingResumeMixin:
             _require_step_boundary(guard, "pause")
             if guard.audit is not None:  # paused before the first step: check the hooks now
                 audit, guard.audit = guard.audit, None
-                audit(self)
+                guard.audit = audit(self)
             # Under a process group every rank takes part in each collective below, so a
             # refusal on one rank is announced to all before it is raised (none waits forever).
             collective = _distributed.is_distributed()
             try:
+                if guard.start_check is not None:  # before the first step, as that step would
+                    check_hook_results(self)
+                    guard.start_check = None
                 if guard.locked_reason is not None:
                     raise TrainerLockedError(guard.locked_reason)
                 if guard.failed:
@@ -291,10 +315,11 @@ class TrainingResumeMixin:
                         f"step {guard.completed_steps + 1} raised; run a step that succeeds first"
                     )
                 sharded = sharded_objects(self._resume_objects())
+                refuse_unreduced_gradients(self._resume_objects(), sharded)
                 checkpoint = _pause_checkpoint(self, guard, sharded=sharded)
             except Exception as error:
                 if collective:
-                    _refuse_on_every_rank(error, "pause()")
+                    _distributed.announce_refusal(error, "pause()")
                 raise
             if collective:
                 _distributed.agree(None, "pause()")
@@ -305,10 +330,14 @@ class TrainingResumeMixin:
                 write_pause(path, checkpoint, self._resume_objects(), sharded, key=key)
             elif collective:
                 combined = _distributed.gather_pause(checkpoint)
-                _distributed.commit(
-                    lambda: self._save_pause_checkpoint(combined, path), os.fspath(path)
-                )
+
+                def write() -> None:
+                    make_parent_directory(path)
+                    self._save_pause_checkpoint(combined, path)
+
+                _distributed.commit(write, os.fspath(path))
             else:
+                make_parent_directory(path)
                 self._save_pause_checkpoint(checkpoint, path)
             guard.paused = True
             if guard.requested_path is not None and os.fspath(guard.requested_path) == os.fspath(
@@ -385,6 +414,7 @@ class TrainingResumeMixin:
             location = os.fspath(path)
 
             def write() -> None:
+                make_parent_directory(location)
                 mark_finished(location, completed_steps=guard.completed_steps, key=key)
                 if guard.points is not None:  # the resume points retire with the pause file
                     guard.points.retire(completed_steps=guard.completed_steps, key=key)
@@ -401,9 +431,17 @@ class TrainingResumeMixin:
         Safe from any thread and from signal handlers: it only records the request.
         ``paused`` becomes true once the pause is written. Should that write fail, the
         step still counts as completed, the request is dropped and the step call
-        raises the ``CheckpointWriteError``.
+        raises the ``CheckpointWriteError``. Called from another thread before any
+        ``@training_step`` call has run, it warns (``UnsavedStateWarning``) that the
+        pause waits for one. When a loader's epoch ended with the step that just
+        ended, the pause lands one step later, after the loop's epoch-end work.
         """
-        guard_of(self, "request_pause()").requested_path = os.fspath(path)
+        guard = guard_of(self, "request_pause()")
+        guard.requested_path = os.fspath(path)
+        # Only off the main thread: there a signal handler may be the caller, and it
+        # must not write (pause_on_signal's watcher warns for signals).
+        if not guard.landings and threading.current_thread() is not threading.main_thread():
+            warn_request_without_step(type(self).__name__, "request_pause() from another thread")
 
     def pause_if_requested(self) -> bool:
         """Write a pending pause request now, between steps (e.g. in a loop that waits or evaluates).
@@ -420,7 +458,7 @@ class TrainingResumeMixin:
             guard.landings += 1
             if guard.requested_path is None and not _distributed.is_distributed():
                 return False
-            return _pause_at_step_boundary(self)
+            return _pause_at_step_boundary(self, step_end=False)
 
     def checkpoint(self) -> ResumePoint:
         """Take a resume point now, into the ``ResumePoints`` directory, and return its handle.
@@ -512,26 +550,28 @@ class TrainingResumeMixin:
             signals: Signal numbers (default ``SIGTERM`` and ``SIGUSR1``).
             warn_without_step_after: Seconds after which an ``UnsavedStateWarning``
                 says that no ``@training_step`` call (nor ``pause_if_requested()``)
-                has started, so a signal could never pause; ``None`` turns it off.
+                has started, so a signal could never pause; a signal that arrives
+                before any such call is warned about at once. ``None`` turns both off.
 
         Returns:
             A handle (also a context manager) whose ``restore()`` puts the previous
             handlers back; ``previous`` maps each signal to its former handler.
+
+        Raises:
+            CheckpointWriteError: the folder of ``path`` does not exist and cannot be
+                created (it is created when missing).
         """
         guard = guard_of(self, "pause_on_signal()")
+        make_parent_directory(path)  # a missing folder is created now, or refused with the reason
         self.restore_signal_handlers()
-        handle = SignalPause(guard, path, signals)
+        handle = SignalPause(
+            guard,
+            path,
+            signals,
+            trainer_name=type(self).__name__,
+            warn_without_step_after=warn_without_step_after,
+        )
         self.__dict__["_training_resume_signals"] = handle
-        if warn_without_step_after is not None:
-            landings, name = guard.landings, type(self).__name__
-
-            def check() -> None:
-                if handle.active:
-                    warn_if_no_step(name, guard, landings, warn_without_step_after)
-
-            timer = threading.Timer(warn_without_step_after, check)
-            timer.daemon = True
-            timer.start()
         return handle
 
     def restore_signal_handlers(self) -> None:
@@ -581,31 +621,53 @@ def _resume_from(
         )
     except Exception as error:
         if collective:
-            _refuse_on_every_rank(error, "resume()")
+            _distributed.announce_refusal(error, "resume()")
         raise
     if collective:  # every rank checked the file: restore everywhere or nowhere
         _distributed.agree(None, "resume()")
     # Every rank reads its shards before any state changes; a failure is raised on
     # every rank with nothing restored (collective, see ShardedPause.load).
     staged = opened.load(trainer._resume_objects()) if opened is not None else None
+    # Then the loaders from elsewhere, which check a state only by loading it: one that
+    # refuses is put back with every other, and nothing else changed.
+    restore_foreign_loaders(trainer, guard, checkpoint["loaders"], location, collective)
     _restore(trainer, guard, checkpoint, states, location, opened, staged)
 
 
-def _pause_at_step_boundary(trainer: TrainingResumeMixin) -> bool:
-    """Take a due resume point and write the pending pause request, if any (under the lock, between steps)."""
+def _pause_at_step_boundary(trainer: TrainingResumeMixin, *, step_end: bool = True) -> bool:
+    """Take a due resume point and write the pending pause request, if any (under the lock, between steps).
+
+    ``step_end``: called at the end of a ``@training_step`` (not from
+    ``pause_if_requested()``, which the loop calls where it wants the pause): there,
+    a boundary where a loader's epoch just ended hands the pause and a due resume
+    point to the next boundary, once, so that the loop's epoch-end work is saved.
+    """
     guard: StepGuard = trainer.__dict__[GUARD_ATTRIBUTE]
+    boundary = guard.boundary
+    epoch_ended = step_end and boundary is not None and boundary.epoch_ended
     failure = None
     if guard.points is not None:
         failure = guard.points.at_step_boundary(
             guard.completed_steps,
             lambda copy: _pause_checkpoint(trainer, guard, copy),
             key=_settings(trainer, "checkpoint()").key,
+            defer=epoch_ended,
         )
-    path = guard.requested_path
+    requested = guard.requested_path
     guard.requested_path = None
+    # At most one boundary later: a step that spans a whole epoch ends one at every boundary.
+    defer = epoch_ended and guard.deferred_at != guard.completed_steps - 1
     if _distributed.is_distributed():
-        # A request on any rank pauses every rank at this same boundary.
-        path = _distributed.pause_path_agreed(path)
+        # A request on any rank pauses every rank at this same boundary, and a deferral
+        # on any rank defers it on every rank (one all-reduce for both).
+        path, deferred = _distributed.agreed_pause(requested, defer=defer)
+    else:
+        deferred = defer and requested is not None
+        path = None if deferred else requested
+    if deferred:
+        guard.deferred_at = guard.completed_steps
+        if requested is not None and guard.requested_path is None:  # a newer request wins
+            guard.requested_path = requested
     if path is not None:
         trainer.pause(path)
     if failure is not None:  # a background write of an earlier point failed
@@ -709,6 +771,10 @@ def _pause_checkpoint(
         "extra": copy(dict(trainer._resume_extra_state()), memo),
         "rng": boundary_random_state(),
     }
+    # Inside a gradient-accumulation window the partial sums move to the next step too.
+    gradients = collect_gradients(objects, copy, memo, skipped=set(sharded.names))
+    if gradients is not None:
+        checkpoint[GRADIENTS_KEY] = gradients
     refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)
     return checkpoint
@@ -733,6 +799,7 @@ def _check_pause_checkpoint(
     states = object_states(checkpoint)
     loaders = trainer._resume_loaders()
     objects = trainer._resume_objects()
+    check_hook_results(trainer)
     check_names("objects (_resume_objects())", states, objects)
     check_names("loaders (_resume_loaders())", checkpoint["loaders"], loaders)
     check_names(
@@ -747,8 +814,10 @@ def _check_pause_checkpoint(
     skipped = set(sharded)
     unsharded = {name: obj for name, obj in objects.items() if name not in skipped}
     check_object_states(unsharded, states, _GRAD_SCALERS)
+    check_gradients(checkpoint.get(GRADIENTS_KEY), objects, skipped)
     for name, loader in loaders.items():
-        loader.validate_state_dict(checkpoint["loaders"][name])
+        if is_library_loader(loader):  # the others check a state by loading it, first
+            loader.validate_state_dict(checkpoint["loaders"][name])
     trainer._validate_resume(checkpoint)
     check_random_state(checkpoint["rng"], location, rng_device())
     return states
@@ -782,13 +851,17 @@ def _restore(
             stage = f"GradScaler {name!r}"
             restore_grad_scaler_state(objects[name], states[name], optimizers)
         for name, loader in trainer._resume_loaders().items():
-            stage = f"loader {name!r}"
-            loader.load_state_dict(checkpoint["loaders"][name])
-        stage = "extra state"
-        trainer._load_resume_extra_state(checkpoint["extra"])
+            if is_library_loader(loader):  # the others were restored first
+                stage = f"loader {name!r}"
+                loader.load_state_dict(checkpoint["loaders"][name])
+        if checkpoint["extra"]:  # the hook receives only what was saved
+            stage = "extra state"
+            trainer._load_resume_extra_state(checkpoint["extra"])
         stage = "iterators"
         trainer._rebuild_resume_iterators()
         name_stale_iterators(trainer, iterators)
+        stage = "gradients"
+        restore_gradients(checkpoint.get(GRADIENTS_KEY), objects, set(sharded))
         # Last: rebuilding loaders and iterators may draw from the global generators.
         stage = "random state"
         restore_random_state(checkpoint["rng"], rng_device())

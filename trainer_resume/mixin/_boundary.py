@@ -15,6 +15,12 @@ fetch (``random_state`` waits for any ``rng_scope`` in progress). Objects, extra
 state and the step count change only inside steps and serialized calls, under the
 training lock, so they are read live too. Recording costs one ``state_dict()`` per
 loader per step (a few microseconds for a resumable loader).
+
+A boundary also records whether a returned loader delivered its epoch's last batch
+in the step that just ended. A loop's epoch-end work (``scheduler.step()``,
+validation) runs after that step and before the next one, and a pause written at
+this boundary would resume at the next epoch without it; so the mixin lands a
+pause or resume point requested here at the next boundary instead.
 """
 
 from __future__ import annotations
@@ -30,18 +36,22 @@ __all__ = [
     "Boundary",
     "boundary_loader_states",
     "boundary_random_state",
+    "loader_epoch_ended",
     "record_boundary",
     "rng_device",
 ]
 
 
 class Boundary:
-    """The loader states of one step boundary."""
+    """The loader states of one step boundary, and whether a loader's epoch just ended."""
 
-    __slots__ = ("loaders",)
+    __slots__ = ("epoch_ended", "loaders")
 
-    def __init__(self, loaders: dict[str, Any] | None) -> None:
+    def __init__(self, loaders: dict[str, Any] | None, epoch_ended: bool = False) -> None:
         self.loaders = loaders  # None: not known at this boundary, read live by a pause
+        # A returned loader delivered its epoch's last batch in the step that just ended:
+        # the loop's epoch-end work (scheduler.step(), validation) has not run yet.
+        self.epoch_ended = epoch_ended
 
 
 def rng_device() -> int | None:
@@ -58,16 +68,29 @@ def record_boundary(trainer: Any, guard: Any) -> None:
     """
     states: dict[str, Any] | None
     try:
-        states = {
-            name: cpu_state(loader.state_dict())
-            for name, loader in trainer._resume_loaders().items()
-        }
+        loaders = trainer._resume_loaders()
+        states = {name: cpu_state(loader.state_dict()) for name, loader in loaders.items()}
+        # After state_dict(): over an IterableDataset it reads on to know a pass ended.
+        ended = any(loader_epoch_ended(loader) for loader in loaders.values())
     except Exception:  # noqa: BLE001 - the same calls raise again, to the caller, when a pause reads live
         # A hook or loader that cannot answer here (not implemented, loaders not built
         # yet at initialisation, a loader that is not resumable) answers the same at
         # pause(), which then reports it; training itself goes on as before.
-        states = None
-    guard.boundary = Boundary(states)
+        states, ended = None, False
+    guard.boundary = Boundary(states, ended)
+
+
+def loader_epoch_ended(loader: Any) -> bool:
+    """Whether ``loader`` says it just delivered its epoch's last batch.
+
+    A ``ResumableDataLoader`` says so through ``epoch_ended``; a loader from elsewhere
+    may have the same attribute (an adapter's wrapper); one without it is never seen
+    at an epoch's end.
+    """
+    try:
+        return getattr(loader, "epoch_ended", False) is True
+    except Exception:  # noqa: BLE001 - a wrapper's __getattr__ that raises: no epoch end seen
+        return False
 
 
 def boundary_loader_states(trainer: Any, guard: Any) -> dict[str, Any]:

@@ -5,9 +5,13 @@ step method without ``@training_step`` while signals are armed, resumes silently
 differently or never pauses. These checks look at the trainer itself:
 
 - :func:`audit_trainer` (once, at the first step or pause): stateful attributes no
-  hook returns, and extra state without the hook that loads it;
-- :func:`warn_if_no_step` (a timer armed by ``pause_on_signal``): no
+  hook returns, and extra state without the hook that loads it; at the next step
+  boundary, tensors held in attributes (directly or in dicts and lists) that changed
+  and that no hook returns (:func:`warn_changed_tensors`);
+- :func:`warn_if_no_step` (a watcher armed by ``pause_on_signal``): no
   ``@training_step`` call started, so a signal's request can never be written;
+- :func:`warn_request_without_step`: a pause was requested (a signal, another
+  thread) while no ``@training_step`` call has run yet;
 - :func:`stale_iterators` / :func:`name_stale_iterators` (around ``resume()``):
   iterators over the restored loaders that ``_rebuild_resume_iterators()`` did not
   replace get an error naming that hook.
@@ -16,10 +20,11 @@ differently or never pauses. These checks look at the trainer itself:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+from blake3 import blake3
 
 from ..errors import UnsavedStateWarning
 
@@ -28,22 +33,30 @@ __all__ = [
     "name_stale_iterators",
     "stale_iterators",
     "warn_if_no_step",
+    "warn_request_without_step",
 ]
 
 
-def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> None:
+Audit = Callable[[Any], "Audit | None"]
+
+
+def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> Audit | None:
     """Warn about state a pause would leave out (run once per trainer).
 
     Args:
         trainer: The trainer.
         excluded: Attribute names deliberately left out (``excluded_attributes``).
         base: ``TrainingResumeMixin``, to tell overridden hooks from the defaults.
+
+    Returns:
+        The second look, for the next step boundary: it warns about the tensors held
+        by the trainer (not returned by any hook) that changed since this one.
     """
     try:
         objects = list(trainer._resume_objects().values())
         loaders = list(trainer._resume_loaders().values())
     except Exception:  # noqa: BLE001 - pause() calls the same hooks and reports their errors
-        return
+        return None
     covered = _reachable(objects, loaders)
     tensors = {
         id(tensor)
@@ -70,7 +83,7 @@ def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> None:
         try:
             extra = trainer._resume_extra_state()
         except Exception:  # noqa: BLE001 - reported by pause()
-            return
+            extra = {}
         if extra:
             warnings.warn(
                 f"{name}._resume_extra_state() returns {sorted(map(str, extra))} but {name} does not "
@@ -78,6 +91,103 @@ def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> None:
                 UnsavedStateWarning,
                 stacklevel=4,
             )
+    before = held_tensors(trainer, skipped)
+    if not before:
+        return None
+
+    def second_look(trainer: Any) -> None:
+        warn_changed_tensors(trainer, skipped, before)
+
+    return second_look
+
+
+# Containers walked for held tensors: a dict of EMA weights, a list of running sums.
+_HELD_DEPTH = 3
+
+
+def held_tensors(trainer: Any, skipped: set[str]) -> dict[str, bytes]:
+    """Digest of every tensor the trainer holds in an attribute (directly or in dicts,
+    lists and tuples) that no hook covers: label -> BLAKE3 digest of its bytes.
+
+    The content is digested, not the version counter: ``t.data.copy_()`` changes a
+    tensor without moving its version, and ``d["ema"] = d["ema"] * 0.9`` replaces it.
+    """
+    covered = _covered_tensors(trainer)
+    found: dict[str, bytes] = {}
+    for label, value in vars(trainer).items():
+        if label in skipped or label.startswith("_training_resume"):
+            continue
+        for path, tensor in _tensors_in(label, value, _HELD_DEPTH):
+            if id(tensor) in covered or isinstance(tensor, torch.nn.Parameter):
+                continue
+            digest = _digest(tensor)
+            if digest is not None:
+                found[path] = digest
+    return found
+
+
+def warn_changed_tensors(trainer: Any, skipped: set[str], before: dict[str, bytes]) -> None:
+    """Warn once about each held tensor whose content changed since ``before`` was taken."""
+    name = type(trainer).__name__
+    after = held_tensors(trainer, skipped)
+    for label, digest in after.items():
+        if label in before and before[label] != digest:
+            attribute = label.split("[", 1)[0]
+            warnings.warn(
+                f"{name}.{label} is a tensor that changed between steps and no hook returns it: "
+                "pause() does not save it and resume() does not restore it, so a resumed run would "
+                "differ; return it from _resume_extra_state() (and restore it in "
+                f"_load_resume_extra_state), or name {attribute!r} in "
+                "_initialize_training_resume(..., excluded_attributes=...) if leaving it out is "
+                "intended",
+                UnsavedStateWarning,
+                stacklevel=5,  # warn_changed_tensors <- second look <- @training_step <- caller
+            )
+
+
+def _covered_tensors(trainer: Any) -> set[int]:
+    # Tensors a resume restores: the objects' and loaders' states and the extra state.
+    # (The regular checkpoint is saved but not restored, apart from shared keys, which
+    # are resume objects.)
+    covered: set[int] = set()
+    sources: list[Any] = []
+    for hook in ("_resume_objects", "_resume_loaders"):
+        try:
+            sources.extend(getattr(trainer, hook)().values())
+        except Exception:  # noqa: BLE001 - reported by pause()
+            pass
+    try:
+        sources.append(trainer._resume_extra_state())
+    except Exception:  # noqa: BLE001 - reported by pause()
+        pass
+    for source in sources:
+        if isinstance(source, torch.nn.Module):
+            covered.update(id(tensor) for tensor in _tensors(source))
+        elif isinstance(source, torch.optim.Optimizer):
+            for state in source.state.values():
+                covered.update(id(v) for v in state.values() if isinstance(v, torch.Tensor))
+        else:
+            covered.update(id(tensor) for _, tensor in _tensors_in("", source, _HELD_DEPTH))
+    return covered
+
+
+def _tensors_in(label: str, value: Any, depth: int) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        yield label, value
+    elif depth and isinstance(value, dict):
+        for key, item in value.items():
+            yield from _tensors_in(f"{label}[{key!r}]", item, depth - 1)
+    elif depth and isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _tensors_in(f"{label}[{index}]", item, depth - 1)
+
+
+def _digest(tensor: torch.Tensor) -> bytes | None:
+    try:
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        return blake3(flat.numpy()).digest()
+    except (RuntimeError, TypeError, ValueError):  # sparse, quantized, meta: not judged
+        return None
 
 
 def _reachable(objects: list[Any], loaders: list[Any]) -> set[int]:
@@ -150,6 +260,17 @@ def warn_if_no_step(trainer_name: str, guard: Any, landings_at_arming: int, seco
         "@training_step, or a SIGTERM will not pause this run",
         UnsavedStateWarning,
         stacklevel=2,
+    )
+
+
+def warn_request_without_step(trainer_name: str, how: str) -> None:
+    """Warn that a pause was requested while no ``@training_step`` call has run yet."""
+    warnings.warn(
+        f"{trainer_name}: a pause was requested ({how}) but no @training_step call has run yet: "
+        "the pause is written when a @training_step call ends, or by pause_if_requested(); if "
+        "the training step is not decorated with @training_step, this run will not pause",
+        UnsavedStateWarning,
+        stacklevel=3,
     )
 
 

@@ -5,24 +5,37 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterable
 from types import FrameType, TracebackType
 
 from .._signals import DEFAULT_PAUSE_SIGNALS, Handler, install_handlers, restore_handlers
+from ._hook_audit import warn_if_no_step, warn_request_without_step
 from ._step_guard import StepGuard
 
 __all__ = ["DEFAULT_PAUSE_SIGNALS", "SignalPause"]
+
+_WATCH_INTERVAL_S = 0.05  # how soon a signal that came before any step is warned about
 
 
 class SignalPause:
     """Handlers that turn a signal into a pause request; restores the previous ones.
 
     Use as a context manager or call :meth:`restore`. ``previous`` maps each signal
-    to the handler that was installed before.
+    to the handler that was installed before. With ``warn_without_step_after``, a
+    watcher thread warns (``UnsavedStateWarning``) as soon as a signal arrives while
+    no ``@training_step`` call has started since arming, and after that many
+    seconds without one.
     """
 
     def __init__(
-        self, guard: StepGuard, path: str | os.PathLike[str], signals: Iterable[int]
+        self,
+        guard: StepGuard,
+        path: str | os.PathLike[str],
+        signals: Iterable[int],
+        *,
+        trainer_name: str = "trainer",
+        warn_without_step_after: float | None = None,
     ) -> None:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError(
@@ -37,6 +50,30 @@ class SignalPause:
         self.received: signal.Signals | None = None
         self._guard = guard
         install_handlers(self.signals, self._handle, self.previous)
+        self._watcher: threading.Thread | None = None
+        if warn_without_step_after is not None:
+            # A thread, not the handler, warns: a handler may interrupt the main thread
+            # inside a write to stderr or a lock that warnings.warn would take.
+            self._watcher = threading.Thread(
+                target=self._watch,
+                args=(trainer_name, guard.landings, warn_without_step_after),
+                name="trainer-resume-signal-watch",
+                daemon=True,
+            )
+            self._watcher.start()
+
+    def _watch(self, trainer_name: str, landings: int, seconds: float) -> None:
+        # Polls plain attributes (the handler stores them without a lock) until a step
+        # starts, the handlers are restored, a signal arrives or the time is up.
+        deadline = time.monotonic() + seconds
+        while self.active and self._guard.landings == landings:
+            if self.received is not None:
+                warn_request_without_step(trainer_name, f"signal {self.received.name}")
+                return
+            if time.monotonic() >= deadline:
+                warn_if_no_step(trainer_name, self._guard, landings, seconds)
+                return
+            time.sleep(_WATCH_INTERVAL_S)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Attribute stores only: the handler may interrupt the main thread anywhere,

@@ -45,11 +45,18 @@ class StepGuard:
         self.boundary: Any = None
         # Outermost steps started plus pause_if_requested() calls: places a pause lands.
         self.landings = 0
-        # One-shot check of the trainer for forgotten hooks (see _hook_audit).
-        self.audit: Callable[[Any], None] | None = None
+        # One-shot check of the trainer for forgotten hooks (see _hook_audit); it may
+        # return a second look for the next boundary.
+        self.audit: Callable[[Any], Any] | None = None
+        # Refuses, before the first step runs, what the hooks return that a pause could
+        # not save (see _hook_results); cleared once it passed.
+        self.start_check: Callable[[Any], None] | None = None
         # Written by signal handlers: plain attribute stores only, no locks and no I/O,
         # because a handler runs between two bytecodes of whatever the main thread does.
         self.requested_path: Any = None
+        # The completed-step count of the boundary a pending pause was last handed on
+        # from (a loader's epoch had just ended there), so it is handed on only once.
+        self.deferred_at: int | None = None
         # When the decision to pause is collective (all ranks at the same step), the
         # boundary hook must run after every step, not only after a local request.
         self.check_every_boundary = False
@@ -118,6 +125,8 @@ def training_step(method: _Method) -> _Method:
     Raises:
         TrainingPausedError: the trainer is paused.
         TrainerLockedError: a restore failed part-way.
+        UnsupportedResumeConfigurationError: (first step only, before it runs) a
+            resume object or loader the hooks return could not be saved by a pause.
     """
 
     @functools.wraps(method)
@@ -129,6 +138,9 @@ def training_step(method: _Method) -> _Method:
             if guard.depth:
                 return method(self, *args, **kwargs)
             guard.check_step_allowed()
+            if guard.start_check is not None:
+                guard.start_check(self)
+                guard.start_check = None
             guard.depth = 1
             guard.landings += 1
             try:
@@ -141,9 +153,9 @@ def training_step(method: _Method) -> _Method:
             guard.completed_steps += 1
             guard.failed = False
             record_boundary(self, guard)
-            if guard.audit is not None:
+            if guard.audit is not None:  # once, then its second look at the next boundary
                 audit, guard.audit = guard.audit, None
-                audit(self)
+                guard.audit = audit(self)
             # Under a process group every boundary is a collective agreement on pausing.
             points = guard.points
             if (

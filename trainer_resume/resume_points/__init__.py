@@ -198,6 +198,7 @@ class ResumePoints:
         self.when_busy: WhenBusy = when_busy
         self.skipped = 0  # points that were due while the previous write still ran
         self._overdue = False  # a point was skipped: take one at the next free boundary
+        self._deferred_at: int | None = None  # the boundary a due point was handed on from
         self.written = 0  # points made durable
         self._buffers = HostBuffers()
         self._owner: int | None = None
@@ -263,18 +264,27 @@ class ResumePoints:
         *,
         key: bytes | None,
         combine: Callable[[Any], Any] | None = None,
+        defer: bool = False,
     ) -> CheckpointWriteError | None:
         """Take a point if one is due or requested; return an unreported write failure.
 
         Under a process group every rank calls it at every boundary: the ranks agree
         on whether a point is due, all snapshot the same step, and rank 0 writes what
         ``combine`` makes of its snapshot (default: the mixin's ``gather_pause``).
+        ``defer`` (agreed the same way) moves a due or requested point to the next
+        boundary: the mixin's rule for a boundary where a loader's epoch just ended.
         """
         if _distributed.is_distributed():
             return self._collective_boundary(
-                completed_steps, snapshot, key, combine or _distributed.gather_pause
+                completed_steps, snapshot, key, combine or _distributed.gather_pause, defer
             )
         failure = self._take_failure()
+        defer = self._defers(defer, completed_steps)
+        if defer:
+            if self._requested or self._due(completed_steps):
+                self._overdue = True
+                self._deferred_at = completed_steps
+            return failure
         if self._requested or self._due(completed_steps):
             if self._busy() and self.when_busy == "skip" and not self._requested:
                 self._skip(completed_steps)
@@ -301,6 +311,10 @@ class ResumePoints:
         return last
 
     # ----------------------------------------------------------------- inside
+
+    def _defers(self, defer: bool, completed_steps: int) -> bool:
+        # A point is handed on once: the next boundary takes it whatever it is.
+        return defer and self._deferred_at != completed_steps - 1
 
     def _skip(self, completed_steps: int) -> None:
         # Count each point the schedule asked for, not each boundary it waited at.
@@ -408,6 +422,7 @@ class ResumePoints:
         snapshot: Snapshot,
         key: bytes | None,
         combine: Callable[[Any], Any],
+        defer: bool,
     ) -> CheckpointWriteError | None:
         rank = _distributed.world()[1]
         in_use: ResumePointsInUseError | None = None
@@ -416,12 +431,13 @@ class ResumePoints:
                 hold_writer_lock(self.directory, self)
             except ResumePointsInUseError as error:
                 in_use = error
-        due, requested, failed, refused = _distributed.any_ranks(
+        due, requested, failed, refused, deferred = _distributed.any_ranks(
             [
                 self._due(completed_steps),
                 bool(self._requested),
                 rank == 0 and self._unreported is not None,
                 in_use is not None,
+                self._defers(defer, completed_steps),
             ]
         )
         if refused:
@@ -435,6 +451,10 @@ class ResumePoints:
                 f"{self.directory}: rank 0 could not write its last resume point; the older points are intact"
             )
         if not (due or requested):
+            return failure
+        if deferred:
+            self._overdue = True
+            self._deferred_at = completed_steps
             return failure
         # Rank 0 writes, so its writer decides for every rank whether the point waits.
         busy = _distributed.any_ranks([rank == 0 and self._busy()])[0]

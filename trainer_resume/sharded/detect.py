@@ -17,7 +17,15 @@ import torch
 
 from ..errors import UnsupportedResumeConfigurationError
 
-__all__ = ["SHARDED_STATE", "ShardedObjects", "first_dtensor", "refuse_dtensors", "sharded_objects"]
+__all__ = [
+    "SHARDED_STATE",
+    "ShardedObjects",
+    "first_dtensor",
+    "refuse_dtensors",
+    "refuse_unreduced_gradients",
+    "sharded_objects",
+    "unreduced_gradient",
+]
 
 # What a rank file holds in place of a state written through torch.distributed.checkpoint.
 SHARDED_STATE = {"written_by": "torch.distributed.checkpoint"}
@@ -106,6 +114,47 @@ def _check_backend(name: str, model: torch.nn.Module) -> None:
             f"{'' if torch.cuda.is_available() else ' without a CUDA device'}: NCCL moves CUDA "
             "tensors only; shard the model on each rank's CUDA device (torch.cuda.set_device("
             "local_rank) before init_process_group) or use gloo for a CPU model"
+        )
+
+
+def unreduced_gradient(objects: Mapping[str, Any], sharded: ShardedObjects) -> str | None:
+    """Where a sharded model holds gradients FSDP2 has not reduce-scattered yet, else ``None``.
+
+    With ``set_requires_gradient_sync(False)`` (FSDP2's ``no_sync``) the micro-batches'
+    gradients accumulate unsharded inside FSDP2, not in the parameters' ``.grad``, so a
+    pause cannot save them. Reads FSDP2's internals, checked against torch 2.13:
+    ``FSDPModule._get_fsdp_state()._fsdp_param_group.fsdp_params`` and each
+    ``FSDPParam``'s ``unsharded_accumulated_grad`` and ``_unsharded_param.grad``.
+    """
+    for name in sharded.models:
+        for label, module in objects[name].named_modules():
+            get_state = getattr(module, "_get_fsdp_state", None)
+            if get_state is None:
+                continue
+            group = getattr(get_state(), "_fsdp_param_group", None)
+            for param in getattr(group, "fsdp_params", ()):
+                unsharded = getattr(param, "_unsharded_param", None)
+                if (
+                    getattr(param, "unsharded_accumulated_grad", None) is not None
+                    or getattr(unsharded, "grad", None) is not None
+                ):
+                    return f"{name}.{label}" if label else name
+    return None
+
+
+def refuse_unreduced_gradients(objects: Mapping[str, Any], sharded: ShardedObjects) -> None:
+    """Refuse a pause of a sharded model that holds gradients FSDP2 has not reduced.
+
+    Raises:
+        UnsupportedResumeConfigurationError: naming the module (332).
+    """
+    where = unreduced_gradient(objects, sharded)
+    if where is not None:
+        raise UnsupportedResumeConfigurationError(
+            f"the sharded model {where!r} holds gradients FSDP2 has not reduce-scattered yet "
+            "(set_requires_gradient_sync(False) inside a gradient-accumulation window): a pause "
+            "cannot save them; keep gradient sync on for every micro-batch (the sharded "
+            "gradients then add up in each parameter's .grad, which a pause saves)"
         )
 
 

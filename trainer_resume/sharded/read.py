@@ -45,7 +45,13 @@ from ..errors import (
     ResumeStateMismatchError,
     UnsafeCheckpointError,
 )
-from ..state import PauseCheckpoint, ShardedFileEntry, ShardedManifest, map_tensors
+from ..state import (
+    GRADIENTS_KEY,
+    PauseCheckpoint,
+    ShardedFileEntry,
+    ShardedManifest,
+    map_tensors,
+)
 from ._metadata import load_metadata, storage_files
 from .detect import SHARDED_STATE, ShardedObjects, sharded_objects
 from .manifest import (
@@ -202,6 +208,14 @@ class ShardedPause:
 
         saved = self.metadata.state_dict_metadata
         for model in self.manifest["models"]:
+            names = {key for key, _ in objects[model].named_parameters()}
+            unknown = sorted(set(_saved_gradients(saved, model)) - names)
+            if unknown:
+                raise ResumeStateMismatchError(
+                    f"{self.location}: sharded model {model!r} has gradients saved for "
+                    f"{unknown[:3]}, which are not its parameters"
+                )
+        for model in self.manifest["models"]:
             prefix = f"models.{model}."
             tensors = {
                 key[len(prefix) :]: entry
@@ -248,8 +262,15 @@ class ShardedPause:
         staged: dict[str, Any] = {}
         error: BaseException | None = None
         try:
+            # A fresh optimizer's state is made here by a step with zero gradients, which
+            # get_state_dict takes only while every gradient is None: the gradients saved
+            # (a pause inside an accumulation window) are read into buffers of their own.
             live = dcp_state(objects, self._sharded())
+            live.pop(GRADIENTS_KEY, None)
+            gradients = self._saved_gradient_buffers(objects)
             staged = map_tensors(live, torch.empty_like, {})  # aliases (tied weights) stay aliases
+            if gradients:
+                staged[GRADIENTS_KEY] = gradients
         except Exception as exc:  # noqa: BLE001 - announced to every rank before DCP's collectives
             error = _read_error(self.location, "preparing the shards' tensors", exc)
         if collective:
@@ -275,7 +296,11 @@ class ShardedPause:
         return staged
 
     def apply(self, objects: Mapping[str, Any], staged: Mapping[str, Any]) -> None:
-        """Copy the states :meth:`load` read into the sharded models and optimizers."""
+        """Copy the states :meth:`load` read into the sharded models and optimizers.
+
+        The sharded parameters get the gradients the pause held (``None`` where it
+        held none), after the optimizers' states: setting those needs no gradient.
+        """
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         for name, optimizer_names in self.manifest["models"].items():
@@ -288,9 +313,31 @@ class ShardedPause:
                 )
             else:
                 set_model_state_dict(objects[name], staged["models"][name])
+        gradients = staged.get(GRADIENTS_KEY, {})
+        for name in self.manifest["models"]:
+            read = gradients.get(name, {})
+            for key, param in objects[name].named_parameters():
+                param.grad = read.get(key)
+
+    def _saved_gradient_buffers(self, objects: Mapping[str, Any]) -> dict[str, Any]:
+        # A buffer of each parameter's layout (a DTensor sharded as it) for each gradient saved.
+        saved = self.metadata.state_dict_metadata
+        buffers: dict[str, Any] = {}
+        for model in self.manifest["models"]:
+            with_gradient = set(_saved_gradients(saved, model))
+            for key, param in objects[model].named_parameters():
+                if key in with_gradient:
+                    buffers.setdefault(model, {})[key] = torch.empty_like(param.detach())
+        return buffers
 
     def _sharded(self) -> ShardedObjects:
         return ShardedObjects({m: list(o) for m, o in self.manifest["models"].items()})
+
+
+def _saved_gradients(metadata: Mapping[str, Any], model: str) -> list[str]:
+    # DCP flattens nested keys with dots: "gradients.<model>.<parameter name>".
+    prefix = f"{GRADIENTS_KEY}.{model}."
+    return [key[len(prefix) :] for key in metadata if key.startswith(prefix)]
 
 
 def _read_error(location: str, what: str, exc: BaseException) -> ResumeError:
@@ -357,7 +404,10 @@ def open_pause(path: str | os.PathLike[str], *, key: bytes | None) -> ShardedPau
     if len(ranks) > 1:
         checkpoint = _distributed.combined_pause(
             ranks[0],
-            [{"loaders": s["loaders"], "extra": s["extra"], "rng": s["rng"]} for s in ranks],
+            [
+                {key: s[key] for key in ("loaders", "extra", "rng", GRADIENTS_KEY) if key in s}
+                for s in ranks
+            ],
         )
     return ShardedPause(
         location, directory, manifest, checkpoint, _read_metadata(directory, manifest)

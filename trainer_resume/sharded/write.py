@@ -31,7 +31,13 @@ from .. import distributed as _distributed
 from .._atomic import fsync_directory
 from ..durable import save_checkpoint
 from ..errors import CheckpointWriteError
-from ..state import SHARDED_FORMAT, PauseCheckpoint, ShardedFileEntry, ShardedManifest
+from ..state import (
+    GRADIENTS_KEY,
+    SHARDED_FORMAT,
+    PauseCheckpoint,
+    ShardedFileEntry,
+    ShardedManifest,
+)
 from .detect import ShardedObjects
 from .manifest import (
     DCP_DIRECTORY,
@@ -49,12 +55,16 @@ def dcp_state(objects: Mapping[str, Any], sharded: ShardedObjects) -> dict[str, 
     """The sharded models' and optimizers' state dicts as DCP takes them (DTensors, not gathered).
 
     The tensors are the live ones (no copy): DCP reads them on save and loads into
-    them in place on resume.
+    them in place on resume. The sharded parameters' gradients, where present (inside
+    a gradient-accumulation window, or with ``zero_grad()`` at a window's start), are
+    under ``"gradients"``: model name -> parameter name -> its ``.grad`` (a DTensor
+    sharded as the parameter).
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     models: dict[str, Any] = {}
     optimizers: dict[str, Any] = {}
+    gradients: dict[str, Any] = {}
     for name, optimizer_names in sharded.models.items():
         model = objects[name]
         if optimizer_names:
@@ -63,7 +73,13 @@ def dcp_state(objects: Mapping[str, Any], sharded: ShardedObjects) -> dict[str, 
             )
         else:
             models[name] = get_model_state_dict(model)
-    return {"models": models, "optimizers": optimizers}
+        grads = {key: p.grad for key, p in model.named_parameters() if p.grad is not None}
+        if grads:
+            gradients[name] = grads
+    state = {"models": models, "optimizers": optimizers}
+    if gradients:
+        state[GRADIENTS_KEY] = gradients
+    return state
 
 
 def dcp_failure(exc: BaseException) -> tuple[int | None, BaseException]:

@@ -165,9 +165,8 @@ def test_a_pipeline_without_checkpointing_is_refused(root):
         )
     assert caught.value.code == 332
     assert str(caught.value) == (
-        "[332] configuration cannot be resumed exactly (stateless IterableDataset, sampler "
-        "subclass, custom batch_sampler, in_order=False, collate_fn replaced): DALI pipeline 0 "
-        "(file_pipeline) was built without enable_checkpointing=True, so DALI keeps no state of "
+        "[332] configuration cannot be resumed exactly: DALI pipeline 0 (file_pipeline) was "
+        "built without enable_checkpointing=True, so DALI keeps no state of "
         "its readers and random operators to save; pass enable_checkpointing=True to "
         "@pipeline_def or in pipeline_kwargs"
     )

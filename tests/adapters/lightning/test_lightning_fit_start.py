@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
 from support import lightning_child as child
 from torch.utils.data import DataLoader
 
@@ -165,3 +166,43 @@ def test_a_paused_fit_does_not_mark_the_run_finished(tmp_path: Path) -> None:
     trainer.fit(_Counting(), child.build_loader(workers=0))
     assert callback.paused_at_step == 1
     assert not callback.finished and run_finished(tmp_path / "pause.ckpt") is None
+
+
+def test_a_fit_that_resumes_from_last_warns_about_the_exact_pause_file_and_keeps_it(
+    tmp_path: Path,
+) -> None:
+    def trainer_with(callback: ResumeCallback, *before: pl.Callback) -> pl.Trainer:
+        last = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True, every_n_train_steps=1)
+        return child.build_trainer(
+            steps=4, epoch_batches=0, callbacks=[*before, last, callback], checkpointing=True
+        )
+
+    first = ResumeCallback(tmp_path / "pause.ckpt")
+    torch.manual_seed(child.SEED)
+    trainer_with(first, _RequestPauseAt(2, first)).fit(_Counting(), child.build_loader(workers=0))
+    assert first.paused and (tmp_path / "ckpts" / "last.ckpt").exists()
+
+    second = ResumeCallback(tmp_path / "pause.ckpt")
+    trainer = trainer_with(second)
+    with pytest.warns(UserWarning) as caught:
+        trainer.fit(_Counting(), child.build_loader(workers=0), ckpt_path="last")
+    source = tmp_path / "ckpts" / "last.ckpt"
+    assert (
+        f"ResumeCallback: {source} is not a pause file (no 'trainer_resume' entry): training "
+        "continues, but the main-process RNG is not restored, so the result is not bit-identical "
+        f"to an uninterrupted run; the exact pause file {tmp_path / 'pause.ckpt'} exists: "
+        "fit(ckpt_path=resume.ckpt_path) resumes it bit-identically (it is kept, not deleted, "
+        "when this fit ends)"
+    ) in [str(w.message) for w in caught]
+    assert trainer.global_step == 4 and second.finished
+    assert (tmp_path / "pause.ckpt").is_file()  # unused: kept beside the finished marker
+
+
+def test_a_pause_path_in_a_missing_folder_gets_its_finished_marker_there(tmp_path: Path) -> None:
+    path = tmp_path / "runs" / "job-17" / "pause.ckpt"
+    resume = ResumeCallback(path)
+    torch.manual_seed(child.SEED)
+    trainer = child.build_trainer(steps=2, epoch_batches=0, callbacks=[resume])
+    trainer.fit(_Counting(), child.build_loader(workers=0))
+    finished = run_finished(path)
+    assert finished is not None and finished.completed_steps == 2

@@ -26,6 +26,7 @@ import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from ..._atomic import make_parent_directory
 from ..._signals import (
     DEFAULT_PAUSE_SIGNALS,
     Handler,
@@ -48,7 +49,7 @@ from ...finished import mark_finished, refuse_if_finished, run_finished
 from ...rng import random_state, restore_random_state, validate_random_state
 from ...signature import canonical_config, config_difference, config_signature
 from ...state import LightningPauseState, RandomState
-from .fit_loaders import check_train_loaders
+from .fit_loaders import check_train_loaders, end_loader_epochs
 from .io import DurableCheckpointIO, PauseFileReader, RunFiles, check_loadable
 from .metrics import (
     epoch_metrics_in_progress,
@@ -94,8 +95,10 @@ class ResumeCallback(Callback):
     (``accumulate_grad_batches > 1``) is deferred to the batch that completes it, so
     a pause never holds accumulated gradients. When ``fit`` completes (not paused),
     the run is marked finished (``trainer_resume.finished``): the pause file is
-    retired, :attr:`ckpt_path` is ``None``, :attr:`finished` is true, and a new
-    ``fit`` with this callback is refused with ``RunFinishedError`` (340).
+    retired (unless the fit did not resume from it: an unused pause file is kept),
+    :attr:`ckpt_path` is ``None``, :attr:`finished` is true, and a new ``fit`` with
+    this callback is refused with ``RunFinishedError`` (340). The folder of ``path``
+    is created when ``fit`` starts.
 
     While ``fit`` runs, the callback owns ``signals``: Lightning's own ``SIGTERM``
     handling (which raises ``SIGTERMException`` at the next batch) is replaced by a
@@ -155,6 +158,9 @@ class ResumeCallback(Callback):
         # and the module as it was before Lightning restored it (for a late refusal).
         self._checked: dict[str, Any] | None = None
         self._snapshot: ModuleSnapshot | None = None
+        # The pause file existed when fit started and the fit did not resume from it:
+        # the fit's end keeps it (an exact pause is never deleted unused).
+        self._unused_pause = False
 
     # ------------------------------------------------------------------ public API
 
@@ -304,6 +310,10 @@ class ResumeCallback(Callback):
         if stage != "fit":
             return
         refuse_if_finished(self.path)
+        # The finished marker (and a pause) go beside the pause file: its folder exists
+        # from now on, or fit is refused here with the reason.
+        make_parent_directory(self.path)
+        self._unused_pause = os.path.exists(self.path)  # until the fit resumes from it
         self._request = None
         self._paused_at = None
         self._pending_rng = None
@@ -390,6 +400,8 @@ class ResumeCallback(Callback):
         if point is not None:
             self._undo_validation_mark = point.validation
             self._in_resumed_epoch = True
+            if point.epoch_end and combined_loader is not None:
+                end_loader_epochs(combined_loader.flattened)
             if point.epoch_end and not point.validation:
                 end_epoch_on_resume(trainer)
 
@@ -410,9 +422,12 @@ class ResumeCallback(Callback):
         if self._paused_at is not None or trainer.interrupted:
             return
         key = self._writer(trainer).key
+        retire = not self._unused_pause
         self._on_rank_zero(
             trainer,
-            lambda: mark_finished(self.path, completed_steps=int(trainer.global_step), key=key),
+            lambda: mark_finished(
+                self.path, completed_steps=int(trainer.global_step), key=key, retire=retire
+            ),
             f"{self.path}: the finished marker could not be written",
         )
 
@@ -423,14 +438,26 @@ class ResumeCallback(Callback):
         if trainer.state.fn != "fit":
             return
         source = trainer.ckpt_path or "the checkpoint"
+        if self._unused_pause and _same_file(trainer.ckpt_path, self.path):
+            self._unused_pause = False
+        kept = (
+            f"; the exact pause file {self.path} exists: fit(ckpt_path=resume.ckpt_path) resumes "
+            "it bit-identically (it is kept, not deleted, when this fit ends)"
+            if self._unused_pause
+            else ""
+        )
         entry = checkpoint.get(PAUSE_KEY)
         if entry is None:
             rank_zero_warn(
                 f"ResumeCallback: {source} is not a pause file (no {PAUSE_KEY!r} entry): training continues, "
                 "but the main-process RNG is not restored, so the result is not bit-identical to an "
-                "uninterrupted run"
+                f"uninterrupted run{kept}"
             )
             return
+        if kept:
+            rank_zero_warn(
+                f"ResumeCallback: fit resumes from {source}, not from this callback's path{kept}"
+            )
         # Checked already before the restore when read through this callback's IO.
         self._pending_rng = self._pause_entry(entry, trainer, source)
         self._pending_point = PausePoint(
@@ -620,6 +647,15 @@ class ResumeCallback(Callback):
         except ValueError as exc:
             raise CheckpointFormatError(f"{source}: {exc}") from exc
         return state
+
+
+def _same_file(path: Any, other: str) -> bool:
+    if path is None:
+        return False
+    try:
+        return os.path.samefile(os.fspath(path), other)
+    except (OSError, TypeError):  # a URL, a missing file: compared by name
+        return os.path.abspath(str(path)) == os.path.abspath(other)
 
 
 def _cuda_device(pl_module: pl.LightningModule) -> torch.device | None:

@@ -19,7 +19,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from ...errors import UnsupportedResumeConfigurationError
 from ...loaders import ResumableDataLoader
 
-__all__ = ["check_train_loaders"]
+__all__ = ["check_train_loaders", "end_loader_epochs"]
 
 _FIX = (
     "use trainer_resume.loaders.ResumableDataLoader(dataset, ..., resumable=True), "
@@ -78,3 +78,16 @@ def check_train_loaders(loaders: Iterable[Any], *, strict: bool) -> None:
                 "inexact resume"
             )
         rank_zero_warn(f"ResumeCallback(strict=False): {problem}; the resume will not be exact")
+
+
+def end_loader_epochs(loaders: Iterable[Any]) -> None:
+    """Resumed at the last batch of a fit epoch: end the loaders' own epochs there too.
+
+    In the uninterrupted fit the next epoch's ``iter(loader)`` replaces an iterator
+    that delivered batches, so a loader whose epoch is longer than the fit's
+    (``limit_train_batches``) starts its next epoch; the resumed fit's iterator has
+    delivered nothing, so the loaders are told (``ResumableDataLoader.end_epoch``).
+    """
+    for loader in loaders:
+        if isinstance(loader, ResumableDataLoader) and loader.resumable:
+            loader.end_epoch()

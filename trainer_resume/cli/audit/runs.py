@@ -85,7 +85,9 @@ def load_factory(target: str) -> Callable[..., Any]:
                 f"module {module_name!r} has no attribute {attribute!r}"
             ) from error
     if not callable(obj):
-        raise AuditUsageError(f"{target} is a {type(obj).__name__}, not a callable factory")
+        kind = type(obj).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        raise AuditUsageError(f"{target} is {article} {kind}, not a callable factory")
     return obj
 
 

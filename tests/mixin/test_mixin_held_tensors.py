@@ -1,0 +1,90 @@
+"""Tensors a trainer holds (directly, or in dicts and lists) that change between steps and
+that no hook returns are warned about, like other unsaved state: changed in place,
+through ``.data``, or replaced by a new tensor."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from support.trainers import TinyTrainer
+
+from trainer_resume import UnsavedStateWarning
+from trainer_resume.mixin import training_step
+
+
+def _text(label: str, attribute: str) -> str:
+    return (
+        f"EmaTrainer.{label} is a tensor that changed between steps and no hook returns it: "
+        "pause() does not save it and resume() does not restore it, so a resumed run would "
+        "differ; return it from _resume_extra_state() (and restore it in "
+        f"_load_resume_extra_state), or name {attribute!r} in "
+        "_initialize_training_resume(..., excluded_attributes=...) if leaving it out is intended"
+    )
+
+
+class EmaTrainer(TinyTrainer):
+    """Keeps an EMA of the weights in a dict, updated the way ``update`` says."""
+
+    update = "rebind"
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.ema = {"weight": self_weight_copy()}
+        self.running = [torch.zeros(2)]
+        self.constant = torch.ones(3)  # held, never changed: not reported
+        super().__init__(**kwargs)
+
+    @training_step
+    def train_step(self) -> torch.Tensor:
+        loss = super().train_step()
+        weight = self.model.weight.detach()
+        if self.update == "rebind":
+            self.ema["weight"] = self.ema["weight"] * 0.9 + 0.1 * weight
+        elif self.update == "data":
+            self.ema["weight"].data.copy_(weight)  # the version counter does not move
+        else:
+            self.ema["weight"].mul_(0.9).add_(0.1 * weight)
+        return loss
+
+
+def self_weight_copy() -> torch.Tensor:
+    return torch.zeros(2, 4)
+
+
+def _warnings(trainer: EmaTrainer, steps: int = 3) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            trainer.train_step()
+    assert all(issubclass(w.category, UnsavedStateWarning) for w in caught)
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("update", ["rebind", "data", "in_place"])
+def test_a_tensor_in_a_dict_that_changes_between_steps_is_warned_about_once(update: str) -> None:
+    class Trainer(EmaTrainer):
+        pass
+
+    Trainer.update = update
+    Trainer.__name__ = "EmaTrainer"
+    assert _warnings(Trainer()) == [_text("ema['weight']", "ema")]
+
+
+def test_tensors_returned_as_extra_state_or_excluded_are_not_warned_about() -> None:
+    class Saved(EmaTrainer):
+        def _resume_extra_state(self) -> dict[str, Any]:
+            return {**super()._resume_extra_state(), "ema": self.ema}
+
+        def _load_resume_extra_state(self, state: dict[str, Any]) -> None:
+            super()._load_resume_extra_state(state)
+            self.ema = state["ema"]
+
+    assert _warnings(Saved()) == []
+
+    class Excluded(EmaTrainer):
+        def _initialize_training_resume(self, config: Any, **kwargs: Any) -> None:
+            super()._initialize_training_resume(config, excluded_attributes=("ema",), **kwargs)
+
+    assert _warnings(Excluded()) == []

@@ -1,0 +1,100 @@
+"""A trainer whose ``_resume_loaders()`` returns torchdata's ``StatefulDataLoader``.
+
+``python -m support.foreign_loaders resume PAUSE OUT`` resumes a pause file in a
+fresh process and saves the outcome.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from trainer_resume.mixin import TrainingResumeMixin, training_step
+
+STEPS, PAUSE = 10, 5  # 4 batches per epoch: the pause falls mid-epoch
+
+
+class StatefulLoaderTrainer(TrainingResumeMixin):
+    """Shuffled epochs from a ``StatefulDataLoader`` (its samples draw no random numbers)."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.3), nn.Linear(8, 1))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
+        data = torch.Generator().manual_seed(1)
+        dataset = TensorDataset(
+            torch.randn(16, 3, generator=data), torch.randn(16, 1, generator=data)
+        )
+        # No generator of its own: its shuffle draws from torch's global generator, which
+        # the pause saves (with a generator, StatefulDataLoader 0.11 resumes the next epoch
+        # in another order than an uninterrupted run).
+        self.loader = StatefulDataLoader(dataset, batch_size=4, shuffle=True)
+        self.batches = iter(self.loader)
+        self.losses: dict[int, torch.Tensor] = {}
+        # The iterator's position is the loader's state (saved); it is rebuilt after a resume.
+        self._initialize_training_resume(
+            {"loader": "stateful"}, version="1", excluded_attributes=("batches",)
+        )
+
+    def _resume_objects(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def _resume_loaders(self) -> dict[str, Any]:
+        return {"train": self.loader}
+
+    def _rebuild_resume_iterators(self) -> None:
+        self.batches = iter(self.loader)
+
+    def next_batch(self) -> Any:
+        try:
+            return next(self.batches)
+        except StopIteration:  # the next epoch
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
+    @training_step
+    def step(self) -> None:
+        x, y = self.next_batch()
+        loss = nn.functional.mse_loss(self.model(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.losses[self.completed_steps + 1] = loss.detach()
+
+
+def run(trainer: StatefulLoaderTrainer, steps: int) -> None:
+    while trainer.completed_steps < steps:
+        trainer.step()
+
+
+def outcome(trainer: StatefulLoaderTrainer, after: int = 0) -> dict[str, Any]:
+    return {
+        "model": trainer.model.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "losses": {k: v for k, v in trainer.losses.items() if k > after},
+        "rng_after": torch.rand(2),
+    }
+
+
+def main(argv: list[str]) -> int:
+    mode, pause, out = argv
+    if mode != "resume":
+        raise SystemExit(f"unknown mode {mode!r}")
+    warnings.simplefilter("ignore")
+    trainer = StatefulLoaderTrainer()
+    torch.rand(3)  # a missing RNG restore must not pass by luck
+    trainer.resume(pause)
+    start = trainer.completed_steps
+    run(trainer, STEPS)
+    torch.save({"outcome": outcome(trainer, start), "start": start}, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

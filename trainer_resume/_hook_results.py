@@ -1,0 +1,188 @@
+"""What a trainer's hooks return, checked when training starts (first step, or ``resume()``).
+
+A resume object or loader that cannot save its state would otherwise fail at the
+worst moment: inside the pause (no pause file), or inside ``resume()`` (a pause
+file that cannot be resumed), with another library's raw exception. So every
+object ``_resume_objects()`` returns must have ``state_dict()`` and
+``load_state_dict()``, and every loader ``_resume_loaders()`` returns is one of:
+
+- the library's own (``ResumableDataLoader``: it also has ``validate_state_dict``,
+  so ``resume()`` checks its state before anything changes);
+- a loader from elsewhere with ``state_dict()`` / ``load_state_dict()`` (torchdata's
+  ``Stateful`` protocol, e.g. ``StatefulDataLoader``), whose state must read back
+  through ``torch.load(weights_only=True)``; ``resume()`` restores such loaders
+  before anything else, so one that rejects its state leaves the trainer as it was.
+
+Anything else is refused with ``UnsupportedResumeConfigurationError`` (332) naming
+the object, its type, the wrapper that replaced a resumable loader (when the
+trainer still holds that loader) and the fix. An adapter whose framework wraps
+loaders adds its own fix with :func:`register_loader_hint`. :func:`check_loader`
+is the one rule for a loader; later rules about loaders from elsewhere extend it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from ._weights_only import refused_entry
+from .errors import UnsupportedResumeConfigurationError
+
+__all__ = [
+    "LoaderHint",
+    "check_loader",
+    "check_resume_loaders",
+    "check_resume_objects",
+    "is_library_loader",
+    "register_loader_hint",
+]
+
+# Says how to make ``loader`` resumable when it is a wrapper its framework made, else None.
+LoaderHint = Callable[[Any], "str | None"]
+
+_HINTS: list[LoaderHint] = []
+
+_FIX = (
+    "return a trainer_resume.loaders.ResumableDataLoader(..., resumable=True) (the DataLoader "
+    "drop-in), or a loader with state_dict() and load_state_dict() (torchdata's Stateful "
+    "protocol, e.g. torchdata.stateful_dataloader.StatefulDataLoader)"
+)
+
+
+def register_loader_hint(hint: LoaderHint) -> None:
+    """Add a fix to the refusal of a loader whose position cannot be saved.
+
+    ``hint(loader)`` returns the sentence that names the fix for a loader its
+    framework made (``"this is accelerate's DataLoaderShard; use
+    trainer_resume.adapters.accelerate.prepare_loader"``), or ``None`` for any other
+    loader. The first hint that answers replaces the general fix. Registering the
+    same function twice has no effect.
+    """
+    if not callable(hint):
+        raise TypeError(f"a loader hint must be callable, got {type(hint).__name__}")
+    if hint not in _HINTS:
+        _HINTS.append(hint)
+
+
+def is_library_loader(loader: Any) -> bool:
+    """A loader of this library: it checks a state before loading it (``validate_state_dict``)."""
+    return callable(getattr(loader, "validate_state_dict", None))
+
+
+def _has_state_methods(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and callable(
+        getattr(value, "load_state_dict", None)
+    )
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def check_resume_objects(objects: Mapping[str, Any], owner: str) -> None:
+    """Refuse a resume object without ``state_dict()`` / ``load_state_dict()``.
+
+    Raises:
+        UnsupportedResumeConfigurationError: naming the object and its type (332).
+    """
+    for name, obj in objects.items():
+        if not _has_state_methods(obj):
+            raise UnsupportedResumeConfigurationError(
+                f"{owner}._resume_objects() returns {name!r} ({_type_name(obj)}), which has no "
+                "state_dict() and load_state_dict(), so a pause cannot save it; return objects with "
+                "both (model, optimizer, scheduler, GradScaler) and keep plain values in "
+                "_resume_extra_state()"
+            )
+
+
+def check_resume_loaders(
+    loaders: Mapping[str, Any], owner: str, holders: Mapping[str, Any]
+) -> None:
+    """Check every loader ``_resume_loaders()`` returns (see :func:`check_loader`)."""
+    for name, loader in loaders.items():
+        check_loader(name, loader, owner, holders)
+
+
+def check_loader(name: str, loader: Any, owner: str, holders: Mapping[str, Any]) -> None:
+    """Refuse a loader a pause could not save, or whose state could not be read back.
+
+    Args:
+        name: The loader's name in ``_resume_loaders()``.
+        loader: The loader.
+        owner: The trainer's class name, for the message.
+        holders: The trainer's attributes (``vars(trainer)``): a library loader held
+            there over the same dataset names the one this loader replaced.
+
+    Raises:
+        UnsupportedResumeConfigurationError: the loader has no state, its
+            ``state_dict()`` fails, or its state holds a value weights-only loading
+            refuses (332).
+    """
+    where = f"{owner}._resume_loaders() returns {name!r} ({_type_name(loader)})"
+    if not _has_state_methods(loader):
+        _refuse_stateless(where, "it has no state_dict() and load_state_dict()", loader, holders)
+    try:
+        state = loader.state_dict()
+    except Exception as error:  # noqa: BLE001 - any failure here would be the pause's
+        reason = f"its state_dict() raised {type(error).__name__}: {error}"
+        _refuse_stateless(where, reason, loader, holders, error)
+    if is_library_loader(loader):
+        return  # its state is plain data by construction, and resume() validates it
+    problem = refused_entry(state, "its state_dict()")
+    if problem is not None:
+        raise UnsupportedResumeConfigurationError(
+            f"{where}, whose state cannot be read back by torch.load(weights_only=True) ({problem}), "
+            "so its pause file could not be resumed; give the loader a state of tensors, numbers, "
+            f"str, None, lists and dicts, or {_FIX}"
+        )
+
+
+def _refuse_stateless(
+    where: str,
+    reason: str,
+    loader: Any,
+    holders: Mapping[str, Any],
+    cause: BaseException | None = None,
+) -> None:
+    replaced = _replaced_loader(loader, holders)
+    wrapper = (
+        f"; it replaced the resumable loader {replaced[0]} ({type(replaced[1]).__name__}) "
+        "by its own wrapper"
+        if replaced is not None
+        else ""
+    )
+    hint = next((text for text in (hint(loader) for hint in _HINTS) if text), None)
+    error = UnsupportedResumeConfigurationError(
+        f"{where}, whose position cannot be saved ({reason}){wrapper}; {hint or _FIX}"
+    )
+    raise error from cause
+
+
+def _replaced_loader(loader: Any, holders: Mapping[str, Any]) -> tuple[str, Any] | None:
+    # A library loader the foreign one wraps, or one the trainer holds over the same dataset.
+    for label, value in _attributes(loader, depth=2):
+        if is_library_loader(value):
+            return f"{type(loader).__name__}.{label}", value
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        return None
+    for label, value in holders.items():
+        if (
+            value is not loader
+            and is_library_loader(value)
+            and getattr(value, "dataset", None) is dataset
+        ):
+            return f"self.{label}", value
+    return None
+
+
+def _attributes(value: Any, depth: int, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    try:
+        items: Iterable[tuple[str, Any]] = list(vars(value).items())
+    except TypeError:  # no __dict__
+        return
+    for label, item in items:
+        yield prefix + label, item
+        if depth > 1 and not isinstance(item, (str, bytes, int, float)):
+            yield from _attributes(item, depth - 1, f"{prefix}{label}.")

@@ -1,0 +1,210 @@
+"""The gradients a pause carries from one step to the next (the accumulation rule).
+
+A ``@training_step`` may be one micro-batch of a gradient-accumulation window, so a
+pause, a resume point or a ``checkpoint()`` may land while ``.grad`` holds the
+window's partial sum. The gradients are then part of the state that moves between
+steps: every parameter of every module and optimizer among the resume objects has
+its ``.grad`` saved (``None`` kept as ``None``) when at least one of them is
+present, validated against the live parameters before ``resume()`` changes
+anything, and assigned back as part of the restore. With no gradient present,
+nothing is saved, so files written before this rule stay resumable; restoring
+such a file leaves every gradient ``None``, as it was when the file was written.
+
+This is exact for both common loop styles (``zero_grad(set_to_none=True)`` after the
+optimizer step, and ``zero_grad()`` at a window's start), pauses at once, needs no
+knowledge of the window's length and no collective under DDP: each rank saves its
+own gradients, also under ``no_sync``. Parameters that are DTensors (FSDP2) are
+left to the sharded path (:mod:`trainer_resume.sharded`).
+
+Saved layout, by resume-object name (see :class:`~trainer_resume.state.PauseCheckpoint`):
+
+- a ``torch.nn.Module``: ``{parameter name: tensor or None}``, in
+  ``named_parameters()`` order;
+- a ``torch.optim.Optimizer``: ``[[tensor or None per parameter] per group]``.
+
+Adapters (Accelerate, the HF Trainer) reuse :func:`collect_gradients`,
+:func:`check_gradients` and :func:`restore_gradients` for the objects they save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ..errors import ResumeStateMismatchError
+from ..state import GRADIENTS_KEY
+
+__all__ = [
+    "GRADIENTS_KEY",
+    "check_gradients",
+    "collect_gradients",
+    "gradient_parameters",
+    "restore_gradients",
+]
+
+Copy = Callable[[Any, dict], Any]
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    return type(tensor).__name__ == "DTensor"
+
+
+def gradient_parameters(
+    objects: Mapping[str, Any], skipped: frozenset[str] | set[str] = frozenset()
+) -> Iterator[tuple[str, Any, list[list[tuple[str, torch.nn.Parameter]]]]]:
+    """The parameters whose gradients are saved, by object: ``(name, kind, groups)``.
+
+    ``kind`` is ``"module"`` (one group of ``(parameter name, parameter)``) or
+    ``"optimizer"`` (one group per parameter group, named by position). Objects in
+    ``skipped`` (written through the sharded path) and objects holding DTensor
+    parameters are left out.
+    """
+    for name, obj in objects.items():
+        if name in skipped:
+            continue
+        if isinstance(obj, torch.nn.Module):
+            groups = [list(obj.named_parameters())]
+            kind = "module"
+        elif isinstance(obj, torch.optim.Optimizer):
+            groups = [
+                [(str(index), param) for index, param in enumerate(group["params"])]
+                for group in obj.param_groups
+            ]
+            kind = "optimizer"
+        else:
+            continue
+        if any(_is_dtensor(param) for group in groups for _, param in group):
+            continue
+        yield name, kind, groups
+
+
+def collect_gradients(
+    objects: Mapping[str, Any],
+    copy: Copy,
+    memo: dict[Any, Any],
+    *,
+    skipped: frozenset[str] | set[str] = frozenset(),
+) -> dict[str, Any] | None:
+    """The gradients to save, or ``None`` when every parameter's ``.grad`` is ``None``.
+
+    Args:
+        objects: The resume objects (name -> object).
+        copy: How tensors are copied (``to_cpu`` for a pause, the host buffers'
+            copy for a resume point), called with ``memo``.
+        memo: Shared with the rest of the snapshot, so a gradient met twice (a
+            module and its optimizer) is saved once.
+        skipped: Objects written through the sharded path.
+    """
+    entries = list(gradient_parameters(objects, skipped))
+    if not any(
+        param.grad is not None for _, _, groups in entries for g in groups for _, param in g
+    ):
+        return None
+    saved: dict[str, Any] = {}
+    for name, kind, groups in entries:
+        grads = [[(label, param.grad) for label, param in group] for group in groups]
+        copied = copy([[grad for _, grad in group] for group in grads], memo)
+        if kind == "module":
+            saved[name] = {label: grad for (label, _), grad in zip(grads[0], copied[0])}
+        else:
+            saved[name] = copied
+    return saved
+
+
+def check_gradients(
+    saved: Any, objects: Mapping[str, Any], skipped: frozenset[str] | set[str] = frozenset()
+) -> None:
+    """Refuse saved gradients that do not fit the live parameters (before anything changes).
+
+    Raises:
+        ResumeStateMismatchError: an object is missing or unknown, a parameter name
+            or count differs, or a gradient's shape or dtype is not its parameter's.
+    """
+    if saved is None:
+        return
+    if not isinstance(saved, Mapping):
+        raise ResumeStateMismatchError(
+            f"the checkpoint's gradients are a {type(saved).__name__}, not a mapping of objects"
+        )
+    live = {name: (kind, groups) for name, kind, groups in gradient_parameters(objects, skipped)}
+    if set(saved) != set(live):
+        missing, unknown = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
+        raise ResumeStateMismatchError(
+            f"gradients: the checkpoint has them for {sorted(map(str, saved))}, this trainer's "
+            f"modules and optimizers are {sorted(live)} (missing: {missing}, not here: {unknown})"
+        )
+    for name, (kind, groups) in live.items():
+        where = f"gradients of object {name!r}"
+        entry = saved[name]
+        if kind == "module":
+            names = [label for label, _ in groups[0]]
+            if not isinstance(entry, Mapping) or list(entry) != names:
+                raise ResumeStateMismatchError(
+                    f"{where}: the checkpoint names other parameters than this module's"
+                )
+            pairs = [(f"parameter {label!r}", entry[label], param) for label, param in groups[0]]
+        else:
+            if (
+                not isinstance(entry, list)
+                or len(entry) != len(groups)
+                or any(
+                    not isinstance(part, list) or len(part) != len(group)
+                    for part, group in zip(entry, groups)
+                )
+            ):
+                raise ResumeStateMismatchError(
+                    f"{where}: the checkpoint's parameter groups differ from this optimizer's"
+                )
+            pairs = [
+                (f"group {index} parameter {label}", part[int(label)], param)
+                for index, (part, group) in enumerate(zip(entry, groups))
+                for label, param in group
+            ]
+        for label, grad, param in pairs:
+            if grad is None:
+                continue
+            if not isinstance(grad, torch.Tensor):
+                raise ResumeStateMismatchError(
+                    f"{where}: {label} is a {type(grad).__name__}, not a tensor"
+                )
+            if grad.shape != param.shape or grad.dtype != param.dtype:
+                raise ResumeStateMismatchError(
+                    f"{where}: {label} has a gradient of shape {list(grad.shape)} and dtype "
+                    f"{grad.dtype} in the checkpoint, the parameter {list(param.shape)} and {param.dtype}"
+                )
+
+
+def restore_gradients(
+    saved: Mapping[str, Any] | None,
+    objects: Mapping[str, Any],
+    skipped: frozenset[str] | set[str] = frozenset(),
+) -> None:
+    """Give every saved parameter its saved ``.grad`` (``None`` where none was saved).
+
+    Call after :func:`check_gradients` accepted ``saved``. A gradient goes to its
+    parameter's device; one tensor is never shared by two parameters.
+    """
+    # Saved tensor -> (parameter, its new gradient): a module and its optimizer name the
+    # same parameters, and the file holds each gradient once.
+    assigned: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, kind, groups in gradient_parameters(objects, skipped):
+        entry = saved.get(name) if saved is not None else None
+        for index, group in enumerate(groups):
+            for label, param in group:
+                grad = None
+                if entry is not None:
+                    grad = entry[label] if kind == "module" else entry[index][int(label)]
+                if grad is None:
+                    param.grad = None
+                    continue
+                previous = assigned.get(id(grad))
+                if previous is not None and previous[0] is param:
+                    value = previous[1]
+                else:
+                    value = grad.detach().to(param.device)
+                    if previous is not None:  # another parameter has this tensor already
+                        value = value.clone()
+                    assigned.setdefault(id(grad), (param, value))
+                param.grad = value

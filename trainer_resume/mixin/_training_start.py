@@ -1,0 +1,102 @@
+"""What the hooks return, when training starts and when ``resume()`` restores.
+
+Before the first ``@training_step`` call runs (and in ``resume()``, and in a pause
+before any step), :func:`check_hook_results` refuses a resume object or loader a
+pause could not save (see :mod:`trainer_resume._hook_results`). Under a process
+group the ranks agree on the result, so no rank trains on while another refused.
+
+A loader from elsewhere (torchdata's Stateful protocol) cannot check a state
+without loading it, so ``resume()`` restores those loaders before anything else
+(:func:`restore_foreign_loaders`); when one refuses its state, the ones already
+loaded get their previous state back, and the trainer is as it was, not locked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import distributed as _distributed
+from .._hook_results import check_resume_loaders, check_resume_objects, is_library_loader
+from ..errors import LoaderStateError, TrainerLockedError
+
+__all__ = ["check_at_training_start", "check_hook_results", "restore_foreign_loaders"]
+
+_FIRST_STEP = "the first training step"
+
+
+def check_hook_results(trainer: Any) -> None:
+    """Refuse what ``_resume_objects()`` / ``_resume_loaders()`` return that a pause could not save.
+
+    Raises:
+        UnsupportedResumeConfigurationError: naming the entry, its type and the fix (332).
+    """
+    name = type(trainer).__name__
+    check_resume_objects(trainer._resume_objects(), name)
+    check_resume_loaders(trainer._resume_loaders(), name, vars(trainer))
+
+
+def check_at_training_start(trainer: Any) -> None:
+    """Before the first step: :func:`check_hook_results`, agreed by every rank."""
+    if not _distributed.is_distributed():
+        check_hook_results(trainer)
+        return
+    try:
+        check_hook_results(trainer)
+    except Exception as error:
+        _distributed.announce_refusal(error, _FIRST_STEP)
+        raise
+    _distributed.agree(None, _FIRST_STEP)
+
+
+def restore_foreign_loaders(
+    trainer: Any, guard: Any, saved: Mapping[str, Any], location: str, collective: bool
+) -> None:
+    """Load the saved states of the loaders from elsewhere, before anything else is restored.
+
+    Args:
+        trainer: The trainer (``_resume_loaders()`` is called).
+        guard: Its ``StepGuard``: locked only when putting a loader back fails too.
+        saved: Loader name -> saved state (this rank's).
+        location: The pause file, for messages.
+        collective: Under a process group: restored on every rank or put back on every
+            rank.
+
+    Raises:
+        LoaderStateError: a loader (on any rank) refused its state; every loader is
+            back as it was (333).
+        TrainerLockedError: putting a loader back failed as well (325).
+    """
+    error: Exception | None = None
+    loaded: list[tuple[str, Any, Any]] = []
+    for name, loader in trainer._resume_loaders().items():
+        if is_library_loader(loader):
+            continue
+        try:
+            previous = loader.state_dict()
+            loader.load_state_dict(saved[name])
+        except Exception as exc:  # noqa: BLE001 - another library's refusal, as a catalogue error
+            error = LoaderStateError(
+                f"{location}: loader {name!r} ({type(loader).__name__}) refused its saved state "
+                f"({type(exc).__name__}: {exc}); nothing was restored"
+            )
+            error.__cause__ = exc
+            break
+        loaded.append((name, loader, previous))
+    if collective:
+        try:
+            _distributed.agree(error, "resume()")
+        except Exception as other:  # noqa: BLE001 - this rank raises its own error, if any
+            error = error or other
+    if error is None:
+        return
+    for name, loader, previous in reversed(loaded):
+        try:
+            loader.load_state_dict(previous)
+        except Exception as exc:
+            guard.locked_reason = (
+                f"putting loader {name!r} back after {location} was refused failed "
+                f"({type(exc).__name__}: {exc})"
+            )
+            raise TrainerLockedError(guard.locked_reason) from exc
+    raise error
