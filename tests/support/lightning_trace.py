@@ -78,33 +78,27 @@ class Traced(child.Regressor):
 
 
 class RequestPauseAt(pl.Callback):
-    """Asks ``resume`` for a pause after the ``batch``-th training batch of the fit (1-based)."""
+    """Asks ``resume`` for a pause after the ``batch``-th training batch of the fit
+    (1-based), or with ``validation``, during its ``batch``-th validation batch."""
 
-    def __init__(self, batch: int, resume: ResumeCallback) -> None:
+    def __init__(self, batch: int, resume: ResumeCallback, *, validation: bool = False) -> None:
         self.batch = batch
         self.resume = resume
+        self.validation = validation
         self.seen = 0
+
+    def _count(self, validation: bool) -> None:
+        if validation == self.validation:
+            self.seen += 1
+            if self.seen == self.batch:
+                self.resume.request_pause()
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        self.seen += 1
-        if self.seen == self.batch:
-            self.resume.request_pause()
-
-
-class RequestPauseInValidation(pl.Callback):
-    """Asks ``resume`` for a pause during the ``batch``-th validation batch of the fit."""
-
-    def __init__(self, batch: int, resume: ResumeCallback) -> None:
-        self.batch = batch
-        self.resume = resume
-        self.seen = 0
+        self._count(validation=False)
 
     def on_validation_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if trainer.sanity_checking:
-            return
-        self.seen += 1
-        if self.seen == self.batch:
-            self.resume.request_pause()
+        if not trainer.sanity_checking:
+            self._count(validation=True)
 
 
 def val_loader() -> DataLoader:
@@ -146,7 +140,7 @@ def fit(
         if pause_at_batch is not None:
             callbacks.append(RequestPauseAt(pause_at_batch, callback))
         if pause_in_validation is not None:
-            callbacks.append(RequestPauseInValidation(pause_in_validation, callback))
+            callbacks.append(RequestPauseAt(pause_in_validation, callback, validation=True))
         callbacks.append(callback)
     settings: dict[str, Any] = {"max_steps": -1, "max_epochs": 3, "limit_train_batches": 4}
     settings.update(options)
