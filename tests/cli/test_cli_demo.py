@@ -53,7 +53,7 @@ def test_unknown_override_key_is_refused_naming_the_key(capsys):
 def test_override_of_another_type_is_refused_naming_the_key(capsys):
     assert main(["demo", "train.steps=many"]) == 2
     assert (
-        "config key 'train.steps' is a int (200); the override gives a str ('many')"
+        "config key 'train.steps' is an int (200); the override gives a str ('many')"
         in capsys.readouterr().err
     )
 

@@ -24,6 +24,7 @@ __all__ = [
     "format_table",
     "positive_int",
     "read_key_file",
+    "type_phrase",
 ]
 
 # Exit statuses, the same for every subcommand (documented in --help and docs/cli.md).
@@ -109,3 +110,9 @@ def format_bytes(count: int) -> str:
         if value < 1024:
             break
     return f"{count:,} B ({value:.1f} {unit})"
+
+
+def type_phrase(value: object) -> str:
+    """``value``'s type with its article, for messages: ``"an int"``, ``"a str"``."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from .._common import type_phrase
 from .contract import AuditUsageError
 from .tagging import Delivered, keep_samples, tag_loader, value_digest
 
@@ -85,9 +86,7 @@ def load_factory(target: str) -> Callable[..., Any]:
                 f"module {module_name!r} has no attribute {attribute!r}"
             ) from error
     if not callable(obj):
-        kind = type(obj).__name__
-        article = "an" if kind[:1].lower() in "aeiou" else "a"
-        raise AuditUsageError(f"{target} is {article} {kind}, not a callable factory")
+        raise AuditUsageError(f"{target} is {type_phrase(obj)}, not a callable factory")
     return obj
 
 

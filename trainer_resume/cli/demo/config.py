@@ -9,7 +9,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ...example import default_config_text
-from .._common import UsageError
+from .._common import UsageError, type_phrase
 
 __all__ = ["DemoConfigError", "load_demo_config"]
 
@@ -25,7 +25,7 @@ def _kind(value: object) -> str:
         return "a mapping"
     if isinstance(value, ListConfig):
         return "a list"
-    return f"a {type(value).__name__}"
+    return type_phrase(value)
 
 
 def _compatible(old: object, new: object) -> bool:
