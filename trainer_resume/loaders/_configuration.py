@@ -22,6 +22,7 @@ from ._hf_streaming import check_streaming_dataset, is_streaming_dataset
 from ._iterable_source import IterableSource
 from ._sources import BatchSamplerSource, SamplerSource, Source
 from ._stateful import StatefulSource, is_stateful
+from ._streaming import check_state_arguments, driver_for
 from .batch_samplers import BATCH_SAMPLER_TARGETS
 from .sampler import InfiniteRandomSampler
 
@@ -81,6 +82,8 @@ def check_resumable_configuration(
         )
     if isinstance(dataset, IterableDataset):
         # A sampler, batch sampler or shuffle is torch's to refuse (DataLoader does).
+        if driver_for(dataset) is None:
+            check_state_arguments(dataset)
         if not is_stateful(dataset) and inspect.isgeneratorfunction(type(dataset).__iter__):
             raise UnsupportedResumeConfigurationError(
                 f"{type(dataset).__name__} is an IterableDataset without state_dict() and "
@@ -141,7 +144,11 @@ def source_of(loader: DataLoader) -> tuple[Source, int | None]:
     if isinstance(loader.dataset, IterableDataset):
         return (
             IterableSource(
-                loader.dataset, loader.num_workers, loader.persistent_workers, loader.drop_last
+                loader.dataset,
+                loader.num_workers,
+                loader.persistent_workers,
+                loader.drop_last,
+                driver_for(loader.dataset),
             ),
             None,
         )

@@ -55,6 +55,7 @@ from ._fetch import FetchFailure
 from ._global_generators import Snapshot, capture, install
 from ._seeding import OwnGenerators, seed_batch
 from ._stateful import is_stateful
+from ._streaming import StreamingDriver
 
 __all__ = [
     "BATCH",
@@ -170,6 +171,10 @@ class PassReader(IterableDataset):
         prepare_pass: Called with the copy before each pass's ``iter(dataset)`` and
             whether the pass resumes inside the copy's part; returns why the pass
             cannot be read exactly, or None.
+        driver: The driver of a streaming dataset whose position its library's state
+            API holds (see ``_streaming``): it opens each pass from the library state the
+            plan carries, and a copy's recorded state is the samples it delivered in the
+            pass (``{"samples": n}``), not a ``state_dict()`` of the dataset.
     """
 
     def __init__(
@@ -181,6 +186,7 @@ class PassReader(IterableDataset):
         augmentation_seed: int,
         plan: PassPlan,
         prepare_pass: Callable[[Any, bool], str | None] | None = None,
+        driver: StreamingDriver | None = None,
     ) -> None:
         self.dataset = dataset
         self._collate_fn = collate_fn
@@ -189,6 +195,7 @@ class PassReader(IterableDataset):
         self._augmentation_seed = augmentation_seed
         self._plan = plan
         self._prepare_pass = prepare_pass
+        self._driver = driver
         self._passes = 0  # iter() calls on this copy
         self._epoch = plan.epoch
 
@@ -231,7 +238,9 @@ class PassReader(IterableDataset):
         where = f"worker {worker}, batch {batches} of pass {epoch}"
         try:
             opened = streams.run(
-                lambda: self._open(seed, dataset_state, iterator_state, generators, ended, batches)
+                lambda: self._open(
+                    seed, epoch, dataset_state, iterator_state, generators, ended, batches
+                )
             )
         except Exception as exc:
             failure = FetchFailure(0, where, 0, "iteration", exc, in_worker=in_worker)
@@ -244,29 +253,35 @@ class PassReader(IterableDataset):
             return
         iterator = opened
         dataset = self.dataset
-        dataset_stateful = is_stateful(dataset)
+        driven = self._driver is not None
+        dataset_stateful = not driven and is_stateful(dataset)
         same = iterator is dataset  # its own iterator: one state_dict() serves both records
-        iterator_stateful = not same and is_stateful(iterator)
-        if not dataset_stateful and not iterator_stateful:
+        iterator_stateful = not driven and not same and is_stateful(iterator)
+        if not driven and not dataset_stateful and not iterator_stateful:
             yield REFUSED, worker, _stateless(type(iterator).__name__), None
             return
         stopped = [False]  # the iterator stopped (inside a partial batch)
+        # A driven copy's position is the samples it delivered; an opened copy delivered
+        # only whole batches before (a partial one ends its part of the pass).
+        samples = [batches * (self._batch_size or 1)]
 
         def taken() -> tuple[Any, Any]:
+            if driven:
+                return {"samples": samples[0]}, None
             state = snapshot(dataset) if dataset_stateful else None
             if same:
                 return state, state
             return state, snapshot(iterator) if iterator_stateful else None
 
         def read() -> tuple[Any, Any]:
-            batch = self._batch(iterator, stopped)
+            batch = self._batch(iterator, stopped, samples)
             if batch is not _ENDED and not stopped[0]:
                 return batch, (*taken(), False)
             # The copy's next read is the next pass: it starts with the generators
             # seeded for it, and so does the state the copy saves of them.
             seed_batch(following)
             if batch is _ENDED:
-                return batch, snapshot(dataset) if dataset_stateful else None
+                return batch, taken()[0] if driven or dataset_stateful else None
             return batch, (*taken(), True)
 
         while True:
@@ -286,6 +301,7 @@ class PassReader(IterableDataset):
     def _open(
         self,
         seed: int,
+        epoch: int,
         dataset_state: Any,
         iterator_state: Any,
         generators: Snapshot | None,
@@ -294,6 +310,15 @@ class PassReader(IterableDataset):
     ) -> Iterator[Any] | str | None:
         dataset = self.dataset
         seed_batch(seed)
+        if self._driver is not None:
+            if ended:
+                return None
+            self._driver.open(dataset, epoch, dataset_state)
+            seed_batch(seed)  # iter() runs under the pass's seed, whatever opening drew or set
+            iterator = iter(dataset)
+            if generators is not None:
+                install(generators)
+            return iterator
         if dataset_state is not None:
             dataset.load_state_dict(copy.deepcopy(dataset_state))
             seed_batch(seed)  # iter() runs under the pass's seed, whatever loading drew or set
@@ -310,7 +335,7 @@ class PassReader(IterableDataset):
             install(generators)  # as the copy's last delivered batch left them
         return iterator
 
-    def _batch(self, iterator: Iterator[Any], stopped: list[bool]) -> Any:
+    def _batch(self, iterator: Iterator[Any], stopped: list[bool], samples: list[int]) -> Any:
         # As torch's _IterableDatasetFetcher: next() only (islice would call iter() on
         # the iterator for every batch), and an iterator that stopped is not asked again.
         if stopped[0]:
@@ -322,6 +347,7 @@ class PassReader(IterableDataset):
             except StopIteration:
                 stopped[0] = True
                 return _ENDED
+            samples[0] += 1
             return self._collate_fn(item)
         # map() ends where next() raises StopIteration: the items before it, no iter() call.
         items = list(map(next, repeat(iterator, size)))
@@ -329,6 +355,7 @@ class PassReader(IterableDataset):
             stopped[0] = True
             if not items or self._drop_last:
                 return _ENDED
+        samples[0] += len(items)
         return self._collate_fn(items)
 
 

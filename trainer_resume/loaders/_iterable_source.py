@@ -34,6 +34,7 @@ from ._global_generators import Snapshot, snapshot_of, state_of
 from ._iterable import PassPlan, WorkerStart, pass_seed, snapshot
 from ._seeding import caller_generators, seed_batch
 from ._stateful import is_stateful
+from ._streaming import StreamingDriver
 
 __all__ = ["IterableSource"]
 
@@ -59,6 +60,9 @@ class IterableSource:
         num_workers: The loader's ``num_workers``.
         persistent_workers: The loader's ``persistent_workers``.
         drop_last: The loader's ``drop_last``.
+        driver: The driver of a streaming dataset (see ``_streaming``): the records hold
+            the samples each copy delivered, and each pass's start turns them into the
+            library's states.
     """
 
     epochs = True  # each iter(loader) is one pass
@@ -67,7 +71,12 @@ class IterableSource:
     stride = 1
 
     def __init__(
-        self, dataset: Any, num_workers: int, persistent_workers: bool, drop_last: bool
+        self,
+        dataset: Any,
+        num_workers: int,
+        persistent_workers: bool,
+        drop_last: bool,
+        driver: StreamingDriver | None = None,
     ) -> None:
         self._count = max(num_workers, 1)
         self._fresh_copies = num_workers > 0 and not persistent_workers
@@ -76,6 +85,10 @@ class IterableSource:
             "persistent_workers": bool(persistent_workers),
             "drop_last": bool(drop_last),
         }
+        if driver is not None:
+            self._settings["streaming"] = driver.library
+        self._dataset = dataset
+        self._driver = driver
         # With 0 workers the main-process dataset is the copy that is read (see take_origin).
         self._main = dataset if num_workers == 0 else None
         self._records = [_Record() for _ in range(self._count)]
@@ -94,11 +107,16 @@ class IterableSource:
         generators seeded as the first pass starts them, as every later state is taken with
         the generators its next read starts from."""
         main = self._main
-        if main is None or not is_stateful(main):
+        if main is None or self._driver is not None or not is_stateful(main):
             return
         self._records[0].dataset_state = caller_generators().run(
             lambda: seed_batch(pass_seed(augmentation_seed, 0, 0)), lambda: snapshot(main)
         )
+
+    @property
+    def driver(self) -> StreamingDriver | None:
+        """The driver of a streaming dataset, or ``None``."""
+        return self._driver
 
     @property
     def cursor(self) -> tuple[int, int]:
@@ -121,6 +139,8 @@ class IterableSource:
         """How the copies start the pass that begins now (``kept``: they are the copies
         the last pass read or a state was loaded into, not fresh ones from the main
         process)."""
+        if self._driver is not None:
+            return self._driven_plan()
         loaded = kept and self._current  # their dataset states are the records' already
         starts: list[WorkerStart] | None = None
         if not (loaded and not self._progressed()):
@@ -137,6 +157,31 @@ class IterableSource:
                 for worker, record in enumerate(self._records)
             ]
         self._current = False  # the pass reads the copies on from here
+        return PassPlan(self._epoch, copy.deepcopy(starts))
+
+    def _driven_plan(self) -> PassPlan:
+        # Every pass opens each copy from the library state of its delivered samples (or
+        # the pass's start), computed here, in the main process, where the library's
+        # state_dict() runs.
+        assert self._driver is not None
+        records = self._records
+        progressed, turn = self._progressed(), self._next_worker
+        samples = [
+            None if record.ended else _samples(record.dataset_state) for record in records
+        ]
+        states = self._driver.starts(self._dataset, self._epoch, samples)
+        starts: list[WorkerStart] = [
+            (
+                state,
+                None,
+                record.generators,
+                record.batches,
+                record.ended,
+                progressed and worker < turn and not record.ended,
+            )
+            for worker, (record, state) in enumerate(zip(records, states))
+        ]
+        self._current = False
         return PassPlan(self._epoch, copy.deepcopy(starts))
 
     def worker_seed_epoch(self) -> int | None:
@@ -175,7 +220,7 @@ class IterableSource:
     def _next_pass(self) -> None:
         self._epoch, self._offset, self._next_worker = self._epoch + 1, 0, 0
         for record in self._records:
-            if self._fresh_copies:
+            if self._fresh_copies or self._driver is not None:
                 record.dataset_state = None
             record.iterator_state, record.generators = None, None
             record.batches, record.ended = 0, False
@@ -206,6 +251,14 @@ class IterableSource:
 
     def validate(self, state: Mapping[str, Any]) -> None:
         what = "iterable dataset state"
+        settings = state.get(keys.SETTINGS) if isinstance(state, Mapping) else None
+        library = self._settings.get("streaming")
+        saved_library = settings.get("streaming") if isinstance(settings, Mapping) else None
+        if saved_library != library:
+            raise LoaderStateError(
+                f"{what} was saved by a loader over {_reading(saved_library)}, but this loader "
+                f"reads {_reading(library)}; load it into a loader over the same dataset"
+            )
         _, offset, delivered = keys.check_epoch_state(
             state,
             what,
@@ -241,6 +294,8 @@ class IterableSource:
                 ),
             )
             batches += keys.check_count(record, where, keys.BATCHES)
+            if library is not None:
+                _check_position(record, where)
             if type(record[keys.ENDED]) is not bool:
                 raise LoaderStateError(f"{where}[{keys.ENDED!r}] must be a bool")
             generators = record[keys.GENERATORS]
@@ -262,7 +317,7 @@ class IterableSource:
 
     def apply(self, state: Mapping[str, Any]) -> None:
         saved = state[keys.WORKERS]
-        main = self._main
+        main = self._main if self._driver is None else None
         if main is not None and saved[0][keys.DATASET_STATE] is not None:
             # The main-process dataset takes its state now, so what the caller changes in
             # it before the next pass (a set_epoch()) applies on top, as in the saved run.
@@ -294,3 +349,22 @@ class IterableSource:
 
 def _nothing() -> None:
     pass
+
+
+def _reading(library: Any) -> str:
+    return "a dataset with its own state" if library is None else f"{library}'s StreamingDataset"
+
+
+def _check_position(record: Mapping[str, Any], where: str) -> None:
+    # A driven copy's record holds the samples it delivered and nothing else.
+    position = record[keys.DATASET_STATE]
+    if position is not None:
+        keys.check_mapping(position, f"{where}[{keys.DATASET_STATE!r}]", ("samples",))
+        keys.check_count(position, f"{where}[{keys.DATASET_STATE!r}]", "samples")
+    if record[keys.ITERATOR_STATE] is not None:
+        raise LoaderStateError(f"{where}[{keys.ITERATOR_STATE!r}] must be None")
+
+
+def _samples(position: Any) -> int:
+    # A driven copy's record: the samples it delivered in the pass (none before its first batch).
+    return 0 if position is None else position["samples"]

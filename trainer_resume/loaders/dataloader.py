@@ -234,6 +234,8 @@ class ResumableDataLoader(DataLoader):
         self.augmentation_seeding = augmentation_seeding
         self._stream = Stream(source, keys.draw_seed(generator))
         if isinstance(source, IterableSource):
+            if source.driver is not None:
+                source.driver.configure(dataset, batch_size, num_workers)
             source.take_origin(self._stream.augmentation_seed)
         self._engine: DataLoader | None = (
             None  # internal loader whose persistent workers are reused
@@ -382,6 +384,7 @@ class ResumableDataLoader(DataLoader):
                 stream.augmentation_seed,
                 plan,
                 prepare_pass if is_streaming_dataset(self.dataset) else None,
+                source.driver,
             ),
             worker_seeds,
         )

@@ -1,0 +1,80 @@
+"""litdata's ``StreamingDataset``, driven through its documented state API.
+
+litdata's own ``StreamingDataLoader`` does three things a plain loader does not, and
+a resumable loader over the dataset does them the same way (so the samples come in
+the order litdata's loader gives them):
+
+* at construction it tells the dataset the loader's ``batch_size`` and
+  ``num_workers`` (``set_batch_size``, ``set_num_workers``), which split the chunks
+  over the workers;
+* before each pass it sets the epoch (``set_epoch``: 1 for the first pass, 2 for the
+  next, ...), which seeds the pass's shuffle; a copy in a worker would otherwise
+  start every pass in epoch 1 and repeat the first pass's order;
+* to resume, it passes the samples it delivered to ``state_dict(num_samples_yielded,
+  num_workers, batch_size)`` in the main process and loads the result into the
+  dataset (``load_state_dict``), which each worker applies at its next ``iter()``:
+  litdata splits the count over the workers as delivered round-robin, whole batches.
+
+The loader records each worker's delivered samples exactly, so each copy is
+positioned by its own count: a worker that delivered ``k`` whole batches loads the
+state of ``k`` whole rounds (``k * num_workers * batch_size`` samples), which puts
+that worker, and only it is read, after its ``k`` batches. A worker whose part of
+the pass ended is not opened again. So the resumed pass delivers what the
+uninterrupted one did, whatever the split; a state at a pass's end starts the next
+epoch (never an empty pass). ``reset_state_dict()`` is called before each pass so a
+loaded state never carries into another one.
+
+Tested with litdata 0.2.44 and 0.2.76 (the public methods above, and their state
+dict's keys as produced by ``state_dict``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LitdataDriver"]
+
+
+class LitdataDriver:
+    """Positions the copies of a litdata ``StreamingDataset`` (see the module docstring).
+
+    Args:
+        dataset: The user's ``litdata.StreamingDataset``.
+    """
+
+    library = "litdata"
+
+    def __init__(self, dataset: Any) -> None:
+        self._batch_size = 1
+        self._workers = 1
+
+    def configure(self, dataset: Any, batch_size: int | None, num_workers: int) -> None:
+        """As litdata's loader does at construction: the split follows these two settings."""
+        # Without batches each item is delivered alone, as batches of one.
+        self._batch_size = batch_size or 1
+        self._workers = max(num_workers, 1)
+        dataset.set_batch_size(self._batch_size)
+        dataset.set_num_workers(num_workers)
+
+    def starts(self, dataset: Any, epoch: int, samples: list[int | None]) -> list[Any]:
+        states: list[Any] = []
+        for count in samples:
+            if not count:  # the pass's start, or a part that ended (it is not opened)
+                states.append(None)
+                continue
+            rounds = count // self._batch_size  # an open part delivered whole batches only
+            dataset.reset_state_dict()
+            dataset.set_epoch(epoch + 1)
+            states.append(
+                dataset.state_dict(
+                    rounds * self._workers * self._batch_size, self._workers, self._batch_size
+                )
+            )
+            dataset.reset_state_dict()
+        return states
+
+    def open(self, copy: Any, epoch: int, state: Any) -> None:
+        copy.reset_state_dict()
+        copy.set_epoch(epoch + 1)  # ignored by litdata while a state is loaded: set it first
+        if state is not None:
+            copy.load_state_dict(state)
