@@ -67,6 +67,7 @@ __all__ = [
     "PassReader",
     "WorkerStart",
     "pass_seed",
+    "state_failed",
 ]
 
 BATCH, END, SKIP, FAILED, REFUSED = range(5)
@@ -265,13 +266,19 @@ class PassReader(IterableDataset):
         # only whole batches before (a partial one ends its part of the pass).
         samples = [batches * (self._batch_size or 1)]
 
-        def taken() -> tuple[Any, Any]:
+        def recorded() -> tuple[Any, Any]:
             if driven:
                 return {"samples": samples[0]}, None
             state = snapshot(dataset) if dataset_stateful else None
             if same:
                 return state, state
             return state, snapshot(iterator) if iterator_stateful else None
+
+        def taken() -> tuple[Any, Any]:
+            try:
+                return recorded()
+            except Exception as exc:
+                raise _StateFailed from exc
 
         def read() -> tuple[Any, Any]:
             batch = self._batch(iterator, stopped, samples)
@@ -287,6 +294,10 @@ class PassReader(IterableDataset):
         while True:
             try:
                 batch, states = streams.run(read)
+            except _StateFailed as failed:
+                # Not a failed read: the position cannot be taken, and would not be on a retry.
+                yield REFUSED, worker, state_failed(dataset, iterator, failed.__cause__), None
+                return
             except Exception as exc:
                 where = f"worker {worker}, batch {batches} of pass {epoch}"
                 failure = FetchFailure(0, where, 0, "iteration", exc, in_worker=in_worker)
@@ -357,6 +368,23 @@ class PassReader(IterableDataset):
                 return _ENDED
         samples[0] += len(items)
         return self._collate_fn(items)
+
+
+class _StateFailed(Exception):
+    """Taking the copy's state after a batch failed (the cause is chained)."""
+
+
+def state_failed(dataset: Any, iterator: Any, cause: BaseException | None) -> str:
+    """Why a copy's position cannot be recorded: its ``state_dict()`` raised ``cause``."""
+    owner = type(dataset).__name__
+    if iterator is not dataset and is_stateful(iterator):
+        owner = f"{owner} (or the {type(iterator).__name__} its __iter__ returns)"
+    return (
+        f"{owner}.state_dict() failed ({type(cause).__name__}: {cause}), so the "
+        "delivered position cannot be recorded (a retry would fail the same way); give the "
+        "dataset a state_dict() that takes no arguments and returns its position as plain data "
+        "(torchdata's Stateful protocol)"
+    )
 
 
 def _stateless(iterator_type: str) -> str:

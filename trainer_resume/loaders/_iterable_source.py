@@ -26,12 +26,12 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import LoaderStateError
+from ..errors import LoaderStateError, UnsupportedResumeConfigurationError
 from ..rng import validate_random_state
 from ..state import IterableDatasetSettings, IterableDatasetState
 from . import _state_keys as keys
 from ._global_generators import Snapshot, snapshot_of, state_of
-from ._iterable import PassPlan, WorkerStart, pass_seed, snapshot
+from ._iterable import PassPlan, WorkerStart, pass_seed, snapshot, state_failed
 from ._seeding import caller_generators, seed_batch
 from ._stateful import is_stateful
 from ._streaming import StreamingDriver
@@ -109,9 +109,12 @@ class IterableSource:
         main = self._main
         if main is None or self._driver is not None or not is_stateful(main):
             return
-        self._records[0].dataset_state = caller_generators().run(
-            lambda: seed_batch(pass_seed(augmentation_seed, 0, 0)), lambda: snapshot(main)
-        )
+        try:
+            self._records[0].dataset_state = caller_generators().run(
+                lambda: seed_batch(pass_seed(augmentation_seed, 0, 0)), lambda: snapshot(main)
+            )
+        except Exception as exc:
+            raise UnsupportedResumeConfigurationError(state_failed(main, main, exc)) from exc
 
     @property
     def driver(self) -> StreamingDriver | None:
