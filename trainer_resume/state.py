@@ -277,9 +277,17 @@ class StatefulSamplerState(TypedDict):
     sampler_state: Any  # the sampler's state_dict() after the last delivered batch
 
 
-class IterableDatasetSettings(TypedDict):
+class _StreamingSetting(TypedDict, total=False):
+    # Only over a streaming dataset its library's state API positions (litdata's or
+    # MosaicML's): the library's name ("litdata", "mosaicml").
+    streaming: str
+
+
+class IterableDatasetSettings(_StreamingSetting):
     """Settings of a loader over an ``IterableDataset``; a state loads only into a loader
-    with the same ones."""
+    with the same ones. Over a streaming dataset that a driver positions (``streaming``),
+    a worker's ``dataset_state`` is ``{"samples": n}``, the samples it delivered in the
+    pass, and its ``iterator_state`` is None."""
 
     num_workers: int
     persistent_workers: bool

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from support import streaming_runs
 from support.streaming_runs import EPOCHS, make_loader, read, write_dataset
 

@@ -51,11 +51,11 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..rng import derive_seed
+from ._driver import StreamingDriver
 from ._fetch import FetchFailure
 from ._global_generators import Snapshot, capture, install
 from ._seeding import OwnGenerators, seed_batch
 from ._stateful import is_stateful
-from ._streaming import StreamingDriver
 
 __all__ = [
     "BATCH",

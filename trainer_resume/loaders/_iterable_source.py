@@ -30,11 +30,11 @@ from ..errors import LoaderStateError, UnsupportedResumeConfigurationError
 from ..rng import validate_random_state
 from ..state import IterableDatasetSettings, IterableDatasetState
 from . import _state_keys as keys
-from ._global_generators import Snapshot, snapshot_of, state_of
+from ._driver import StreamingDriver
+from ._global_generators import Snapshot, capture, snapshot_of, state_of
 from ._iterable import PassPlan, WorkerStart, pass_seed, snapshot, state_failed
 from ._seeding import caller_generators, seed_batch
 from ._stateful import is_stateful
-from ._streaming import StreamingDriver
 
 __all__ = ["IterableSource"]
 
@@ -89,6 +89,7 @@ class IterableSource:
             self._settings["streaming"] = driver.library
         self._dataset = dataset
         self._driver = driver
+        self._augmentation_seed = 0  # the loader's, given by begin() before each pass
         # With 0 workers the main-process dataset is the copy that is read (see take_origin).
         self._main = dataset if num_workers == 0 else None
         self._records = [_Record() for _ in range(self._count)]
@@ -136,7 +137,7 @@ class IterableSource:
     # --- passes ----------------------------------------------------------------------
 
     def begin(self, augmentation_seed: int) -> None:
-        pass
+        self._augmentation_seed = augmentation_seed
 
     def plan(self, kept: bool) -> PassPlan:
         """How the copies start the pass that begins now (``kept``: they are the copies
@@ -168,24 +169,44 @@ class IterableSource:
         # state_dict() runs.
         assert self._driver is not None
         records = self._records
+        starts = self._driver.starts(
+            self._dataset,
+            self._epoch,
+            [_samples(record.dataset_state) for record in records],
+            [record.ended for record in records],
+            self._next_worker,
+        )
+        if starts.rotation is not None and self._progressed():
+            # The library deals the rest of the pass out from worker 0 again: each worker
+            # carries on from the record of the worker whose batches it now reads.
+            turn = starts.rotation
+            self._records = records = [
+                records[(turn + worker) % self._count] for worker in range(self._count)
+            ]
+            for worker, record in enumerate(records):
+                record.ended = False
+                if record.generators is None:  # as its own worker's pass seed left them
+                    seed = pass_seed(
+                        self._augmentation_seed, self._epoch, (turn + worker) % self._count
+                    )
+                    record.generators = caller_generators().run(
+                        lambda seed=seed: seed_batch(seed), capture
+                    )
+            self._next_worker = 0
         progressed, turn = self._progressed(), self._next_worker
-        samples = [
-            None if record.ended else _samples(record.dataset_state) for record in records
-        ]
-        states = self._driver.starts(self._dataset, self._epoch, samples)
-        starts: list[WorkerStart] = [
+        plan: list[WorkerStart] = [
             (
                 state,
                 None,
                 record.generators,
                 record.batches,
-                record.ended,
-                progressed and worker < turn and not record.ended,
+                record.ended or done,
+                progressed and worker < turn and not record.ended and not done,
             )
-            for worker, (record, state) in enumerate(zip(records, states))
+            for worker, (record, state, done) in enumerate(zip(records, starts.states, starts.done))
         ]
         self._current = False
-        return PassPlan(self._epoch, copy.deepcopy(starts))
+        return PassPlan(self._epoch, copy.deepcopy(plan))
 
     def worker_seed_epoch(self) -> int | None:
         """The pass whose number seeds fresh workers (``None``: persistent ones, seeded once)."""

@@ -17,12 +17,13 @@ the order litdata's loader gives them):
 
 The loader records each worker's delivered samples exactly, so each copy is
 positioned by its own count: a worker that delivered ``k`` whole batches loads the
-state of ``k`` whole rounds (``k * num_workers * batch_size`` samples), which puts
-that worker, and only it is read, after its ``k`` batches. A worker whose part of
-the pass ended is not opened again. So the resumed pass delivers what the
-uninterrupted one did, whatever the split; a state at a pass's end starts the next
-epoch (never an empty pass). ``reset_state_dict()`` is called before each pass so a
-loaded state never carries into another one.
+state litdata's loader would have taken right after that batch (litdata deals the
+batches out round-robin, so that is ``(k - 1) * num_workers + worker + 1`` batches
+into the pass), which litdata replays as ``k`` batches of that worker; only that
+worker reads it. A worker whose part of the pass ended is not opened again. So the
+resumed pass delivers what the uninterrupted one did; a state at a pass's end starts
+the next epoch (never an empty pass). ``reset_state_dict()`` is called before each
+pass so a loaded state never carries into another one.
 
 Tested with litdata 0.2.44 and 0.2.76 (the public methods above, and their state
 dict's keys as produced by ``state_dict``).
@@ -31,6 +32,8 @@ dict's keys as produced by ``state_dict``).
 from __future__ import annotations
 
 from typing import Any
+
+from ._driver import Starts
 
 __all__ = ["LitdataDriver"]
 
@@ -47,31 +50,59 @@ class LitdataDriver:
     def __init__(self, dataset: Any) -> None:
         self._batch_size = 1
         self._workers = 1
+        self._num_workers = 0
 
     def configure(self, dataset: Any, batch_size: int | None, num_workers: int) -> None:
         """As litdata's loader does at construction: the split follows these two settings."""
         # Without batches each item is delivered alone, as batches of one.
         self._batch_size = batch_size or 1
         self._workers = max(num_workers, 1)
+        self._num_workers = num_workers
         dataset.set_batch_size(self._batch_size)
         dataset.set_num_workers(num_workers)
 
-    def starts(self, dataset: Any, epoch: int, samples: list[int | None]) -> list[Any]:
+    def starts(
+        self, dataset: Any, epoch: int, samples: list[int], ended: list[bool], turn: int
+    ) -> Starts:
         states: list[Any] = []
-        for count in samples:
-            if not count:  # the pass's start, or a part that ended (it is not opened)
+        done = [False] * len(samples)
+        shares = self._shares(dataset, epoch) if any(samples) else None
+        for worker, (count, stopped) in enumerate(zip(samples, ended)):
+            if not count or stopped:  # the pass's start, or a part that ended (not opened again)
                 states.append(None)
                 continue
-            rounds = count // self._batch_size  # an open part delivered whole batches only
+            if shares is not None and count >= shares[worker]:
+                # Its whole share delivered: litdata before 0.2.70 fails to resume a worker
+                # there, and nothing is left for it to read.
+                done[worker] = True
+                states.append(None)
+                continue
+            # An open part delivered whole batches only. litdata deals a pass's batches out
+            # round-robin from worker 0 (the last, partial one to the worker whose turn it
+            # is), so this worker's k-th batch ends the first (k - 1) * workers + worker + 1
+            # batches of the pass: the count litdata's loader would pass right then, which
+            # litdata replays as k batches of this worker.
+            batches = count // self._batch_size
+            yielded = ((batches - 1) * self._workers + worker + 1) * self._batch_size
             dataset.reset_state_dict()
             dataset.set_epoch(epoch + 1)
-            states.append(
-                dataset.state_dict(
-                    rounds * self._workers * self._batch_size, self._workers, self._batch_size
-                )
-            )
+            states.append(dataset.state_dict(yielded, self._workers, self._batch_size))
             dataset.reset_state_dict()
-        return states
+        return Starts(states, done=done)
+
+    def _shares(self, dataset: Any, epoch: int) -> list[int]:
+        """The samples each worker of this process reads in pass ``epoch``, as litdata's
+        ``__iter__`` splits them (``shuffler.get_chunks_and_intervals_per_workers``)."""
+        dataset.get_len(self._num_workers, self._batch_size)  # builds dataset.shuffler
+        environment = dataset.distributed_env
+        _, intervals = dataset.shuffler.get_chunks_and_intervals_per_workers(
+            environment, self._workers, self._batch_size, epoch + 1
+        )
+        first = environment.global_rank * self._workers
+        return [
+            sum(interval[2] - interval[1] for interval in intervals[first + worker])
+            for worker in range(self._workers)
+        ]
 
     def open(self, copy: Any, epoch: int, state: Any) -> None:
         copy.reset_state_dict()

@@ -25,33 +25,12 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import UnsupportedResumeConfigurationError
+from ._driver import StreamingDriver
 
-__all__ = ["StreamingDriver", "check_state_arguments", "driver_for", "required_arguments"]
-
-
-class StreamingDriver(Protocol):
-    """Puts the copies of one library's streaming dataset at the positions a loader recorded."""
-
-    library: str
-
-    def configure(self, dataset: Any, batch_size: int | None, num_workers: int) -> None:
-        """At the loader's construction: give the dataset the loader's settings, as the
-        library's own loader does (the split over workers may follow them)."""
-        ...
-
-    def starts(self, dataset: Any, epoch: int, samples: list[int | None]) -> list[Any]:
-        """In the main process, as pass ``epoch`` (0-based) starts: the library state each
-        worker's copy loads (``None``: the pass's start), given the samples each worker
-        delivered in the pass (``None``: its part of the pass has ended)."""
-        ...
-
-    def open(self, copy: Any, epoch: int, state: Any) -> None:
-        """In the copy's process, before its ``iter()``: read pass ``epoch`` from ``state``
-        (a value :meth:`starts` returned, or ``None`` for the pass's start)."""
-        ...
+__all__ = ["check_state_arguments", "driver_for", "required_arguments"]
 
 
 def required_arguments(method: Any) -> list[str]:
@@ -64,8 +43,7 @@ def required_arguments(method: Any) -> list[str]:
         parameter.name
         for parameter in parameters
         if parameter.default is inspect.Parameter.empty
-        and parameter.kind
-        not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     ]
 
 
