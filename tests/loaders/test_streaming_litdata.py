@@ -4,14 +4,12 @@ epoch's end, resumed in a new process, every batch equal to the uninterrupted ru
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-from support import streaming_runs
-from support.streaming_runs import EPOCHS, make_loader, read, write_dataset
+from litdata import CombinedStreamingDataset
+from support import litdata_runs
+from support.streaming_runs import check_resumes_in_new_process
 
 from trainer_resume.errors import UnsupportedResumeConfigurationError
 from trainer_resume.loaders import ResumableDataLoader
@@ -20,48 +18,14 @@ from trainer_resume.loaders import ResumableDataLoader
 @pytest.mark.slow
 def test_litdata_stream_resumes_exactly_in_a_new_process(tmp_path: Path) -> None:
     folder = str(tmp_path / "data")
-    write_dataset(folder)
-    full: dict[int, list] = {}
-    heads, states = {}, {}
-    for workers in (0, 2):
-        full[workers] = read(make_loader(folder, workers))[0]
-        per_epoch = len(full[workers]) // EPOCHS
-        for stop in (3, per_epoch):  # after 3 batches, and on the first epoch's last batch
-            key = f"{workers}/{stop}"
-            heads[key], states[key] = read(make_loader(folder, workers), stop)
-    for batches in full.values():  # litdata's shuffled order, new in each epoch (as its loader's)
-        first = [int(i) for batch in batches[: len(batches) // EPOCHS] for i in batch["id"]]
-        second = [int(i) for batch in batches[len(batches) // EPOCHS :] for i in batch["id"]]
-        assert sorted(first) == sorted(second) == list(range(streaming_runs.SAMPLES))
-        assert first != second and first != sorted(first)
-    torch.save(states, tmp_path / "states.pt")
-    subprocess.run(
-        [
-            sys.executable,
-            streaming_runs.__file__,
-            folder,
-            str(tmp_path / "states.pt"),
-            str(tmp_path / "tails.pt"),
-        ],
-        check=True,
-        timeout=240,
-    )
-    tails = torch.load(tmp_path / "tails.pt", weights_only=True)
-    for key, head in heads.items():
-        expected = full[int(key.split("/")[0])]
-        resumed = head + tails[key]
-        assert len(resumed) == len(expected), key
-        for number, (got, want) in enumerate(zip(resumed, expected)):
-            assert torch.equal(got["id"], want["id"]), (key, number)
-            assert torch.equal(got["x"], want["x"]), (key, number)
+    litdata_runs.write_dataset(folder)
+    check_resumes_in_new_process(litdata_runs, folder, tmp_path)
 
 
 def test_litdata_combined_dataset_is_refused_naming_its_loader(tmp_path: Path) -> None:
-    from litdata import CombinedStreamingDataset
-
     folder = str(tmp_path / "data")
-    write_dataset(folder)
-    combined = CombinedStreamingDataset([streaming_runs.AugmentedStream(folder)])
+    litdata_runs.write_dataset(folder)
+    combined = CombinedStreamingDataset([litdata_runs.AugmentedStream(folder)])
     with pytest.raises(UnsupportedResumeConfigurationError) as caught:
         ResumableDataLoader(combined, batch_size=4, resumable=True)
     assert caught.value.detail == (

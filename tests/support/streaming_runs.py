@@ -1,32 +1,25 @@
-"""Runs of litdata's ``StreamingDataset`` through ``ResumableDataLoader``, and a child that resumes them.
+"""Interrupted and uninterrupted runs of a streaming dataset through ``ResumableDataLoader``.
 
-The dataset is written with litdata's own writer (``litdata.streaming.Cache``) into a
-folder of small chunks; every sample is augmented with draws from the three global
-generators in ``__getitem__``, as a transform would. Run as a script,
-``python streaming_runs.py DATA STATES OUT`` loads each interrupted run's loader
-state from ``STATES`` into a new loader, in this new process, reads the rest of the
-run and saves the batches to ``OUT``.
+The library modules (``support.litdata_runs``, ``support.mosaic_runs``) write a small
+dataset with the library's own writer and build the loader; what is compared is the
+same for both: every batch of a run interrupted after ``stop`` batches and resumed, in
+a new process, from the loader's state equals the uninterrupted run's batch.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import subprocess
 import sys
-import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-# litdata >= 0.2.70 asks PyPI for a newer release when a dataset is built, unless told not to.
-os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
-warnings.filterwarnings("ignore", message="A newer version of litdata")
-
-from litdata import StreamingDataset  # noqa: E402
-from litdata.streaming import Cache  # noqa: E402
-
-from trainer_resume.loaders import ResumableDataLoader  # noqa: E402
+from trainer_resume.loaders import ResumableDataLoader
 
 SAMPLES = 64
 BATCH_SIZE = 8
@@ -35,33 +28,12 @@ LOADER_SEED = 11
 
 Batch = dict[str, torch.Tensor]
 
-
-class AugmentedStream(StreamingDataset):
-    """litdata's dataset with a random augmentation of every sample."""
-
-    def __getitem__(self, index: Any) -> dict[str, Any]:
-        item = super().__getitem__(index)
-        noise = torch.rand(3) + random.random() + float(np.random.rand())
-        return {"id": item["id"], "x": item["x"] + noise}
+TESTS = Path(__file__).resolve().parent.parent  # the children import support.<module> from it
 
 
-def write_dataset(folder: str) -> None:
-    """Write ``SAMPLES`` samples into ``folder`` in chunks of 16."""
-    cache = Cache(folder, chunk_size=16)
-    for index in range(SAMPLES):
-        cache[index] = {"id": index, "x": torch.full((3,), float(index))}
-    cache.done()
-    cache.merge()
-
-
-def make_loader(folder: str, workers: int) -> ResumableDataLoader:
-    return ResumableDataLoader(
-        AugmentedStream(folder, shuffle=True),
-        batch_size=BATCH_SIZE,
-        num_workers=workers,
-        resumable=True,
-        generator=torch.Generator().manual_seed(LOADER_SEED),
-    )
+def augment(values: torch.Tensor) -> torch.Tensor:
+    """A random augmentation drawing from the three global generators, as transforms do."""
+    return values + torch.rand(values.shape) + random.random() + float(np.random.rand())
 
 
 def read(loader: ResumableDataLoader, stop: int | None = None) -> tuple[list[Batch], Any]:
@@ -76,16 +48,62 @@ def read(loader: ResumableDataLoader, stop: int | None = None) -> tuple[list[Bat
     return batches, None
 
 
-def main(folder: str, states_path: str, out_path: str) -> None:
-    states = torch.load(states_path, weights_only=True)
+def check_resumes_in_new_process(
+    module: Any, folder: str, tmp_path: Path, workers: tuple[int, ...] = (0, 2)
+) -> None:
+    """``module.make_loader(folder, workers)`` interrupted after 3 batches and on the first
+    epoch's last batch, resumed by ``module`` run as a script: every batch is the
+    uninterrupted run's, and each epoch is a new shuffle of every sample."""
+    full, heads, states = {}, {}, {}
+    for count in workers:
+        full[count] = read(module.make_loader(folder, count))[0]
+        per_epoch = len(full[count]) // EPOCHS
+        for batches in (full[count][:per_epoch], full[count][per_epoch:]):
+            assert sorted(int(i) for b in batches for i in b["id"]) == list(range(SAMPLES))
+        first, second = (
+            [int(i) for b in part for i in b["id"]]
+            for part in (full[count][:per_epoch], full[count][per_epoch:])
+        )
+        assert first != second and first != sorted(first)
+        for stop in (3, per_epoch):
+            key = f"{count}/{stop}"
+            heads[key], states[key] = read(module.make_loader(folder, count), stop)
+    torch.save(states, tmp_path / "states.pt")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            module.__name__,
+            folder,
+            str(tmp_path / "states.pt"),
+            str(tmp_path / "tails.pt"),
+        ],
+        cwd=TESTS,
+        env=dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    tails = torch.load(tmp_path / "tails.pt", weights_only=True)
+    for key, head in heads.items():
+        expected = full[int(key.split("/")[0])]
+        resumed = head + tails[key]
+        assert len(resumed) == len(expected), key
+        for number, (got, want) in enumerate(zip(resumed, expected)):
+            assert torch.equal(got["id"], want["id"]), (key, number)
+            assert torch.equal(got["x"], want["x"]), (key, number)
+
+
+def resume_main(make_loader: Callable[[str, int], ResumableDataLoader], argv: list[str]) -> None:
+    """``DATA STATES OUT``: load each state into a new loader, read the rest, save it to OUT."""
+    folder, states_path, out_path = argv
     tails = {}
-    for key, state in states.items():
-        workers = int(key.split("/")[0])
-        loader = make_loader(folder, workers)
+    for key, state in torch.load(states_path, weights_only=True).items():
+        loader = make_loader(folder, int(key.split("/")[0]))
         loader.load_state_dict(state)
         tails[key] = read(loader)[0]
     torch.save(tails, out_path)
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:4])
