@@ -21,7 +21,7 @@ warnings.filterwarnings("ignore", message="A newer version of litdata")
 from litdata import StreamingDataset  # noqa: E402
 from litdata.streaming import Cache  # noqa: E402
 
-from support.streaming_runs import BATCH_SIZE, LOADER_SEED, SAMPLES, augment, resume_main  # noqa: E402
+from support.streaming_runs import SAMPLES, augment, resumable_loader, resume_main  # noqa: E402
 from trainer_resume.loaders import ResumableDataLoader  # noqa: E402
 
 
@@ -42,13 +42,7 @@ def write_dataset(folder: str) -> None:
 
 
 def make_loader(folder: str, workers: int) -> ResumableDataLoader:
-    return ResumableDataLoader(
-        AugmentedStream(folder, shuffle=True),
-        batch_size=BATCH_SIZE,
-        num_workers=workers,
-        resumable=True,
-        generator=torch.Generator().manual_seed(LOADER_SEED),
-    )
+    return resumable_loader(AugmentedStream(folder, shuffle=True), workers)
 
 
 if __name__ == "__main__":

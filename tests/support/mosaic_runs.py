@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from streaming import MDSWriter, StreamingDataset
 
-from support.streaming_runs import BATCH_SIZE, LOADER_SEED, SAMPLES, augment, resume_main
+from support.streaming_runs import BATCH_SIZE, SAMPLES, augment, resumable_loader, resume_main
 from trainer_resume.loaders import ResumableDataLoader
 
 
@@ -35,13 +35,7 @@ def write_dataset(folder: str) -> None:
 
 def make_loader(folder: str, workers: int) -> ResumableDataLoader:
     dataset = AugmentedStream(local=folder, shuffle=True, batch_size=BATCH_SIZE, shuffle_seed=7)
-    return ResumableDataLoader(
-        dataset,
-        batch_size=BATCH_SIZE,
-        num_workers=workers,
-        resumable=True,
-        generator=torch.Generator().manual_seed(LOADER_SEED),
-    )
+    return resumable_loader(dataset, workers)
 
 
 if __name__ == "__main__":

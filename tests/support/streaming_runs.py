@@ -36,6 +36,17 @@ def augment(values: torch.Tensor) -> torch.Tensor:
     return values + torch.rand(values.shape) + random.random() + float(np.random.rand())
 
 
+def resumable_loader(dataset: Any, workers: int) -> ResumableDataLoader:
+    """The loader every run reads ``dataset`` with (its augmentation seed fixed)."""
+    return ResumableDataLoader(
+        dataset,
+        batch_size=BATCH_SIZE,
+        num_workers=workers,
+        resumable=True,
+        generator=torch.Generator().manual_seed(LOADER_SEED),
+    )
+
+
 def read(loader: ResumableDataLoader, stop: int | None = None) -> tuple[list[Batch], Any]:
     """The batches of the epochs left (``for epoch in range(loader.epoch, EPOCHS)``), and the
     loader's state after ``stop`` of them (``None``: read to the end)."""

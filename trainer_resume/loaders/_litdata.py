@@ -39,15 +39,11 @@ __all__ = ["LitdataDriver"]
 
 
 class LitdataDriver:
-    """Positions the copies of a litdata ``StreamingDataset`` (see the module docstring).
-
-    Args:
-        dataset: The user's ``litdata.StreamingDataset``.
-    """
+    """Positions the copies of a litdata ``StreamingDataset`` (see the module docstring)."""
 
     library = "litdata"
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self) -> None:
         self._batch_size = 1
         self._workers = 1
         self._num_workers = 0

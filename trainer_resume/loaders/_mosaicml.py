@@ -42,15 +42,11 @@ __all__ = ["MosaicDriver"]
 
 
 class MosaicDriver:
-    """Positions the copies of a MosaicML ``StreamingDataset`` (see the module docstring).
-
-    Args:
-        dataset: The user's ``streaming.StreamingDataset``.
-    """
+    """Positions the copies of a MosaicML ``StreamingDataset`` (see the module docstring)."""
 
     library = "mosaicml"
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self) -> None:
         self._workers = 1
 
     def configure(self, dataset: Any, batch_size: int | None, num_workers: int) -> None:

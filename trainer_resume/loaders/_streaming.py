@@ -81,11 +81,11 @@ def driver_for(dataset: Any) -> StreamingDriver | None:
     if _class_in(dataset, "litdata.streaming.dataset", "StreamingDataset"):
         from ._litdata import LitdataDriver
 
-        return LitdataDriver(dataset)
+        return LitdataDriver()
     if _class_in(dataset, "streaming.base.dataset", "StreamingDataset"):
         from ._mosaicml import MosaicDriver
 
-        return MosaicDriver(dataset)
+        return MosaicDriver()
     return None
 
 
