@@ -20,13 +20,17 @@ positioned by its own count: a worker that delivered ``k`` whole batches loads t
 state litdata's loader would have taken right after that batch (litdata deals the
 batches out round-robin, so that is ``(k - 1) * num_workers + worker + 1`` batches
 into the pass), which litdata replays as ``k`` batches of that worker; only that
-worker reads it. A worker whose part of the pass ended is not opened again. So the
-resumed pass delivers what the uninterrupted one did; a state at a pass's end starts
-the next epoch (never an empty pass). ``reset_state_dict()`` is called before each
-pass so a loaded state never carries into another one.
+worker reads it. A worker whose part of the pass ended is not opened again, nor one
+that delivered its whole share (litdata 0.2.44 fails to resume a worker
+there): the shares are litdata's own split, read from the attributes named below. So
+the resumed pass delivers what the uninterrupted one did; a state at a pass's end
+starts the next epoch (never an empty pass). ``reset_state_dict()`` is called before
+each pass so a loaded state never carries into another one.
 
-Tested with litdata 0.2.44 and 0.2.76 (the public methods above, and their state
-dict's keys as produced by ``state_dict``).
+Tested with litdata 0.2.44 and 0.2.76: the public methods above, the state as
+``state_dict`` produces it (never edited), and, for the shares, the dataset's
+``get_len``, ``distributed_env`` (``global_rank``) and
+``shuffler.get_chunks_and_intervals_per_workers``.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ class LitdataDriver:
                 states.append(None)
                 continue
             if shares is not None and count >= shares[worker]:
-                # Its whole share delivered: litdata before 0.2.70 fails to resume a worker
+                # Its whole share delivered: litdata 0.2.44 fails to resume a worker
                 # there, and nothing is left for it to read.
                 done[worker] = True
                 states.append(None)
