@@ -3,6 +3,7 @@ bit-identically in a new process, without ever losing the last good checkpoint."
 
 from __future__ import annotations
 
+from ._declarations import declare_no_random_draws
 from .amp import restore_grad_scaler_state
 from .durable import CheckpointHeader, load_checkpoint, read_checkpoint_header, save_checkpoint
 from .errors import *  # noqa: F401,F403  (the error catalogue is public API)
@@ -35,6 +36,7 @@ __all__ = [
     "config_difference",
     "canonical_config",
     "pause_signals_blocked",
+    "declare_no_random_draws",
     "run_finished",
     "mark_finished",
     "FinishedRun",

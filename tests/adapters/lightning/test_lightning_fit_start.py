@@ -3,6 +3,7 @@ and how a completed fit ends the run (finished marker)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from support import lightning_child as child
 from torch.utils.data import DataLoader
 
+from trainer_resume import declare_no_random_draws
 from trainer_resume.adapters.lightning import ResumeCallback
 from trainer_resume.errors import (
     RunFinishedError,
@@ -100,10 +102,32 @@ class _SelfSavingLoader(DataLoader):
         del state
 
 
-def test_a_stateful_loader_the_library_cannot_vouch_for_gets_a_warning(tmp_path: Path) -> None:
+_UNDECLARED = (
+    "the training loader (_SelfSavingLoader) saves its position, but not the random numbers its "
+    "samples draw (its workers are reseeded at each iter()), so a resumed fit would differ "
+    "wherever a sample draws one; if its samples draw no random numbers, declare it with "
+    "trainer_resume.declare_no_random_draws(loader)"
+)
+
+
+def test_a_loader_from_elsewhere_is_refused_unless_declared(tmp_path: Path) -> None:
     loader = _SelfSavingLoader(child.AugmentedDataset(16), batch_size=4, shuffle=True)
-    with pytest.warns(UserWarning, match="cannot vouch"):
-        _, trainer, _ = _fit(tmp_path, loader)
+    model = _Counting()
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        _fit(tmp_path, loader, model=model)
+    assert caught.value.detail.startswith(_UNDECLARED + "; use trainer_resume.loaders.")
+    assert model.training_steps == 0
+    (tmp_path / "lenient").mkdir()
+    with pytest.warns(UserWarning, match="will not be exact") as warned:
+        _fit(tmp_path / "lenient", loader, strict=False)
+    assert any(_UNDECLARED in str(warning.message) for warning in warned)
+
+
+def test_a_declared_loader_from_elsewhere_is_taken_silently(tmp_path: Path) -> None:
+    loader = _SelfSavingLoader(child.AugmentedDataset(16), batch_size=4, shuffle=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*(exact|vouch)")
+        _, trainer, _ = _fit(tmp_path, declare_no_random_draws(loader))
     assert trainer.global_step == 3
 
 

@@ -3,10 +3,11 @@
 Lightning saves a training loader's position only when the loader has
 ``state_dict``/``load_state_dict``; any other loader restarts its epoch on resume,
 so the resumed run trains on other batches than the uninterrupted one. Among the
-stateful loaders, only the bundled ``ResumableDataLoader(resumable=True)`` is one
-whose exact replay this library vouches for (the delivered position, worker
-randomness replayed from the position); others, such as torchdata's
-``StatefulDataLoader`` (which does not replay worker randomness), may or may not be.
+stateful loaders, the bundled ``ResumableDataLoader(resumable=True)`` replays the
+worker randomness from the position; others, such as torchdata's
+``StatefulDataLoader``, restore the position only, so they are taken (like any loader
+from elsewhere, see ``_declarations``) only when declared with
+``declare_no_random_draws``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
+from ..._declarations import declared_no_random_draws
 from ...errors import UnsupportedResumeConfigurationError
 from ...loaders import ResumableDataLoader
 
@@ -49,7 +51,8 @@ def check_train_loaders(loaders: Iterable[Any], *, strict: bool) -> None:
 
     Raises:
         UnsupportedResumeConfigurationError: ``strict`` and a loader's position
-            cannot be saved (332).
+            cannot be saved, or a loader from elsewhere was not declared with
+            ``declare_no_random_draws`` (332).
     """
     loaders = list(loaders)
     for index, loader in enumerate(loaders):
@@ -59,13 +62,14 @@ def check_train_loaders(loaders: Iterable[Any], *, strict: bool) -> None:
                 continue
             problem = f"{what} was built with resumable=False, so its position cannot be saved"
         elif _stateful(loader):
-            rank_zero_warn(
-                f"ResumeCallback: {what} saves its position, but trainer-resume cannot vouch "
-                "that it replays exactly (worker randomness, prefetch); the resume may differ "
-                "from an uninterrupted fit. For an "
-                f"exact resume, {_FIX}"
+            if declared_no_random_draws(loader):
+                continue  # its samples draw nothing: its own position is all a resume needs
+            problem = (
+                f"{what} saves its position, but not the random numbers its samples draw (its "
+                "workers are reseeded at each iter()), so a resumed fit would differ wherever a "
+                "sample draws one; if its samples draw no random numbers, declare it with "
+                "trainer_resume.declare_no_random_draws(loader)"
             )
-            continue
         else:
             problem = (
                 f"{what} has no position Lightning can save (no state_dict/load_state_dict): "
