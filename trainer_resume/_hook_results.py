@@ -9,9 +9,12 @@ object ``_resume_objects()`` returns must have ``state_dict()`` and
 - the library's own (``ResumableDataLoader``: it also has ``validate_state_dict``,
   so ``resume()`` checks its state before anything changes);
 - a loader from elsewhere with ``state_dict()`` / ``load_state_dict()`` (torchdata's
-  ``Stateful`` protocol, e.g. ``StatefulDataLoader``), whose state must read back
-  through ``torch.load(weights_only=True)``; ``resume()`` restores such loaders
-  before anything else, so one that rejects its state leaves the trainer as it was.
+  ``Stateful`` protocol, e.g. ``StatefulDataLoader``, or a streaming library's own
+  loader) that the user declared with ``declare_no_random_draws`` (its samples draw
+  no random numbers: its protocol saves the position, not what its workers draw; see
+  ``_declarations``), whose state must read back through
+  ``torch.load(weights_only=True)``; ``resume()`` restores such loaders before
+  anything else, so one that rejects its state leaves the trainer as it was.
 
 Anything else is refused with ``UnsupportedResumeConfigurationError`` (332) naming
 the object, its type, the wrapper that replaced a resumable loader (when the
@@ -25,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ._declarations import declared_no_random_draws
 from ._weights_only import refused_entry
 from .errors import UnsupportedResumeConfigurationError
 
@@ -45,7 +49,8 @@ _HINTS: list[LoaderHint] = []
 _FIX = (
     "return a trainer_resume.loaders.ResumableDataLoader(..., resumable=True) (the DataLoader "
     "drop-in), or a loader with state_dict() and load_state_dict() (torchdata's Stateful "
-    "protocol, e.g. torchdata.stateful_dataloader.StatefulDataLoader)"
+    "protocol, e.g. torchdata.stateful_dataloader.StatefulDataLoader) declared with "
+    "trainer_resume.declare_no_random_draws(loader) if its samples draw no random numbers"
 )
 
 
@@ -116,7 +121,8 @@ def check_loader(name: str, loader: Any, owner: str, holders: Mapping[str, Any])
 
     Raises:
         UnsupportedResumeConfigurationError: the loader has no state, its
-            ``state_dict()`` fails, or its state holds a value weights-only loading
+            ``state_dict()`` fails, it is a loader from elsewhere not declared with
+            ``declare_no_random_draws``, or its state holds a value weights-only loading
             refuses (332).
     """
     where = f"{owner}._resume_loaders() returns {name!r} ({_type_name(loader)})"
@@ -129,6 +135,16 @@ def check_loader(name: str, loader: Any, owner: str, holders: Mapping[str, Any])
         _refuse_stateless(where, reason, loader, holders, error)
     if is_library_loader(loader):
         return  # its state is plain data by construction, and resume() validates it
+    if not declared_no_random_draws(loader):
+        raise UnsupportedResumeConfigurationError(
+            f"{where}, a loader from elsewhere: its state_dict() and load_state_dict() save its "
+            "position, but not the random numbers its samples draw (its workers are reseeded at "
+            "each iter()), so a resume would differ wherever a sample draws one (a random "
+            "augmentation); return a trainer_resume.loaders.ResumableDataLoader(..., "
+            "resumable=True) (the DataLoader drop-in, which replays them), or, if its samples "
+            "draw no random numbers, declare it with trainer_resume.declare_no_random_draws("
+            "loader)"
+        )
     problem = refused_entry(state, "its state_dict()")
     if problem is not None:
         raise UnsupportedResumeConfigurationError(

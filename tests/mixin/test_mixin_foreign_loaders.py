@@ -17,21 +17,22 @@ import numpy as np
 import pytest
 import torch
 from support import foreign_loaders
+from support.foreign_loaders import LoaderTrainer
 from support.lightning_procs import TESTS
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer_resume import _hook_results
+from trainer_resume import _hook_results, declare_no_random_draws
 from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import LoaderStateError, UnsupportedResumeConfigurationError
 from trainer_resume.loaders import ResumableDataLoader
-from trainer_resume.mixin import TrainingResumeMixin, training_step
 from trainer_resume.testing import first_difference
 
 _332 = "[332] configuration cannot be resumed exactly: "
 FIX = (
     "return a trainer_resume.loaders.ResumableDataLoader(..., resumable=True) (the DataLoader "
     "drop-in), or a loader with state_dict() and load_state_dict() (torchdata's Stateful "
-    "protocol, e.g. torchdata.stateful_dataloader.StatefulDataLoader)"
+    "protocol, e.g. torchdata.stateful_dataloader.StatefulDataLoader) declared with "
+    "trainer_resume.declare_no_random_draws(loader) if its samples draw no random numbers"
 )
 
 
@@ -67,27 +68,6 @@ def test_a_stateful_dataloader_paused_mid_epoch_resumes_in_a_new_process(tmp_pat
     assert result["start"] == foreign_loaders.PAUSE
     difference = first_difference(expected, result["outcome"])
     assert difference is None, difference
-
-
-class LoaderTrainer(TrainingResumeMixin):
-    """Returns whatever loader it is given; one step draws a batch from it."""
-
-    def __init__(self, loader: Any, **held: Any) -> None:
-        torch.manual_seed(0)
-        self.model = torch.nn.Linear(2, 1)
-        self.loader = loader
-        self.__dict__.update(held)
-        self._initialize_training_resume({}, version="1", excluded_attributes=tuple(held))
-
-    def _resume_objects(self) -> dict[str, Any]:
-        return {"model": self.model}
-
-    def _resume_loaders(self) -> dict[str, Any]:
-        return {"train": self.loader}
-
-    @training_step
-    def step(self) -> None:
-        self.ran = True
 
 
 def _dataset() -> TensorDataset:
@@ -160,7 +140,7 @@ class NumpyStateLoader:
 
 
 def test_a_loader_whose_state_would_not_load_weights_only_is_refused_at_the_first_step() -> None:
-    trainer = LoaderTrainer(NumpyStateLoader())
+    trainer = LoaderTrainer(declare_no_random_draws(NumpyStateLoader()))
     with pytest.raises(UnsupportedResumeConfigurationError) as refused:
         trainer.step()
     assert str(refused.value) == (
@@ -210,7 +190,7 @@ class PickyLoader:
 def test_a_foreign_loader_that_refuses_its_state_leaves_the_trainer_as_it_was(
     tmp_path: Path,
 ) -> None:
-    source = LoaderTrainer(PickyLoader())
+    source = LoaderTrainer(declare_no_random_draws(PickyLoader()))
     source.loader.position = 2
     source.step()
     source.pause(tmp_path / "pause.ckpt")
@@ -218,7 +198,7 @@ def test_a_foreign_loader_that_refuses_its_state_leaves_the_trainer_as_it_was(
     checkpoint["loaders"]["train"]["position"] = 9
     save_checkpoint(checkpoint, tmp_path / "wrong.ckpt")
 
-    trainer = LoaderTrainer(PickyLoader())
+    trainer = LoaderTrainer(declare_no_random_draws(PickyLoader()))
     trainer.loader.position = 1
     with torch.no_grad():
         trainer.model.weight.fill_(3.0)

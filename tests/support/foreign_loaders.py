@@ -1,4 +1,5 @@
-"""A trainer whose ``_resume_loaders()`` returns torchdata's ``StatefulDataLoader``.
+"""Trainers whose ``_resume_loaders()`` returns a loader from elsewhere: torchdata's
+``StatefulDataLoader``, or any loader given.
 
 ``python -m support.foreign_loaders resume PAUSE OUT`` resumes a pause file in a
 fresh process and saves the outcome.
@@ -15,6 +16,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from trainer_resume import declare_no_random_draws
 from trainer_resume.mixin import TrainingResumeMixin, training_step
 
 STEPS, PAUSE = 10, 5  # 4 batches per epoch: the pause falls mid-epoch
@@ -46,7 +48,8 @@ class StatefulLoaderTrainer(TrainingResumeMixin):
         return {"model": self.model, "optimizer": self.optimizer}
 
     def _resume_loaders(self) -> dict[str, Any]:
-        return {"train": self.loader}
+        # Its samples draw no random numbers: its own state_dict() resumes it exactly.
+        return {"train": declare_no_random_draws(self.loader)}
 
     def _rebuild_resume_iterators(self) -> None:
         self.batches = iter(self.loader)
@@ -66,6 +69,27 @@ class StatefulLoaderTrainer(TrainingResumeMixin):
         loss.backward()
         self.optimizer.step()
         self.losses[self.completed_steps + 1] = loss.detach()
+
+
+class LoaderTrainer(TrainingResumeMixin):
+    """Returns whatever loader it is given under the name ``train``; a step only runs."""
+
+    def __init__(self, loader: Any, **held: Any) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(2, 1)
+        self.loader = loader
+        self.__dict__.update(held)
+        self._initialize_training_resume({}, version="1", excluded_attributes=tuple(held))
+
+    def _resume_objects(self) -> dict[str, Any]:
+        return {"model": self.model}
+
+    def _resume_loaders(self) -> dict[str, Any]:
+        return {"train": self.loader}
+
+    @training_step
+    def step(self) -> None:
+        self.ran = True
 
 
 def run(trainer: StatefulLoaderTrainer, steps: int) -> None:
