@@ -80,6 +80,10 @@ class ResumableDataLoader(DataLoader):
       nothing into them); persistent workers and 0 workers carry their copies' states
       into the next pass. To know whether a pass has ended, :meth:`state_dict` (and
       :attr:`epoch`) read one batch ahead and keep it for the next ``next()``.
+    * litdata's and MosaicML's ``StreamingDataset``, whose ``state_dict()`` takes the
+      counts their own loaders pass: read as above, the loader records the samples each
+      worker delivered and drives the library's state API as its own loader does (the
+      epoch per pass, the state loaded when a pass starts); see docs/streaming.md.
     * ``sampler=`` a resumable :class:`InfiniteRandomSampler` (that exact class), or
       ``batch_sampler=`` a resumable sampler from :func:`build_batch_sampler`: one
       endless stream, described next.
@@ -132,8 +136,11 @@ class ResumableDataLoader(DataLoader):
             IterableDataset without a state (its ``__iter__`` a generator; one that
             returns an iterator without a state is refused by the first ``next()``), a
             sampler or batch sampler other than those above (subclasses included),
-            ``in_order=False``, or a Hugging Face streaming dataset shuffled with a buffer
-            (unless ``allow_inexact_shuffle_buffer``).
+            ``in_order=False``, a Hugging Face streaming dataset shuffled with a buffer
+            (unless ``allow_inexact_shuffle_buffer``), an IterableDataset whose
+            ``state_dict()`` needs arguments (other than the streaming datasets above)
+            or fails, or a MosaicML dataset with another ``batch_size``, ``replication``
+            or several processes.
         ValueError: the sampler was built for a dataset of another size,
             ``augmentation_seeding`` is unknown, ``"batch"`` with a sharded endless
             sampler or ``"sample"`` with an IterableDataset (and every argument error
