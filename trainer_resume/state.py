@@ -237,7 +237,7 @@ class EpochSamplerSettings(TypedDict):
     into a loader with the same ones."""
 
     sampler: str  # the sampler's class name, e.g. "RandomSampler"
-    batch_sampler: str | None  # "BatchSampler", or None with batch_size=None
+    batch_sampler: str | None  # "BatchSampler" or "ShardedBatchSampler"; None with batch_size=None
     batch_size: int | None
     drop_last: bool
     dataset_size: int
@@ -259,8 +259,8 @@ class EpochSamplerState(TypedDict):
     format: str  # "trainer_resume.epoch_sampler/1"
     settings: EpochSamplerSettings
     epoch: int  # epochs begun before the current one (each iter(loader) is one)
-    offset: int  # batches delivered within ``epoch``
-    delivered: int  # batches delivered since the start, over all epochs
+    offset: int  # batches delivered within ``epoch`` (global batches under a ShardedBatchSampler)
+    delivered: int  # batches delivered since the start, over all epochs (global ones too)
     generator: torch.Tensor | None  # uint8 generator state, None without a generator
     sampler_epoch: int | None  # DistributedSampler.epoch the epoch was ordered with
 

@@ -7,6 +7,7 @@ from .batch_samplers import build_batch_sampler
 from .dataloader import ResumableDataLoader
 from .reuse import ReuseDataLoader, ReuseDataset, ReuseKey, ReusePolicy, ReuseSampler
 from .sampler import InfiniteRandomSampler
+from .sharded_batches import ShardedBatchSampler
 
 # The groups are marked here, not among the imports, which the import sorter orders.
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "InfiniteRandomSampler",
     "ResumableDataLoader",
     "build_batch_sampler",
+    "ShardedBatchSampler",
     # sample reuse
     "ReusePolicy",
     "ReuseKey",

@@ -25,13 +25,15 @@ from ._stateful import StatefulSource, is_stateful
 from ._streaming import check_state_arguments, driver_for
 from .batch_samplers import BATCH_SAMPLER_TARGETS
 from .sampler import InfiniteRandomSampler
+from .sharded_batches import SHARDABLE_SAMPLERS, ShardedBatchSampler
 
 __all__ = ["check_resumable_configuration", "source_of"]
 
 _SUPPORTED = (
     "give it state_dict() and load_state_dict() (torchdata's Stateful protocol), or use "
     "shuffle=True/False, torch's SequentialSampler, RandomSampler, SubsetRandomSampler, "
-    "WeightedRandomSampler, DistributedSampler or a BatchSampler over one of them, "
+    "WeightedRandomSampler, DistributedSampler or a BatchSampler over one of them, a "
+    "ShardedBatchSampler over such a BatchSampler (not over a DistributedSampler), "
     "InfiniteRandomSampler(resumable=True) or build_batch_sampler(..., resumable=True)"
 )
 
@@ -103,6 +105,14 @@ def check_resumable_configuration(
                 f"{type(given).__name__} subclasses a sampler of this package, whose stream could "
                 "not be checked on resume; use InfiniteRandomSampler or build_batch_sampler itself"
             )
+    if type(batch_sampler) is ShardedBatchSampler:
+        if type(batch_sampler.sampler) in SHARDABLE_SAMPLERS:
+            return
+        raise UnsupportedResumeConfigurationError(
+            f"a ShardedBatchSampler over {type(batch_sampler.sampler).__name__} cannot be "
+            "repositioned: use torch's SequentialSampler, RandomSampler, SubsetRandomSampler or "
+            "WeightedRandomSampler inside it (a DistributedSampler is sharded already)"
+        )
     if batch_sampler is not None:
         if type(batch_sampler) in BATCH_SAMPLER_TARGETS.values():
             if not batch_sampler.resumable:
@@ -156,6 +166,16 @@ def source_of(loader: DataLoader) -> tuple[Source, int | None]:
         return BatchSamplerSource(batch_sampler), batch_sampler.dataset_size
     if type(sampler) is InfiniteRandomSampler:
         return SamplerSource(sampler, loader.batch_size), sampler.dataset_size
+    if type(batch_sampler) is ShardedBatchSampler:
+        return (
+            EpochSource(
+                batch_sampler.sampler,
+                batch_sampler.batch_sampler,
+                len(loader.dataset),  # type: ignore[arg-type]
+                shard=batch_sampler,
+            ),
+            None,
+        )
     if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
         return StatefulSource(batch_sampler, None, False, batched=True), None
     if batch_sampler is not None:

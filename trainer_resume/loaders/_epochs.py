@@ -16,7 +16,9 @@ another process:
 
 The cursor ``(epoch, offset)`` names the next undelivered batch; delivering the last
 batch of an epoch moves it to ``(epoch + 1, 0)``, so a state taken there resumes at
-the first batch of the next epoch.
+the first batch of the next epoch. Under a ``ShardedBatchSampler`` the offset counts
+*global* batches (delivering one moves it by the number of ranks), so every rank holds
+the same cursor and the rest of an epoch can be shared among another number of ranks.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ..rng import derive_seed
 from ..state import EpochSamplerSettings, EpochSamplerState
 from . import _state_keys as keys
 from ._sources import Pending, Task
+from .sharded_batches import EpochShards, ShardedBatchSampler
 
 __all__ = ["EPOCH_SAMPLERS", "EpochSource"]
 
@@ -86,7 +89,15 @@ class _Epoch:
     slice ``[i * batch_size, (i + 1) * batch_size)``: only the indices are kept.
     """
 
-    __slots__ = ("batch_size", "count", "generator_state", "indices", "number", "sampler_epoch")
+    __slots__ = (
+        "batch_size",
+        "count",
+        "drop_last",
+        "generator_state",
+        "indices",
+        "number",
+        "sampler_epoch",
+    )
 
     def __init__(
         self,
@@ -100,6 +111,7 @@ class _Epoch:
         self.number = number
         self.indices = indices
         self.batch_size = batch_size  # None: each item is one index
+        self.drop_last = drop_last
         if batch_size is None:
             self.count = len(indices)
         elif drop_last:
@@ -119,6 +131,10 @@ class _Epoch:
         """Sample offset of item ``number`` within the epoch."""
         return number * (self.batch_size or 1)
 
+    def shards(self, start: int, replicas: int) -> EpochShards:
+        """The global batches ``replicas`` ranks read from global batch ``start``."""
+        return EpochShards(self.indices, self.batch_size or 1, self.drop_last, replicas, start)
+
 
 class EpochSource:
     """Batches of one epoch per iteration from a torch sampler or ``BatchSampler``.
@@ -128,15 +144,25 @@ class EpochSource:
         batch_sampler: The loader's ``BatchSampler`` over ``sampler``, or ``None``
             with ``batch_size=None`` (each item is then one index).
         dataset_size: ``len(dataset)``.
+        shard: The loader's ``ShardedBatchSampler`` around ``batch_sampler``, if any:
+            this rank reads its share of the global batches.
     """
 
     epochs = True  # each iter(loader) is one epoch
     format = keys.EPOCH_SAMPLER_FORMAT
     shards_stream = False  # DistributedSampler's order depends on the world size anyway
 
-    def __init__(self, sampler: Any, batch_sampler: BatchSampler | None, dataset_size: int) -> None:
+    def __init__(
+        self,
+        sampler: Any,
+        batch_sampler: BatchSampler | None,
+        dataset_size: int,
+        shard: ShardedBatchSampler | None = None,
+    ) -> None:
         self.sampler = sampler
         self.batch_sampler = batch_sampler
+        # (ranks, rank) sharing the global batches; no setting, so a state loads with any world size
+        self._shard = (shard.num_replicas, shard.rank) if shard is not None else None
         self.generator: torch.Generator | None = (
             sampler.generator if isinstance(sampler, _GENERATOR_SAMPLERS) else None
         )
@@ -144,7 +170,9 @@ class EpochSource:
         self._replicas, self._rank = (sampler.num_replicas, sampler.rank) if distributed else (1, 0)
         self._settings: EpochSamplerSettings = {
             "sampler": type(sampler).__name__,
-            "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
+            "batch_sampler": type(shard if shard is not None else batch_sampler).__name__
+            if batch_sampler is not None
+            else None,
             "batch_size": batch_sampler.batch_size if batch_sampler is not None else None,
             "drop_last": bool(batch_sampler.drop_last) if batch_sampler is not None else False,
             "dataset_size": dataset_size,
@@ -255,6 +283,9 @@ class EpochSource:
     ) -> Iterator[Task]:
         number = computed.number
         base = derive_seed(augmentation_seed, _EPOCH_SALT, number)
+        if self._shard is not None:
+            yield from self._shard_tasks(computed, offset, pending, base)
+            return
         stride, rank, last = self._replicas, self._rank, computed.count - 1
         for index in range(offset, computed.count):
             after = (number + 1, 0) if index == last else (number, index + 1)
@@ -262,13 +293,31 @@ class EpochSource:
             pending.append((position, (number, index), after, index == last))
             yield base, position, computed.item(index)
 
+    def _shard_tasks(
+        self, computed: _Epoch, offset: int, pending: deque[Pending], base: int
+    ) -> Iterator[Task]:
+        # The offset is the global cursor: this rank reads global batch offset + rank,
+        # and delivering it moves every rank's cursor by the number of ranks. Positions
+        # are global sample offsets, so a global batch is seeded alike at any world size.
+        replicas, rank = self._shard  # type: ignore[misc]
+        shards = computed.shards(offset, replicas)
+        number, size = computed.number, shards.batch_size
+        for batch in shards.of_rank(rank):
+            before = batch - rank
+            last = before + replicas >= shards.end
+            after = (number + 1, 0) if last else (number, before + replicas)
+            pending.append((batch * size, (number, before), after, last))
+            yield base, batch * size, shards.batch(batch)
+
     def commit(self, before: Cursor, after: Cursor) -> None:
         if before != (self._epoch, self._offset):
             raise RuntimeError(
                 f"the delivered batch is (epoch, batch) {before} but the loader records {(self._epoch, self._offset)}"
             )
         self._epoch, self._offset = after
-        self._delivered += 1
+        # Global batches under a shard, as for the other sharded streams: ranks at the
+        # same step record the same count.
+        self._delivered += self._shard[0] if self._shard is not None else 1
 
     # --- state -----------------------------------------------------------------------
 
