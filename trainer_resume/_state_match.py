@@ -13,6 +13,8 @@ What is compared, per kind of object:
   parameters in each, and each saved per-parameter tensor against the live state
   of that parameter (or, for a fresh optimizer, against the parameter's shape);
 - a GradScaler: what ``restore_grad_scaler_state`` would refuse;
+- an object with ``validate_state_dict(state)`` (the adapters' state objects): what it
+  raises (a ``ResumeError`` of the same class, any other error as a mismatch);
 - anything else: the shape and dtype of every tensor both states hold at the
   same place (their key sets may legitimately differ).
 """
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 
 from .amp import validate_grad_scaler_state
-from .errors import ResumeStateMismatchError
+from .errors import ResumeError, ResumeStateMismatchError
 
 __all__ = ["check_module_state", "check_object_states", "check_optimizer_state"]
 
@@ -55,6 +57,15 @@ def check_object_states(
                 validate_grad_scaler_state(obj, saved)
             except (TypeError, ValueError) as error:
                 raise ResumeStateMismatchError(f"{where}: {error}") from error
+        elif callable(getattr(obj, "validate_state_dict", None)):
+            try:
+                obj.validate_state_dict(saved)
+            except ResumeError as error:
+                raise type(error)(f"{where}: {error.detail or error.message}") from error
+            except Exception as error:
+                raise ResumeStateMismatchError(
+                    f"{where}: {type(error).__name__}: {error}"
+                ) from error
         else:
             _check_common_tensors(where, saved, obj.state_dict())
 

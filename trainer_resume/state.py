@@ -38,6 +38,8 @@ __all__ = [
     "PauseCheckpoint",
     "SampleRecord",
     "LightningPauseState",
+    "AcceleratorStepSettings",
+    "AcceleratorStepState",
     "FinishedMarker",
     "PAUSE_FORMAT",
     "GRADIENTS_KEY",
@@ -472,6 +474,26 @@ class LightningPauseState(TypedDict):
     pending_epoch_end: NotRequired[bool]
     metrics: NotRequired[dict[str, dict[str, Any]]]  # last logged: callback, logged, progress_bar
     epoch_metrics_in_progress: NotRequired[list[str]]  # on_epoch training metrics not carried over
+
+
+class AcceleratorStepSettings(TypedDict):
+    """The gradient-accumulation settings of an ``accelerate.Accelerator``; a state loads
+    only into an Accelerator with the same ones."""
+
+    num_steps: int  # gradient_accumulation_steps
+    adjust_scheduler: bool
+    sync_with_dataloader: bool
+    sync_each_batch: bool
+
+
+class AcceleratorStepState(TypedDict):
+    """What an ``accelerate.Accelerator`` carries from one micro-step to the next
+    (``trainer_resume.adapters.accelerate.accelerator_state``)."""
+
+    format: str  # trainer_resume.adapters.accelerate.ACCELERATOR_FORMAT
+    step: int  # Accelerator.step: micro-steps into the accumulation window
+    sync_gradients: bool  # GradientState.sync_gradients after the last micro-step
+    settings: AcceleratorStepSettings
 
 
 class FinishedMarker(TypedDict):
