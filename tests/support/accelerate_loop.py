@@ -2,9 +2,10 @@
 
 ``run(...)`` trains one phase in this process (fresh, paused by a SIGTERM to the whole
 process group at a chosen micro-step, or resumed from a pause file) and writes what it
-saw to a results file: every loss and batch from its first step on, and the final
-model, optimizer, scheduler and Accelerator states. ``main`` runs several phases in one
-process (``python -m support.accelerate_loop spec.json``, or under ``torchrun``).
+saw to a results file per rank: every loss and batch from its first step on, and the
+final model, optimizer, scheduler and Accelerator states. ``main`` runs several phases
+in one process (``python -m support.accelerate_loop spec.json``, or under ``torchrun``,
+which starts every rank in a process group of its own).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainer_resume import TrainingResumeMixin, training_step
+from trainer_resume import ResumeError, TrainingResumeMixin, training_step
 from trainer_resume.adapters.accelerate import prepare_loader, resume_objects
 from trainer_resume.loaders import ResumableDataLoader
 
 SIZE, BATCH, EPOCHS, ACCUMULATION = 40, 4, 3, 4  # 10 global batches per epoch
+EVALUATION_SIZE = 23  # not a multiple of any total batch size: the last batch is padded
 CONFIG = {"model": "accelerate-loop", "accumulation": ACCUMULATION, "batch": BATCH}
 
 
@@ -56,7 +58,12 @@ def fresh_accelerate_state() -> None:
 
 class AccelerateLoop(TrainingResumeMixin):
     def __init__(
-        self, *, workers: int = 2, signal_at: int | None = None, accumulation: int = ACCUMULATION
+        self,
+        *,
+        workers: int = 2,
+        signal_at: int | None = None,
+        signal_launcher: bool = False,
+        accumulation: int = ACCUMULATION,
     ) -> None:
         self.accelerator = Accelerator(
             cpu=True, mixed_precision="bf16", gradient_accumulation_steps=accumulation
@@ -73,6 +80,7 @@ class AccelerateLoop(TrainingResumeMixin):
         )
         self.loader = prepare_loader(self.accelerator, loader)
         self.signal_at = signal_at
+        self.signal_launcher = signal_launcher
         self._initialize_training_resume(CONFIG, version="1")
 
     def _resume_objects(self) -> dict[str, Any]:
@@ -86,7 +94,10 @@ class AccelerateLoop(TrainingResumeMixin):
     @training_step
     def step(self, batch: Any) -> torch.Tensor:
         if self.completed_steps + 1 == self.signal_at:
-            os.killpg(os.getpgrp(), signal.SIGTERM)  # what Slurm or Kubernetes send
+            if self.signal_launcher and self.accelerator.is_main_process:
+                # torchrun's own group: it forwards the signal to every rank's group (later).
+                os.killpg(os.getpgid(os.getppid()), signal.SIGTERM)
+            os.killpg(os.getpgrp(), signal.SIGTERM)  # this rank and its loader workers
         inputs, targets, _ = batch
         with self.accelerator.accumulate(self.model):
             loss = nn.functional.mse_loss(self.model(inputs).float(), targets)
@@ -109,6 +120,16 @@ def train(trainer: AccelerateLoop) -> dict[str, Any]:
     return {"losses": losses, "batches": batches}
 
 
+def evaluate(accelerator: Accelerator) -> list[int]:
+    """Sample ids of one evaluation pass, gathered from every process for metrics."""
+    data = torch.utils.data.Subset(NoisyDataset(), range(EVALUATION_SIZE))
+    loader = prepare_loader(accelerator, ResumableDataLoader(data, BATCH, resumable=True))
+    ids: list[int] = []
+    for batch in loader:
+        ids.extend(accelerator.gather_for_metrics(batch[2]).tolist())
+    return ids
+
+
 def final_states(trainer: AccelerateLoop) -> dict[str, Any]:
     objects = trainer._resume_objects()
     return {name: obj.state_dict() for name, obj in objects.items()}
@@ -121,28 +142,63 @@ def run(
     pause: str | None = None,
     resume: str | None = None,
     workers: int = 2,
+    signal_launcher: bool = False,
+    evaluation: bool = False,
 ) -> None:
-    """One phase: train from scratch (pausing to ``pause`` on a signal) or from ``resume``."""
+    """One phase: train from scratch (pausing to ``pause`` on a signal) or from ``resume``.
+
+    A refused resume is recorded (code and detail) instead of raised.
+    """
     fresh_accelerate_state()
-    trainer = AccelerateLoop(workers=workers, signal_at=signal_at)
+    trainer = AccelerateLoop(workers=workers, signal_at=signal_at, signal_launcher=signal_launcher)
+    rank = trainer.accelerator.process_index
     handlers = trainer.pause_on_signal(pause) if pause is not None else None
     if resume is not None:
-        trainer.resume(resume)
+        try:
+            trainer.resume(resume)
+        except ResumeError as error:
+            torch.save({"refused": [error.code, error.detail]}, f"{results}.rank{rank}.pt")
+            return
     first = trainer.completed_steps
     seen = train(trainer)
     if handlers is not None:
         handlers.restore()
+    if signal_launcher:
+        # The launcher forwards its SIGTERM when it gets to it: after the pause, that
+        # late copy must not end this rank before it reports.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     trainer.loader.close()
     record = {
         **seen,
+        "evaluated": evaluate(trainer.accelerator) if evaluation else None,
         "first_step": first,
         "completed_steps": trainer.completed_steps,
         "paused": trainer.paused,
         "states": final_states(trainer),
         "world_size": trainer.accelerator.num_processes,
     }
-    rank = trainer.accelerator.process_index
     torch.save(record, f"{results}.rank{rank}.pt")
+
+
+def assert_identical(expected: Any, got: Any, where: str = "state") -> None:
+    """Nested dicts, lists and tensors equal to the bit (``torch.equal``), values by ``==``."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and torch.equal(expected, got), where
+    elif isinstance(expected, dict):
+        assert isinstance(got, dict) and list(got) == list(expected), where
+        for key, value in expected.items():
+            assert_identical(value, got[key], f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(expected), where
+        for index, (value, other) in enumerate(zip(expected, got)):
+            assert_identical(value, other, f"{where}[{index}]")
+    else:
+        assert expected == got, where
+
+
+def load_results(prefix: str, rank: int = 0) -> dict[str, Any]:
+    """What ``run`` wrote for ``rank``."""
+    return torch.load(f"{prefix}.rank{rank}.pt", weights_only=True)
 
 
 def main(spec_path: str) -> None:
