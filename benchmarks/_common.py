@@ -74,6 +74,17 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]
     print()
 
 
+def max_weight_difference(expected: Path, got: Path) -> float:
+    """Largest absolute difference between two saved state dicts (0.0: bit-identical)."""
+    import torch
+
+    from trainer_resume.difference import max_abs_difference
+
+    return max_abs_difference(
+        torch.load(expected, weights_only=True), torch.load(got, weights_only=True)
+    )
+
+
 def write_json(name: str, payload: dict[str, Any]) -> Path:
     """Write ``payload`` (plus the environment) to ``benchmarks/out/<name>.json``."""
     OUT.mkdir(parents=True, exist_ok=True)

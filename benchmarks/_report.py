@@ -383,28 +383,79 @@ def pause_memory_checks(checkpointing: Mapping[str, Any] | None) -> list[TargetC
 
 
 HF_TRAINER_TARGET = "ResumableTrainer resumes a transformers Trainer run bit-identically"
+ACCELERATE_TARGET = "the Accelerate adapter resumes an Accelerate loop bit-identically"
+
+
+@dataclass(frozen=True)
+class FrameworkResume:
+    """A benchmark that resumes one framework's run its own way and with this library's adapter.
+
+    Its JSON holds ``parameters``, ``steps``, ``interrupted_after``, ``repeats`` and, under
+    ``methods``, per method: ``label``, ``identical``, ``first_differing_step``,
+    ``max_weight_difference``, ``median_pause_s`` and ``median_resume_s``.
+    """
+
+    name: str  # the benchmark's name (its JSON file and script)
+    title: str  # "Hugging Face Trainer"
+    target: str
+    ours: str  # the key of the adapter's method
+    theirs: str  # the key of the framework's own
+    their_resume: str  # "the Trainer's own resume"
+    step: str  # what the steps count: "step", "micro-step"
+
+
+HF_TRAINER = FrameworkResume(
+    "hf_trainer_resume",
+    "Hugging Face Trainer",
+    HF_TRAINER_TARGET,
+    "resumable",
+    "trainer",
+    "the Trainer's own resume",
+    "step",
+)
+ACCELERATE = FrameworkResume(
+    "accelerate_resume",
+    "Accelerate",
+    ACCELERATE_TARGET,
+    "adapter",
+    "accelerate",
+    "Accelerate's own resume",
+    "micro-step",
+)
+
+
+def framework_resume_checks(
+    benchmark: FrameworkResume, data: Mapping[str, Any] | None
+) -> list[TargetCheck]:
+    """The adapter's resumed run equals its uninterrupted run (losses and weights)."""
+    source, target, step = f"{benchmark.name}.json", benchmark.target, benchmark.step
+    if data is None:
+        return [_missing(target, source, "no result from this run")]
+    try:
+        ours, theirs = data["methods"][benchmark.ours], data["methods"][benchmark.theirs]
+        where = f"resumed after {step} {data['interrupted_after']} of {data['steps']}"
+        if ours["identical"]:
+            measured = f"{where}: losses and weights identical"
+        else:
+            measured = f"{where}: differs from {step} {ours['first_differing_step']}"
+        if theirs["first_differing_step"] is not None:
+            measured += (
+                f"; {benchmark.their_resume} differs from {step} {theirs['first_differing_step']}"
+            )
+        return [TargetCheck(target, _status(bool(ours["identical"])), measured, source)]
+    except (KeyError, TypeError) as error:
+        why = f"unexpected JSON layout ({type(error).__name__}: {error})"
+        return [_missing(target, source, why)]
 
 
 def hf_trainer_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
     """ResumableTrainer's resumed run equals its uninterrupted run (losses and weights)."""
-    source = "hf_trainer_resume.json"
-    if data is None:
-        return [_missing(HF_TRAINER_TARGET, source, "no result from this run")]
-    try:
-        ours, theirs = data["methods"]["resumable"], data["methods"]["trainer"]
-        where = f"resumed after step {data['interrupted_after']} of {data['steps']}"
-        if ours["identical"]:
-            measured = f"{where}: losses and weights identical"
-        else:
-            measured = f"{where}: differs from step {ours['first_differing_step']}"
-        if theirs["first_differing_step"] is not None:
-            measured += (
-                f"; the Trainer's own resume differs from step {theirs['first_differing_step']}"
-            )
-        return [TargetCheck(HF_TRAINER_TARGET, _status(bool(ours["identical"])), measured, source)]
-    except (KeyError, TypeError) as error:
-        why = f"unexpected JSON layout ({type(error).__name__}: {error})"
-        return [_missing(HF_TRAINER_TARGET, source, why)]
+    return framework_resume_checks(HF_TRAINER, data)
+
+
+def accelerate_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
+    """The Accelerate adapter's resumed loop equals its uninterrupted run (losses and weights)."""
+    return framework_resume_checks(ACCELERATE, data)
 
 
 def check_targets(results: Results) -> list[TargetCheck]:
@@ -418,6 +469,7 @@ def check_targets(results: Results) -> list[TargetCheck]:
         *resume_time_checks(results.get("checkpointing")),
         *pause_memory_checks(results.get("checkpointing")),
         *hf_trainer_checks(results.get("hf_trainer_resume")),
+        *accelerate_checks(results.get("accelerate_resume")),
     ]
 
 
@@ -526,11 +578,12 @@ def checkpoint_summary(results: Results) -> list[Section]:
     return sections
 
 
-def hf_trainer_summary(results: Results) -> list[Section]:
-    """The Trainer's own resume beside ResumableTrainer's: exactness, pause and resume times."""
-    data = results.get("hf_trainer_resume")
+def framework_resume_summary(benchmark: FrameworkResume, results: Results) -> list[Section]:
+    """The framework's own resume beside the adapter's: exactness, pause and resume times."""
+    data = results.get(benchmark.name)
     if data is None:
         return []
+    step = benchmark.step
     try:
         rows = [
             [
@@ -546,22 +599,32 @@ def hf_trainer_summary(results: Results) -> list[Section]:
             for method in data["methods"].values()
         ]
         title = (
-            f"Hugging Face Trainer resume (hf_trainer_resume.py, {data['parameters'] / 1e6:.1f}M "
-            f"parameters, resumed after step {data['interrupted_after']} of {data['steps']}, "
+            f"{benchmark.title} resume ({benchmark.name}.py, {data['parameters'] / 1e6:.1f}M "
+            f"parameters, resumed after {step} {data['interrupted_after']} of {data['steps']}, "
             f"medians of {data['repeats']})"
         )
     except (KeyError, TypeError) as error:
         problem = f"unexpected JSON layout ({type(error).__name__}: {error})"
-        return [("Hugging Face Trainer resume", ["problem"], [[problem]])]
+        return [(f"{benchmark.title} resume", ["problem"], [[problem]])]
     headers = [
         "method",
         "bit-identical",
-        "first differing step",
+        f"first differing {step}",
         "max weight difference",
         "pause s",
         "resume s",
     ]
     return [(title, headers, rows)]
+
+
+def hf_trainer_summary(results: Results) -> list[Section]:
+    """The Trainer's own resume beside ResumableTrainer's: exactness, pause and resume times."""
+    return framework_resume_summary(HF_TRAINER, results)
+
+
+def accelerate_summary(results: Results) -> list[Section]:
+    """Accelerate's own resume beside the adapter's: exactness, pause and resume times."""
+    return framework_resume_summary(ACCELERATE, results)
 
 
 def where_pause_time_goes(profile: Mapping[str, Any] | None) -> str | None:

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import print_table, write_json
+from benchmarks._common import max_weight_difference, print_table, write_json
 
 BATCHES, BATCH, LENGTH, EPOCHS, ACCUMULATION, WORKERS = 12, 8, 32, 2, 2, 2
 INTERRUPT_AT = 4  # the optimizer step after which both resume: mid-epoch, batch 8 of 12
@@ -211,16 +211,6 @@ def _first_differing_step(expected: list[float], got: list[float]) -> int | None
     return None
 
 
-def _max_difference(expected: Path, got: Path) -> float:
-    import torch
-
-    from trainer_resume.difference import max_abs_difference
-
-    return max_abs_difference(
-        torch.load(expected, weights_only=True), torch.load(got, weights_only=True)
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model, 3 repeats")
@@ -260,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                 resumes.append(_run(["resume", method, size, str(copy), "0"], args.timeout))
             expected = reference["losses"][INTERRUPT_AT * ACCUMULATION :]
             first = _first_differing_step(expected, resumes[0]["losses"])
-            weights = _max_difference(
+            weights = max_weight_difference(
                 folder / "reference" / "reference-weights.pt",
                 folder / "resume-0" / "resume-weights.pt",
             )

@@ -35,6 +35,7 @@ from benchmarks._report import (
     PASS,
     ScriptRun,
     TargetCheck,
+    accelerate_summary,
     check_targets,
     checkpoint_summary,
     hf_trainer_summary,
@@ -74,6 +75,7 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("checkpointing", "checkpointing", ("--quick",)),
     Benchmark("sharded_pause", "sharded_pause", ("--quick",)),
     Benchmark("hf_trainer_resume", "hf_trainer_resume", ("--quick",)),
+    Benchmark("accelerate_resume", "accelerate_resume", ("--quick",)),
     Benchmark("profile_pause", "_profile_pause", ("--quick",)),
     Benchmark("profile_loader", "_profile_loader", ("--quick",)),
     Benchmark("profile_resume", "_profile_resume", ("--quick",)),
@@ -336,7 +338,11 @@ def write_results(
         runs=runs,
         checks=checks,
         notes=build_notes(results, checks, runs),
-        sections=[*checkpoint_summary(results), *hf_trainer_summary(results)],
+        sections=[
+            *checkpoint_summary(results),
+            *hf_trainer_summary(results),
+            *accelerate_summary(results),
+        ],
     )
     path.write_text(text)
     return checks

@@ -9,6 +9,8 @@ from benchmarks._report import (
     NOT_MEASURED,
     PASS,
     ScriptRun,
+    accelerate_checks,
+    accelerate_summary,
     check_targets,
     cpu_ratio_checks,
     hf_trainer_checks,
@@ -237,7 +239,8 @@ def test_rendered_results_show_each_check_status_and_figure() -> None:
     assert "**MISS** | num_workers=2: 0.900" in text
     assert "not available: missing" in text
     assert "fsync 1.000 s" in text
-    assert "3 passed, 1 missed, 5 not measured." in text  # no CPU, seeding or Trainer figures
+    # no CPU, seeding, Trainer or Accelerate figures
+    assert "3 passed, 1 missed, 6 not measured." in text
 
 
 def test_throughput_checks_each_num_workers_row_at_200us_separately() -> None:
@@ -394,3 +397,58 @@ def test_hf_trainer_summary_puts_both_resumes_side_by_side() -> None:
         ["ResumableTrainer", "yes", "none", "0", "0.050", "1.250"],
     ]
     assert hf_trainer_summary({}) == []
+
+
+def _accelerate(identical: bool) -> dict[str, Any]:
+    def method(label: str, first: int | None, difference: float) -> dict[str, Any]:
+        return {
+            "label": label,
+            "identical": first is None and difference == 0.0,
+            "first_differing_step": first,
+            "max_weight_difference": difference,
+            "median_pause_s": 0.5,
+            "median_resume_s": 1.25,
+        }
+
+    return {
+        "parameters": 600_000,
+        "steps": 50,
+        "interrupted_after": 30,
+        "repeats": 3,
+        "methods": {
+            "accelerate": method("Accelerate save_state", 31, 0.02),
+            "adapter": method("adapter", None if identical else 34, 0.0 if identical else 0.1),
+        },
+    }
+
+
+def test_accelerate_check_passes_when_the_adapter_is_identical_and_names_accelerates_micro_step() -> (
+    None
+):
+    [ok] = accelerate_checks(_accelerate(identical=True))
+    assert ok.status == PASS
+    assert ok.target == "the Accelerate adapter resumes an Accelerate loop bit-identically"
+    assert ok.measured == (
+        "resumed after micro-step 30 of 50: losses and weights identical; Accelerate's own "
+        "resume differs from micro-step 31"
+    )
+    [missed] = accelerate_checks(_accelerate(identical=False))
+    assert missed.status == MISS
+    assert missed.measured.startswith(
+        "resumed after micro-step 30 of 50: differs from micro-step 34"
+    )
+    assert [check.status for check in accelerate_checks(None)] == [NOT_MEASURED]
+
+
+def test_accelerate_summary_puts_both_resumes_side_by_side() -> None:
+    [(title, headers, rows)] = accelerate_summary({"accelerate_resume": _accelerate(True)})
+    assert title == (
+        "Accelerate resume (accelerate_resume.py, 0.6M parameters, resumed after micro-step 30 "
+        "of 50, medians of 3)"
+    )
+    assert headers[1:4] == ["bit-identical", "first differing micro-step", "max weight difference"]
+    assert rows == [
+        ["Accelerate save_state", "no", "31", "0.02", "0.500", "1.250"],
+        ["adapter", "yes", "none", "0", "0.500", "1.250"],
+    ]
+    assert accelerate_summary({}) == []
