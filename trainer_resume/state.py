@@ -491,8 +491,9 @@ class AcceleratorStepState(TypedDict):
     (``trainer_resume.adapters.accelerate.accelerator_state``)."""
 
     format: str  # trainer_resume.adapters.accelerate.ACCELERATOR_FORMAT
-    step: int  # Accelerator.step: micro-steps into the accumulation window
+    step: int  # Accelerator.step: micro-steps since the epoch's start (the window's count)
     sync_gradients: bool  # GradientState.sync_gradients after the last micro-step
+    num_processes: int  # the processes whose gradients a window in progress holds
     settings: AcceleratorStepSettings
 
 

@@ -117,9 +117,7 @@ def test_a_state_of_two_ranks_continues_the_epoch_on_another_number_of_ranks(rep
         loader.load_state_dict(state)
     rest = [list(loader) for loader in resumed]
     assert len({len(shard) for shard in rest}) == 1  # every rank the same count
-    read = sorted(
-        (number, rank) for rank in range(replicas) for number in range(len(rest[rank]))
-    )
+    read = sorted((number, rank) for rank in range(replicas) for number in range(len(rest[rank])))
     global_rest = [rest[rank][number] for number, rank in read]
     # Global batches 2..5, each once, in order; then the new world size's completion.
     for offset, batch in enumerate(single[0][2:5]):

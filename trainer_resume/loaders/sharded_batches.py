@@ -133,7 +133,11 @@ class ShardedBatchSampler(Sampler[list[Any]]):
     """
 
     def __init__(
-        self, batch_sampler: BatchSampler, *, num_replicas: int | None = None, rank: int | None = None
+        self,
+        batch_sampler: BatchSampler,
+        *,
+        num_replicas: int | None = None,
+        rank: int | None = None,
     ) -> None:
         if type(batch_sampler) is not BatchSampler:
             raise TypeError(

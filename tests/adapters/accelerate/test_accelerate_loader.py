@@ -184,7 +184,10 @@ def test_only_a_resumable_loader_that_has_not_delivered_is_prepared():
     with pytest.raises(ResumableModeRequiredError) as refused:
         prepare_loader(accelerator, ResumableDataLoader(NoisyDataset(), BATCH))
     assert refused.value.code == 331
-    assert refused.value.detail == "prepare_loader needs a ResumableDataLoader built with resumable=True"
+    assert (
+        refused.value.detail
+        == "prepare_loader needs a ResumableDataLoader built with resumable=True"
+    )
     started = _resumable()
     next(iter(started))
     with pytest.raises(ValueError) as delivered:

@@ -38,6 +38,7 @@ def test_the_state_holds_the_micro_step_the_sync_decision_and_loads_weights_only
         "format": ACCELERATOR_FORMAT,
         "step": 6,
         "sync_gradients": False,
+        "num_processes": 1,
         "settings": {
             "num_steps": 4,
             "adjust_scheduler": False,
@@ -72,7 +73,9 @@ def test_a_pause_with_another_accumulation_count_is_refused_before_anything_chan
     )
     assert not other.locked
     assert other.accelerator.step == 0
-    assert all(torch.equal(weights[name], value) for name, value in other.model.state_dict().items())
+    assert all(
+        torch.equal(weights[name], value) for name, value in other.model.state_dict().items()
+    )
 
 
 def test_resume_objects_unwraps_the_model_and_adds_the_accelerator_and_its_scaler():
