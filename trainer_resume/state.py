@@ -493,7 +493,6 @@ class AcceleratorStepState(TypedDict):
     format: str  # trainer_resume.adapters.accelerate.ACCELERATOR_FORMAT
     step: int  # Accelerator.step: micro-steps since the epoch's start (the window's count)
     sync_gradients: bool  # GradientState.sync_gradients after the last micro-step
-    num_processes: int  # the processes whose gradients a window in progress holds
     settings: AcceleratorStepSettings
 
 

@@ -131,8 +131,7 @@ def test_two_processes_pause_exactly_and_resume_on_one_process_sample_exactly(tm
     # Inside a window each process holds its own gradients: refused, before anything changed.
     assert load_results(path(f"single{MID_WINDOW}"))["refused"] == [
         330,
-        "object 'accelerator' (AcceleratorResumeState): the run paused inside a gradient "
-        "accumulation window (micro-step 2 of 4) on 2 process(es), each holding its own "
-        "gradients, which cannot be shared among 1: resume it on 2 process(es), or pause at a "
-        "window's end to change their number",
+        f"{path('pause7.ckpt')} was paused with 2 rank(s) and cannot be redistributed over 1: it "
+        "was paused inside a gradient-accumulation window, where each rank holds the partial sum "
+        "of its own micro-batches; resume with 2 rank(s)",
     ]

@@ -38,7 +38,6 @@ def test_the_state_holds_the_micro_step_the_sync_decision_and_loads_weights_only
         "format": ACCELERATOR_FORMAT,
         "step": 6,
         "sync_gradients": False,
-        "num_processes": 1,
         "settings": {
             "num_steps": 4,
             "adjust_scheduler": False,

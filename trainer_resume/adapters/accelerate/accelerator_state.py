@@ -5,8 +5,8 @@ Inside ``with accelerator.accumulate(model)`` Accelerate counts micro-steps in
 optimizer (``GradientState.sync_gradients``). A pause inside an accumulation window
 must keep both, or the resumed window ends at another micro-step (the scheduler then
 ends off by one). The gradients accumulated so far are saved by the trainer mixin for
-every resume object, as at any pause; they are each process's own, so a state taken
-inside a window is refused on another number of processes.
+every resume object, as at any pause (each process's own: a pause inside a window is
+refused on another number of processes).
 
 Accelerate internals used (accelerate 1.15): ``Accelerator.step`` (set back on resume),
 ``GradientState.plugin_kwargs`` (``sync_each_batch``), ``GradientState.num_steps``,
@@ -24,7 +24,7 @@ from ...state import AcceleratorStepSettings, AcceleratorStepState
 __all__ = ["ACCELERATOR_FORMAT", "AcceleratorResumeState", "accelerator_state"]
 
 ACCELERATOR_FORMAT = "trainer_resume.accelerate/1"
-_KEYS = ("format", "step", "sync_gradients", "num_processes", "settings")
+_KEYS = ("format", "step", "sync_gradients", "settings")
 _SETTING_HINTS = {
     "num_steps": "gradient_accumulation_steps",
     "adjust_scheduler": "GradientAccumulationPlugin(adjust_scheduler=...)",
@@ -64,7 +64,6 @@ class AcceleratorResumeState:
             "format": ACCELERATOR_FORMAT,
             "step": int(self.accelerator.step),
             "sync_gradients": bool(self.accelerator.sync_gradients),
-            "num_processes": int(self.accelerator.num_processes),
             "settings": self._settings(),
         }
 
@@ -72,9 +71,8 @@ class AcceleratorResumeState:
         """Check ``state`` completely against this Accelerator; changes nothing.
 
         Raises:
-            ResumeStateMismatchError: not a state of this kind, saved with other
-                gradient-accumulation settings (named, with the argument to change), or
-                inside an accumulation window on another number of processes.
+            ResumeStateMismatchError: not a state of this kind, or saved with other
+                gradient-accumulation settings (named, with the argument to change).
         """
         what = "the Accelerator's state"
         if not isinstance(state, Mapping) or sorted(state) != sorted(_KEYS):
@@ -92,11 +90,6 @@ class AcceleratorResumeState:
             raise ResumeStateMismatchError(
                 f"{what}['sync_gradients'] must be a bool, got {state['sync_gradients']!r}"
             )
-        processes = state["num_processes"]
-        if not _is_int(processes) or processes < 1:
-            raise ResumeStateMismatchError(
-                f"{what}['num_processes'] must be an int >= 1, got {processes!r}"
-            )
         saved = state["settings"]
         if not isinstance(saved, Mapping):
             raise ResumeStateMismatchError(f"{what}['settings'] must be a dict")
@@ -107,17 +100,6 @@ class AcceleratorResumeState:
                     f"paused and is {value!r} in this Accelerator; build it with "
                     f"{_SETTING_HINTS[name]} as in the paused run"
                 )
-        current = self.accelerator.num_processes
-        if processes != current and not state["sync_gradients"]:
-            # Each process accumulated its own gradients (no_sync): they add up to the
-            # window's update only on the same processes.
-            window = saved["num_steps"]
-            raise ResumeStateMismatchError(
-                f"the run paused inside a gradient accumulation window (micro-step "
-                f"{state['step'] % window} of {window}) on {processes} process(es), each holding "
-                f"its own gradients, which cannot be shared among {current}: resume it on "
-                f"{processes} process(es), or pause at a window's end to change their number"
-            )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Validate ``state`` completely, then set ``Accelerator.step`` and ``sync_gradients``."""
