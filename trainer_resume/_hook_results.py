@@ -60,8 +60,10 @@ def register_loader_hint(hint: LoaderHint) -> None:
     ``hint(loader)`` returns the sentence that names the fix for a loader its
     framework made (``"this is accelerate's DataLoaderShard; use
     trainer_resume.adapters.accelerate.prepare_loader"``), or ``None`` for any other
-    loader. The first hint that answers replaces the general fix. Registering the
-    same function twice has no effect.
+    loader. The first hint that answers replaces the general fix. A loader a hint
+    answers for is refused even when it has ``state_dict()`` / ``load_state_dict()``:
+    the adapter knows its framework's state does not bring it back to the same samples.
+    Registering the same function twice has no effect.
     """
     if not callable(hint):
         raise TypeError(f"a loader hint must be callable, got {type(hint).__name__}")
@@ -135,6 +137,11 @@ def check_loader(name: str, loader: Any, owner: str, holders: Mapping[str, Any])
         _refuse_stateless(where, reason, loader, holders, error)
     if is_library_loader(loader):
         return  # its state is plain data by construction, and resume() validates it
+    if _hint(loader) is not None:
+        # A wrapper whose own state resumes other samples (accelerate's DataLoaderShard
+        # over a StatefulDataLoader): its adapter's fix, not a silently different resume.
+        reason = "the state its framework gives it does not bring back the same samples"
+        _refuse_stateless(where, reason, loader, holders)
     if not declared_no_random_draws(loader):
         raise UnsupportedResumeConfigurationError(
             f"{where}, a loader from elsewhere: its state_dict() and load_state_dict() save its "
@@ -168,11 +175,14 @@ def _refuse_stateless(
         if replaced is not None
         else ""
     )
-    hint = next((text for text in (hint(loader) for hint in _HINTS) if text), None)
     error = UnsupportedResumeConfigurationError(
-        f"{where}, whose position cannot be saved ({reason}){wrapper}; {hint or _FIX}"
+        f"{where}, whose position cannot be saved ({reason}){wrapper}; {_hint(loader) or _FIX}"
     )
     raise error from cause
+
+
+def _hint(loader: Any) -> str | None:
+    return next((text for text in (hint(loader) for hint in _HINTS) if text), None)
 
 
 def _replaced_loader(loader: Any, holders: Mapping[str, Any]) -> tuple[str, Any] | None:

@@ -8,6 +8,9 @@
 - :func:`resume_objects`: a loop's prepared objects plus those two, for
   ``_resume_objects()``.
 
+Importing it also gives the refusal of a loader ``accelerator.prepare`` made (returned
+from ``_resume_loaders()``) a fix that names :func:`prepare_loader`.
+
 Requires ``accelerate`` 1.15 (``>=1.15,<1.16``): the adapter reads Accelerate internals
 (``GradientState._add_dataloader`` / ``_remove_dataloader`` and the
 ``end_of_dataloader`` / ``remainder`` it reads from a loader, ``Accelerator.step``,
@@ -45,6 +48,7 @@ from .accelerator_state import (  # noqa: E402
 )
 from .loader import PreparedLoader, prepare_loader  # noqa: E402
 from .objects import resume_objects  # noqa: E402
+from .wrappers import prepared_loader_hint  # noqa: E402  (registers the refusal's fix)
 
 __all__ = [
     "prepare_loader",
@@ -52,6 +56,7 @@ __all__ = [
     "accelerator_state",
     "AcceleratorResumeState",
     "resume_objects",
+    "prepared_loader_hint",
     "ACCELERATOR_FORMAT",
     "ACCELERATE_VERSIONS",
 ]

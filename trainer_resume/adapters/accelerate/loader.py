@@ -89,6 +89,12 @@ class PreparedLoader:
         """The epoch the next ``iter()`` reads (see ``ResumableDataLoader.epoch``)."""
         return self.loader.epoch
 
+    @property
+    def epoch_ended(self) -> bool:
+        """An epoch's last batch was just delivered (see ``ResumableDataLoader.epoch_ended``):
+        a pause requested now lands after the loop's epoch-end work."""
+        return self.loader.epoch_ended
+
     def __len__(self) -> int:
         return len(self.loader)
 
@@ -97,16 +103,15 @@ class PreparedLoader:
         self._begin()
         try:
             iterator = iter(loader)
-            epoch = loader.epoch
             while True:
                 try:
                     batch = next(iterator)
                 except StopIteration:
                     return
-                # Known without reading ahead: the loader's epoch moves on (a pass over an
-                # IterableDataset: once it has read past its end) and its iterator stops
-                # right after delivering the last batch, so the delivered position stays exact.
-                self.end_of_dataloader = loader.epoch != epoch or not iterator.alive
+                # Known as the last batch is delivered, without reading a batch ahead (a
+                # pass over an IterableDataset reads on to its end): the delivered
+                # position stays exact.
+                self.end_of_dataloader = loader.epoch_ended
                 if self.device is not None:
                     batch = send_to_device(batch, self.device, non_blocking=self.non_blocking)
                 yield batch

@@ -1,0 +1,95 @@
+"""A ResumableDataLoader passed through accelerator.prepare, or Accelerate's stateful loader, is
+refused when training starts, with the fix that names prepare_loader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from support.accelerate_loop import BATCH, NoisyDataset, fresh_accelerate_state
+from torch.utils.data import DataLoader
+
+import trainer_resume.adapters.accelerate  # noqa: F401  (registers the fix in the refusal)
+from trainer_resume import TrainingResumeMixin, training_step
+from trainer_resume.errors import UnsupportedResumeConfigurationError
+from trainer_resume.loaders import ResumableDataLoader
+
+FIX = (
+    "accelerator.prepare made it Accelerate's DataLoaderShard, which does not resume at the samples "
+    "it stopped at: "
+    "pass the ResumableDataLoader to trainer_resume.adapters.accelerate.prepare_loader(accelerator, "
+    "loader) instead of accelerator.prepare, and return what prepare_loader returns"
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate():
+    fresh_accelerate_state()
+    yield
+    fresh_accelerate_state()
+
+
+class PreparedByAccelerate(TrainingResumeMixin):
+    """The natural mistake: the resumable loader goes through accelerator.prepare."""
+
+    def __init__(self) -> None:
+        self.accelerator = Accelerator(cpu=True)
+        self.model = self.accelerator.prepare(torch.nn.Linear(6, 1))
+        self.resumable = ResumableDataLoader(NoisyDataset(), BATCH, shuffle=True, resumable=True)
+        self.loader = self.accelerator.prepare(self.resumable)
+        self._initialize_training_resume({"refusal": "accelerate"}, version="1")
+
+    def _resume_objects(self) -> dict[str, Any]:
+        return {"model": self.model}
+
+    def _resume_loaders(self) -> dict[str, Any]:
+        return {"train": self.loader}
+
+    @training_step
+    def step(self, batch: Any) -> None:
+        self.model(batch[0]).sum().backward()
+
+
+def test_a_resumable_loader_prepared_by_accelerate_is_refused_at_the_first_step_naming_prepare_loader():
+    trainer = PreparedByAccelerate()
+    before = {name: value.clone() for name, value in trainer.model.state_dict().items()}
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        trainer.step(next(iter(trainer.loader)))
+    assert caught.value.code == 332
+    assert caught.value.detail == (
+        "PreparedByAccelerate._resume_loaders() returns 'train', a "
+        "accelerate.data_loader.DataLoaderShard, whose position cannot be saved (its state_dict() "
+        "raised AttributeError: 'DataLoader' object has no attribute 'dl_state_dict'); it replaced "
+        f"the resumable loader self.resumable (ResumableDataLoader) by its own wrapper; {FIX}"
+    )
+    assert trainer.model.weight.grad is None  # refused before the step ran
+    assert all(
+        torch.equal(before[name], value) for name, value in trainer.model.state_dict().items()
+    )
+
+
+class StatefulByAccelerate(PreparedByAccelerate):
+    """Accelerate's own stateful loader: it has a state, which resumes other samples."""
+
+    def __init__(self) -> None:
+        self.accelerator = Accelerator(
+            cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)
+        )
+        self.model = self.accelerator.prepare(torch.nn.Linear(6, 1))
+        self.loader = self.accelerator.prepare(
+            DataLoader(NoisyDataset(), batch_size=BATCH, shuffle=True)
+        )
+        self._initialize_training_resume({"refusal": "accelerate"}, version="1")
+
+
+def test_accelerates_stateful_loader_is_refused_too_though_it_has_a_state():
+    trainer = StatefulByAccelerate()
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        trainer.step(next(iter(trainer.loader)))
+    assert caught.value.detail == (
+        "StatefulByAccelerate._resume_loaders() returns 'train', a "
+        "accelerate.data_loader.DataLoaderShard, whose position cannot be saved (the state its "
+        f"framework gives it does not bring back the same samples); {FIX}"
+    )
