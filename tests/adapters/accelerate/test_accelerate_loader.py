@@ -218,3 +218,10 @@ def test_a_loader_sharded_by_itself_is_kept_as_it_is():
     sampler = InfiniteRandomSampler(dataset, resumable=True)
     loader = ResumableDataLoader(dataset, batch_size=BATCH, sampler=sampler, resumable=True)
     assert prepare_loader(accelerator, loader).loader is loader
+
+
+def test_the_prepared_loader_says_when_its_epoch_ended():
+    # What the trainer reads to land a pause requested on an epoch's last batch after
+    # the loop's epoch-end work.
+    prepared = prepare_loader(Accelerator(cpu=True), _resumable())
+    assert [prepared.epoch_ended for _ in prepared] == [False] * 9 + [True]
