@@ -241,10 +241,11 @@ def prepare_loader(accelerator: Any, loader: ResumableDataLoader) -> PreparedLoa
     would shard it a second time. Other loaders (stateful samplers, ``IterableDataset``)
     are kept as they are in one process and refused with several.
 
-    With several processes, process 0's loader state (its augmentation seed and its
-    sampler generator's state) is loaded into every process's loader once, here: Accelerate
-    copies process 0's sampler generator at every epoch's start, and every later epoch
-    follows from the copied state alike on every process.
+    With several processes, call it on every process, in the same order as
+    ``accelerator.prepare``: process 0's loader state (its augmentation seed and its
+    sampler generator's state) is broadcast and loaded into every process's loader,
+    once. Accelerate copies process 0's sampler generator at every epoch's start;
+    here every later epoch follows from the copied state alike on every process.
 
     Args:
         accelerator: The ``accelerate.Accelerator``.
