@@ -106,9 +106,31 @@ def check_resume_objects(objects: Mapping[str, Any], owner: str) -> None:
 def check_resume_loaders(
     loaders: Mapping[str, Any], owner: str, holders: Mapping[str, Any]
 ) -> None:
-    """Check every loader ``_resume_loaders()`` returns (see :func:`check_loader`)."""
+    """Check every loader ``_resume_loaders()`` returns (see :func:`check_loader`), and
+    refuse a framework's wrapper the trainer holds over a returned loader's dataset.
+
+    The wrapper (``accelerator.prepare(loader)``) is then what the loop iterates: the
+    returned loader never moves, so its saved position would restart the epoch.
+
+    Raises:
+        UnsupportedResumeConfigurationError: as :func:`check_loader`, or naming the
+            wrapper, the loader it shadows and the fix a hint gives (332).
+    """
     for name, loader in loaders.items():
         check_loader(name, loader, owner, holders)
+    returned = {id(loader) for loader in loaders.values()}
+    for label, value in holders.items():
+        hint = None if id(value) in returned else _hint(value)
+        if hint is None:
+            continue
+        dataset = getattr(value, "dataset", None)
+        for name, loader in loaders.items():
+            if dataset is not None and getattr(loader, "dataset", None) is dataset:
+                raise UnsupportedResumeConfigurationError(
+                    f"{owner}.{label}, a {_type_name(value)}, reads the dataset of the loader "
+                    f"{name!r} that {owner}._resume_loaders() returns: the loop's batches come from "
+                    f"the wrapper, whose position is not saved, and {name!r} never moves; {hint}"
+                )
 
 
 def check_loader(name: str, loader: Any, owner: str, holders: Mapping[str, Any]) -> None:

@@ -93,3 +93,21 @@ def test_accelerates_stateful_loader_is_refused_too_though_it_has_a_state():
         "accelerate.data_loader.DataLoaderShard, whose position cannot be saved (the state its "
         f"framework gives it does not bring back the same samples); {FIX}"
     )
+
+
+class ReturnsTheOriginal(PreparedByAccelerate):
+    """The other natural mistake: the loop iterates the prepared loader, the hook returns the original."""
+
+    def _resume_loaders(self) -> dict[str, Any]:
+        return {"train": self.resumable}
+
+
+def test_returning_the_original_loader_while_iterating_accelerates_is_refused():
+    trainer = ReturnsTheOriginal()
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        trainer.step(next(iter(trainer.loader)))
+    assert caught.value.detail == (
+        "ReturnsTheOriginal.loader, a accelerate.data_loader.DataLoaderShard, reads the dataset of "
+        "the loader 'train' that ReturnsTheOriginal._resume_loaders() returns: the loop's batches "
+        f"come from the wrapper, whose position is not saved, and 'train' never moves; {FIX}"
+    )
