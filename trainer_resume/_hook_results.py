@@ -127,7 +127,7 @@ def check_resume_loaders(
         for name, loader in loaders.items():
             if dataset is not None and getattr(loader, "dataset", None) is dataset:
                 raise UnsupportedResumeConfigurationError(
-                    f"{owner}.{label}, a {_type_name(value)}, reads the dataset of the loader "
+                    f"{owner}.{label} ({_type_name(value)}) reads the dataset of the loader "
                     f"{name!r} that {owner}._resume_loaders() returns: the loop's batches come from "
                     f"the wrapper, whose position is not saved, and {name!r} never moves; {hint}"
                 )

@@ -59,8 +59,8 @@ def test_a_resumable_loader_prepared_by_accelerate_is_refused_at_the_first_step_
         trainer.step(next(iter(trainer.loader)))
     assert caught.value.code == 332
     assert caught.value.detail == (
-        "PreparedByAccelerate._resume_loaders() returns 'train', a "
-        "accelerate.data_loader.DataLoaderShard, whose position cannot be saved (its state_dict() "
+        "PreparedByAccelerate._resume_loaders() returns 'train' "
+        "(accelerate.data_loader.DataLoaderShard), whose position cannot be saved (its state_dict() "
         "raised AttributeError: 'DataLoader' object has no attribute 'dl_state_dict'); it replaced "
         f"the resumable loader self.resumable (ResumableDataLoader) by its own wrapper; {FIX}"
     )
@@ -89,8 +89,8 @@ def test_accelerates_stateful_loader_is_refused_too_though_it_has_a_state():
     with pytest.raises(UnsupportedResumeConfigurationError) as caught:
         trainer.step(next(iter(trainer.loader)))
     assert caught.value.detail == (
-        "StatefulByAccelerate._resume_loaders() returns 'train', a "
-        "accelerate.data_loader.DataLoaderShard, whose position cannot be saved (the state its "
+        "StatefulByAccelerate._resume_loaders() returns 'train' "
+        "(accelerate.data_loader.DataLoaderShard), whose position cannot be saved (the state its "
         f"framework gives it does not bring back the same samples); {FIX}"
     )
 
@@ -107,7 +107,7 @@ def test_returning_the_original_loader_while_iterating_accelerates_is_refused():
     with pytest.raises(UnsupportedResumeConfigurationError) as caught:
         trainer.step(next(iter(trainer.loader)))
     assert caught.value.detail == (
-        "ReturnsTheOriginal.loader, a accelerate.data_loader.DataLoaderShard, reads the dataset of "
+        "ReturnsTheOriginal.loader (accelerate.data_loader.DataLoaderShard) reads the dataset of "
         "the loader 'train' that ReturnsTheOriginal._resume_loaders() returns: the loop's batches "
         f"come from the wrapper, whose position is not saved, and 'train' never moves; {FIX}"
     )
