@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import ResumeStateMismatchError
-from ...state import AcceleratorStepSettings, AcceleratorStepState
+from ...state import AcceleratorStepSettings, AcceleratorStepState, is_int
 
 __all__ = ["ACCELERATOR_FORMAT", "AcceleratorResumeState", "accelerator_state"]
 
@@ -31,10 +31,6 @@ _SETTING_HINTS = {
     "sync_with_dataloader": "GradientAccumulationPlugin(sync_with_dataloader=...)",
     "sync_each_batch": "GradientAccumulationPlugin(sync_each_batch=...)",
 }
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class AcceleratorResumeState:
@@ -82,7 +78,7 @@ class AcceleratorResumeState:
             raise ResumeStateMismatchError(
                 f"{what} has format {state['format']!r}, expected {ACCELERATOR_FORMAT!r}"
             )
-        if not _is_int(state["step"]) or state["step"] < 0:
+        if not is_int(state["step"]) or state["step"] < 0:
             raise ResumeStateMismatchError(
                 f"{what}['step'] must be an int >= 0, got {state['step']!r}"
             )
