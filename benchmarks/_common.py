@@ -85,6 +85,43 @@ def max_weight_difference(expected: Path, got: Path) -> float:
     )
 
 
+def report_framework_resume(
+    name: str, title: str, step: str, methods: dict[str, Any], **summary: Any
+) -> Path:
+    """Print and write a framework's own resume beside the adapter's (benchmarks/_report.py's
+    ``FrameworkResume`` layout: ``summary`` holds ``parameters``, ``steps``,
+    ``interrupted_after``, ``repeats``).
+
+    Args:
+        step: What the steps count, in the table's header ("step", "micro-step").
+    """
+    print_table(
+        title,
+        [
+            "method",
+            "pause s",
+            "resume s (to first batch)",
+            f"first differing {step}",
+            "max weight difference",
+            "bit-identical",
+        ],
+        [
+            [
+                result["label"],
+                f"{result['median_pause_s']:.3f}",
+                f"{result['median_resume_s']:.3f}",
+                "none"
+                if result["first_differing_step"] is None
+                else result["first_differing_step"],
+                f"{result['max_weight_difference']:.3g}",
+                "yes" if result["identical"] else "no",
+            ]
+            for result in methods.values()
+        ],
+    )
+    return write_json(name, {**summary, "methods": methods})
+
+
 def write_json(name: str, payload: dict[str, Any]) -> Path:
     """Write ``payload`` (plus the environment) to ``benchmarks/out/<name>.json``."""
     OUT.mkdir(parents=True, exist_ok=True)

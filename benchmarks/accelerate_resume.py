@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import max_weight_difference, print_table, write_json
+from benchmarks._common import max_weight_difference, report_framework_resume
 
 SAMPLES, BATCH, EPOCHS, ACCUMULATION, FEATURES = 200, 8, 2, 4, 64  # 25 batches per epoch
 INTERRUPT_AT = 30  # epoch 2, its 5th micro-step: the first of a window, gradients held
@@ -241,42 +241,18 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     parameters = _parameter_count(width, layers)
     total = len(reference["losses"])
-    print_table(
+    report_framework_resume(
+        "accelerate_resume",
         f"Accelerate loop, {parameters / 1e6:.1f}M parameters, bf16, accumulation {ACCUMULATION}, "
         f"{total} micro-steps, interrupted after micro-step {INTERRUPT_AT} (inside a window); "
         f"medians of {repeats}",
-        [
-            "method",
-            "pause s",
-            "resume s (to first batch)",
-            "first differing micro-step",
-            "max weight difference",
-            "bit-identical",
-        ],
-        [
-            [
-                result["label"],
-                f"{result['median_pause_s']:.3f}",
-                f"{result['median_resume_s']:.3f}",
-                "none"
-                if result["first_differing_step"] is None
-                else result["first_differing_step"],
-                f"{result['max_weight_difference']:.3g}",
-                "yes" if result["identical"] else "no",
-            ]
-            for result in methods.values()
-        ],
-    )
-    write_json(
-        "accelerate_resume",
-        {
-            "parameters": parameters,
-            "steps": total,  # micro-steps
-            "interrupted_after": INTERRUPT_AT,
-            "accumulation": ACCUMULATION,
-            "repeats": repeats,
-            "methods": methods,
-        },
+        "micro-step",
+        methods,
+        parameters=parameters,
+        steps=total,  # micro-steps
+        interrupted_after=INTERRUPT_AT,
+        accumulation=ACCUMULATION,
+        repeats=repeats,
     )
     return 0
 

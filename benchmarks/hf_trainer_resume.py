@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import max_weight_difference, print_table, write_json
+from benchmarks._common import max_weight_difference, report_framework_resume
 
 BATCHES, BATCH, LENGTH, EPOCHS, ACCUMULATION, WORKERS = 12, 8, 32, 2, 2, 2
 INTERRUPT_AT = 4  # the optimizer step after which both resume: mid-epoch, batch 8 of 12
@@ -268,42 +268,18 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     parameters = _parameters(SIZES[size])
     steps = EPOCHS * BATCHES // ACCUMULATION
-    print_table(
+    report_framework_resume(
+        "hf_trainer_resume",
         f"Hugging Face Trainer, BertForMaskedLM {parameters / 1e6:.2f}M parameters, MLM collator, "
         f"{WORKERS} workers, accumulation {ACCUMULATION}, {steps} steps, resumed after step "
         f"{INTERRUPT_AT} (mid-epoch); medians of {repeats}",
-        [
-            "method",
-            "pause s",
-            "resume s (to first batch)",
-            "first differing step",
-            "max weight difference",
-            "bit-identical",
-        ],
-        [
-            [
-                result["label"],
-                f"{result['median_pause_s']:.3f}",
-                f"{result['median_resume_s']:.3f}",
-                "none"
-                if result["first_differing_step"] is None
-                else result["first_differing_step"],
-                f"{result['max_weight_difference']:.3g}",
-                "yes" if result["identical"] else "no",
-            ]
-            for result in methods.values()
-        ],
-    )
-    write_json(
-        "hf_trainer_resume",
-        {
-            "parameters": parameters,
-            "steps": steps,
-            "interrupted_after": INTERRUPT_AT,
-            "accumulation": ACCUMULATION,
-            "repeats": repeats,
-            "methods": methods,
-        },
+        "step",
+        methods,
+        parameters=parameters,
+        steps=steps,
+        interrupted_after=INTERRUPT_AT,
+        accumulation=ACCUMULATION,
+        repeats=repeats,
     )
     return 0
 

@@ -20,28 +20,20 @@ Requires ``accelerate`` 1.15 (``>=1.15,<1.16``): the adapter reads Accelerate in
 
 from __future__ import annotations
 
+from .._release import tested_release
+
 ACCELERATE_VERSIONS = (">=1.15", "<1.16")  # the tested range, as in the extra
 
-try:
-    import accelerate as _accelerate
-except ImportError as _exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "trainer_resume.adapters.accelerate needs accelerate 1.15: "
-        "pip install 'trainer-resume[accelerate]'"
-    ) from _exc
+tested_release(
+    "accelerate",
+    adapter="accelerate",
+    extra="accelerate",
+    tested="1.15",
+    below="1.16",
+    reads="it reads Accelerate internals (GradientState's loader registration, Accelerator.step)",
+)
 
-# packaging comes with accelerate, so it is imported once accelerate is known present.
-from packaging.version import Version as _Version  # noqa: E402
-
-if not _Version("1.15") <= _Version(_accelerate.__version__) < _Version("1.16"):
-    raise ImportError(
-        f"trainer_resume.adapters.accelerate is tested with accelerate 1.15 and found "
-        f"{_accelerate.__version__}: it reads Accelerate internals (GradientState's loader "
-        "registration, Accelerator.step) that other releases may change; install "
-        "'accelerate>=1.15,<1.16'"
-    )
-
-from .accelerator_state import (  # noqa: E402
+from .accelerator_state import (  # noqa: E402 (after the release check)
     ACCELERATOR_FORMAT,
     AcceleratorResumeState,
     accelerator_state,

@@ -12,26 +12,21 @@ Trainer internals (named in :mod:`trainer_resume.adapters.transformers.trainer` 
 
 from __future__ import annotations
 
+from .._release import tested_release
+
 TRANSFORMERS_VERSIONS = (">=5.24", "<5.25")  # the tested range, as in the extra
 
-try:
-    import transformers as _transformers
-except ImportError as _exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "trainer_resume.adapters.transformers needs transformers 5.24: "
-        "pip install 'trainer-resume[transformers]'"
-    ) from _exc
-
-# packaging comes with transformers, so it is imported once transformers is known present.
-from packaging.version import Version as _Version  # noqa: E402
-
-if not _Version("5.24") <= _Version(_transformers.__version__) < _Version("5.25"):
-    raise ImportError(
-        f"trainer_resume.adapters.transformers is tested with transformers 5.24 and found "
-        f"{_transformers.__version__}: it overrides Trainer internals (_run_epoch, "
-        "_maybe_log_save_evaluate, _init_training_state and the loss bookkeeping) that other "
-        "releases may change; install 'transformers>=5.24,<5.25'"
-    )
+tested_release(
+    "transformers",
+    adapter="transformers",
+    extra="transformers",
+    tested="5.24",
+    below="5.25",
+    reads=(
+        "it overrides Trainer internals (_run_epoch, _maybe_log_save_evaluate, "
+        "_init_training_state and the loss bookkeeping)"
+    ),
+)
 
 from .trainer import ResumableTrainer  # noqa: E402
 
