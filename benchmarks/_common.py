@@ -85,6 +85,26 @@ def max_weight_difference(expected: Path, got: Path) -> float:
     )
 
 
+def framework_resume_result(
+    label: str,
+    pause_s: list[float],
+    resume_s: list[float],
+    first_differing_step: int | None,
+    max_weight_difference: float,
+) -> dict[str, Any]:
+    """One method's entry in a framework resume comparison (see :func:`report_framework_resume`)."""
+    return {
+        "label": label,
+        "pause_s": pause_s,
+        "median_pause_s": statistics.median(pause_s),
+        "resume_s": resume_s,
+        "median_resume_s": statistics.median(resume_s),
+        "first_differing_step": first_differing_step,
+        "max_weight_difference": max_weight_difference,
+        "identical": first_differing_step is None and max_weight_difference == 0.0,
+    }
+
+
 def report_framework_resume(
     name: str, title: str, step: str, methods: dict[str, Any], **summary: Any
 ) -> Path:

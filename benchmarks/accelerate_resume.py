@@ -34,7 +34,6 @@ import json
 import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import max_weight_difference, report_framework_resume
+from benchmarks._common import (
+    framework_resume_result,
+    max_weight_difference,
+    report_framework_resume,
+)
 
 SAMPLES, BATCH, EPOCHS, ACCUMULATION, FEATURES = 200, 8, 2, 4, 64  # 25 batches per epoch
 INTERRUPT_AT = 30  # epoch 2, its 5th micro-step: the first of a window, gradients held
@@ -226,17 +229,13 @@ def main(argv: list[str] | None = None) -> int:
             weights = max_weight_difference(
                 Path(f"{path}.reference-weights.pt"), Path(f"{path}.resume-weights.pt")
             )
-            methods[method] = {
-                "label": METHODS[method],
-                "pause_s": paused["pause_s"],
-                "median_pause_s": statistics.median(paused["pause_s"]),
-                "resume_s": [run["resume_s"] for run in resumes],
-                "median_resume_s": statistics.median(run["resume_s"] for run in resumes),
-                "first_differing_step": first,
-                "max_weight_difference": weights,
-                "identical": first is None and weights == 0.0,
-                "resumed_steps": len(losses),
-            }
+            methods[method] = framework_resume_result(
+                METHODS[method],
+                paused["pause_s"],
+                [run["resume_s"] for run in resumes],
+                first,
+                weights,
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     parameters = _parameter_count(width, layers)

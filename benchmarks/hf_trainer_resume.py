@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import max_weight_difference, report_framework_resume
+from benchmarks._common import (
+    framework_resume_result,
+    max_weight_difference,
+    report_framework_resume,
+)
 
 BATCHES, BATCH, LENGTH, EPOCHS, ACCUMULATION, WORKERS = 12, 8, 32, 2, 2, 2
 INTERRUPT_AT = 4  # the optimizer step after which both resume: mid-epoch, batch 8 of 12
@@ -254,16 +257,13 @@ def main(argv: list[str] | None = None) -> int:
                 folder / "reference" / "reference-weights.pt",
                 folder / "resume-0" / "resume-weights.pt",
             )
-            methods[method] = {
-                "label": METHODS[method],
-                "pause_s": paused["pause_s"],
-                "median_pause_s": statistics.median(paused["pause_s"]),
-                "resume_s": [result["resume_s"] for result in resumes],
-                "median_resume_s": statistics.median(result["resume_s"] for result in resumes),
-                "first_differing_step": first,
-                "max_weight_difference": weights,
-                "identical": first is None and weights == 0.0,
-            }
+            methods[method] = framework_resume_result(
+                METHODS[method],
+                paused["pause_s"],
+                [result["resume_s"] for result in resumes],
+                first,
+                weights,
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     parameters = _parameters(SIZES[size])
