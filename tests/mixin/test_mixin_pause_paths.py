@@ -118,6 +118,18 @@ def test_a_signal_before_any_training_step_is_warned_about_at_once(tmp_path: Pat
     assert trainer.pause_requested and not trainer.paused
 
 
+def test_the_signal_watcher_ends_with_the_handlers_and_holds_no_trainer(tmp_path: Path) -> None:
+    # A watcher still running at interpreter exit would drop the last references to the
+    # trainer's objects there: a native library freed with them (a DALI pipeline) aborts.
+    trainer = TinyTrainer()
+    with trainer.pause_on_signal(tmp_path / "pause.ckpt", warn_without_step_after=600) as handle:
+        watcher = handle._watcher
+        assert watcher is not None and watcher.is_alive()
+        assert not any(handle is argument for argument in watcher._args)
+    assert not watcher.is_alive()
+    assert trainer.pause_requested is False
+
+
 def test_a_request_from_another_thread_before_any_training_step_is_warned_about(
     tmp_path: Path,
 ) -> None:

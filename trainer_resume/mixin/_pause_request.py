@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from types import FrameType, TracebackType
 
@@ -51,29 +52,26 @@ class SignalPause:
         self._guard = guard
         install_handlers(self.signals, self._handle, self.previous)
         self._watcher: threading.Thread | None = None
+        self._stop_watching = threading.Event()
         if warn_without_step_after is not None:
             # A thread, not the handler, warns: a handler may interrupt the main thread
-            # inside a write to stderr or a lock that warnings.warn would take.
+            # inside a write to stderr or a lock that warnings.warn would take. It holds
+            # this object weakly: a daemon thread that dropped the last reference to the
+            # trainer's objects would free them during interpreter shutdown, which aborts
+            # the process when a native library (a DALI pipeline, CUDA) frees with them.
             self._watcher = threading.Thread(
-                target=self._watch,
-                args=(trainer_name, guard.landings, warn_without_step_after),
+                target=_watch,
+                args=(
+                    weakref.ref(self),
+                    self._stop_watching,
+                    trainer_name,
+                    guard.landings,
+                    warn_without_step_after,
+                ),
                 name="trainer-resume-signal-watch",
                 daemon=True,
             )
             self._watcher.start()
-
-    def _watch(self, trainer_name: str, landings: int, seconds: float) -> None:
-        # Polls plain attributes (the handler stores them without a lock) until a step
-        # starts, the handlers are restored, a signal arrives or the time is up.
-        deadline = time.monotonic() + seconds
-        while self.active and self._guard.landings == landings:
-            if self.received is not None:
-                warn_request_without_step(trainer_name, f"signal {self.received.name}")
-                return
-            if time.monotonic() >= deadline:
-                warn_if_no_step(trainer_name, self._guard, landings, seconds)
-                return
-            time.sleep(_WATCH_INTERVAL_S)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Attribute stores only: the handler may interrupt the main thread anywhere,
@@ -85,6 +83,10 @@ class SignalPause:
         """Put back the handlers that were installed before (idempotent)."""
         restore_handlers(self.previous)
         self.previous.clear()
+        self._stop_watching.set()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join()  # it wakes at once: no thread outlives the handlers
 
     @property
     def active(self) -> bool:
@@ -100,3 +102,29 @@ class SignalPause:
         traceback: TracebackType | None,
     ) -> None:
         self.restore()
+
+
+def _watch(
+    ref: weakref.ref[SignalPause],
+    stop: threading.Event,
+    trainer_name: str,
+    landings: int,
+    seconds: float,
+) -> None:
+    # Polls plain attributes (the handler stores them without a lock) until a step
+    # starts, the handlers are restored, a signal arrives or the time is up; holds the
+    # SignalPause only while it looks.
+    deadline = time.monotonic() + seconds
+    while not stop.wait(_WATCH_INTERVAL_S):
+        pause = ref()
+        if pause is None or not pause.active or pause._guard.landings != landings:
+            return
+        received, guard = pause.received, pause._guard
+        del pause
+        if received is not None:
+            warn_request_without_step(trainer_name, f"signal {received.name}")
+            return
+        if time.monotonic() >= deadline:
+            warn_if_no_step(trainer_name, guard, landings, seconds)
+            return
+        del guard

@@ -10,6 +10,7 @@ run (new processes and real signals: test_hf_trainer_resume.py).
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from support.hf_runs import build, run_record, variant
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+import trainer_resume.resume_points as resume_points_module
 from trainer_resume import ResumePoints, load_checkpoint, run_finished, save_checkpoint
 from trainer_resume.difference import first_difference
 from trainer_resume.errors import (
@@ -182,13 +184,25 @@ def test_a_resume_with_other_training_arguments_is_refused_naming_the_argument(
 
 
 def test_after_a_crash_train_continues_from_the_newest_resume_point(
-    tmp_path: Path, reference: dict[str, Any]
+    tmp_path: Path, reference: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Slow writes: the point of step 8 is still being written when step 9 crashes, and
+    # train() lets it finish before the exception leaves it. (Step 6 ends the epoch: its
+    # point is taken at step 7.)
+    write = resume_points_module.save_checkpoint
+
+    def slow_write(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.3)
+        write(*args, **kwargs)
+
+    monkeypatch.setattr(resume_points_module, "save_checkpoint", slow_write)
     folder = tmp_path / "run"
     points = {"pause_path": folder / "points" / "pause.ckpt"}
 
     def with_points(*callbacks: TrainerCallback) -> Any:
-        options = {**points, "resume_points": ResumePoints(folder / "points", every_steps=2)}
+        # "wait": every scheduled point is written, however slow (none is skipped).
+        every_two = ResumePoints(folder / "points", every_steps=2, when_busy="wait")
+        options = {**points, "resume_points": every_two}
         trainer = build(folder, SMALL, trainer_options={**options, "callbacks": list(callbacks)})
         trainer.train()
         return trainer

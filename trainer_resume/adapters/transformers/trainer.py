@@ -219,6 +219,8 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
             self._landing = None
             if self._train_loader is not None:  # its workers stop; its position stays
                 self._train_loader.loader.close()
+            if self._points is not None:  # returned or raised: the newest point is on disk
+                self._points.wait()
         if not self.paused:
             self.finish(self.pause_path)
         return output
