@@ -18,8 +18,13 @@ import torch
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
 warnings.filterwarnings("ignore", message="A newer version of litdata")
 
+import litdata.streaming.dataset  # noqa: E402
 from litdata import StreamingDataset  # noqa: E402
 from litdata.streaming import Cache  # noqa: E402
+
+# 0.2.44 has no switch: its check (an HTTP request with a 30 s timeout) is replaced, so
+# no test waits on the network.
+litdata.streaming.dataset._check_version_and_prompt_upgrade = lambda version: None
 
 from support.streaming_runs import SAMPLES, augment, resumable_loader, resume_main  # noqa: E402
 from trainer_resume.loaders import ResumableDataLoader  # noqa: E402
