@@ -46,7 +46,7 @@ _STATE_FUNCTIONS = {
     "to_cpu",
     "check_saveable",
     "random_state",
-    "_pause_checkpoint",
+    "pause_checkpoint",
     "cpu_state",
 }
 

@@ -20,10 +20,10 @@ from support.example_trainers import (
     snapshot,
 )
 
-from trainer_resume import mixin
 from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import ConfigSignatureMismatchError, LoaderStateError
 from trainer_resume.example import ExampleTrainer, default_config, run_training
+from trainer_resume.mixin import _resume
 from trainer_resume.testing import (
     assert_training_resume,
     first_difference,
@@ -225,13 +225,13 @@ def test_grad_scaler_is_restored_through_restore_grad_scaler_state_with_the_opti
     paused_example, monkeypatch
 ):
     calls = []
-    real = mixin.restore_grad_scaler_state
+    real = _resume.restore_grad_scaler_state
 
     def recording(scaler, state, optimizers):
         calls.append((scaler, state["scale"], list(optimizers)))
         real(scaler, state, optimizers)
 
-    monkeypatch.setattr(mixin, "restore_grad_scaler_state", recording)
+    monkeypatch.setattr(_resume, "restore_grad_scaler_state", recording)
     trainer = ExampleTrainer(small_config())
     try:
         trainer.resume(paused_example)

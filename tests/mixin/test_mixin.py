@@ -18,7 +18,6 @@ from support.trainers import (
     snapshot_tiny,
 )
 
-from trainer_resume import mixin as mixin_module
 from trainer_resume.durable import load_checkpoint
 from trainer_resume.errors import (
     CheckpointWriteError,
@@ -26,7 +25,7 @@ from trainer_resume.errors import (
     TrainerLockedError,
     TrainingPausedError,
 )
-from trainer_resume.mixin import TrainingResumeMixin, training_step
+from trainer_resume.mixin import TrainingResumeMixin, _setup, training_step
 from trainer_resume.testing import assert_training_resume, first_difference
 
 
@@ -348,10 +347,10 @@ def test_collective_trainers_get_the_boundary_hook_after_every_step(
         _pause_check_every_step = every_step
 
     boundaries = []
-    check = mixin_module._pause_at_step_boundary
+    check = _setup.pause_at_step_boundary  # the boundary check each new guard is given
     monkeypatch.setattr(
-        mixin_module,
-        "_pause_at_step_boundary",
+        _setup,
+        "pause_at_step_boundary",
         lambda trainer: boundaries.append(trainer) or check(trainer),
     )
     trainer = Collective()

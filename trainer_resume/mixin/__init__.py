@@ -6,103 +6,36 @@ version=...)`` in its ``__init__``, decorates its outermost step with
 optimizer, scheduler, GradScaler...) and ``_resume_loaders()``. ``pause(path)``
 writes everything an exact continuation needs; ``resume(path)`` in a fresh trainer
 (in a fresh process) continues bit-identically.
+
+This module holds the class: its public guards and documented hooks. The paths
+behind the guards live in the private modules beside it (see ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, Protocol
 
-import torch
-
-from .. import distributed as _distributed
-from .._atomic import make_parent_directory
-from .._hook_results import is_library_loader
-from .._pause_checks import (
-    check_layout,
-    check_names,
-    check_random_state,
-    check_saveable,
-    object_states,
-    to_cpu,
-)
-from .._state_match import check_object_states
-from ..amp import restore_grad_scaler_state
-from ..durable import load_checkpoint, save_checkpoint, validate_key
-from ..errors import (
-    ConfigSignatureMismatchError,
-    PauseBlockedError,
-    ResumeStateMismatchError,
-    TrainerLockedError,
-    UnsupportedResumeConfigurationError,
-    VersionMismatchError,
-)
-from ..finished import finished_marker_path, mark_finished, refuse_if_finished
+from ..durable import load_checkpoint, save_checkpoint
 from ..resume_points import ResumePoint, ResumePoints
-from ..rng import restore_random_state
-from ..sharded.detect import (
-    SHARDED_STATE,
-    ShardedObjects,
-    refuse_dtensors,
-    refuse_unreduced_gradients,
-    sharded_objects,
-)
-from ..sharded.manifest import is_pause_directory
-from ..signature import canonical_config, config_difference, config_signature
-from ..state import GRADIENTS_KEY, PAUSE_FORMAT, PauseCheckpoint, StrPath
-from ._boundary import boundary_loader_states, boundary_random_state, record_boundary, rng_device
-from ._gradients import check_gradients, collect_gradients, restore_gradients
-from ._hook_audit import (
-    audit_trainer,
-    name_stale_iterators,
-    stale_iterators,
-    warn_request_without_step,
-)
-from ._latest import latest_to_resume
-from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause
-from ._step_guard import (
-    GUARD_ATTRIBUTE,
-    StepGuard,
-    guard_of,
-    serialized_training,
-    training_step,
-)
-from ._training_start import (
-    check_at_training_start,
-    check_hook_results,
-    restore_foreign_loaders,
-)
-
-if TYPE_CHECKING:
-    from ..sharded.read import ShardedPause
+from ..state import PauseCheckpoint, StrPath
+from ._finish import finish_run
+from ._landing import land_requested_pause, record_pause_request
+from ._pause import pause_to
+from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause, arm_signals, disarm_signals
+from ._points import choose_latest, take_checkpoint
+from ._resume import resume_from
+from ._settings import settings_of
+from ._setup import initialize
+from ._step_guard import guard_of, require_step_boundary, serialized_training, training_step
 
 __all__ = ["SignalPause", "Stateful", "TrainingResumeMixin", "serialized_training", "training_step"]
-
-_GRAD_SCALERS: tuple[type, ...] = (torch.amp.GradScaler,)
-if not issubclass(torch.cuda.amp.GradScaler, torch.amp.GradScaler):  # older torch: separate classes
-    _GRAD_SCALERS += (torch.cuda.amp.GradScaler,)
 
 
 class Stateful(Protocol):
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any) -> Any: ...
-
-
-class _Settings:
-    __slots__ = ("canonical", "key", "signature", "version")
-
-    def __init__(self, version: str, signature: str, canonical: Any, key: bytes | None) -> None:
-        self.version = version
-        self.signature = signature
-        self.canonical = canonical
-        self.key = key
-
-
-def _overrides(trainer: Any, hook: str) -> bool:
-    return getattr(type(trainer), hook) is not getattr(TrainingResumeMixin, hook)
 
 
 class TrainingResumeMixin:
@@ -154,44 +87,15 @@ class TrainingResumeMixin:
             TypeError, ValueError: ``version`` is not a non-empty str, or ``key`` is
                 not bytes of at least 16 (checked here, not at the first pause).
         """
-        if not isinstance(version, str) or not version:
-            raise TypeError(f"version must be a non-empty str, got {version!r}")
-        key = validate_key(key)
-        excluded = frozenset(excluded_attributes)
-        if isinstance(excluded_attributes, str) or not all(
-            isinstance(name, str) for name in excluded
-        ):
-            raise TypeError(
-                f"excluded_attributes must be attribute names, got {excluded_attributes!r}"
-            )
-        if resume_points is not None and not isinstance(resume_points, ResumePoints):
-            raise TypeError(
-                f"resume_points must be a ResumePoints, got {type(resume_points).__name__}"
-            )
-        canonical = canonical_config(config)
-        self.__dict__["_training_resume_settings"] = _Settings(
-            version, config_signature(config), canonical, key
+        initialize(
+            self,
+            config,
+            version=version,
+            key=key,
+            resume_points=resume_points,
+            excluded_attributes=excluded_attributes,
+            base=TrainingResumeMixin,
         )
-        if GUARD_ATTRIBUTE not in self.__dict__:
-            self.__dict__[GUARD_ATTRIBUTE] = StepGuard(_pause_at_step_boundary)
-        self.__dict__[GUARD_ATTRIBUTE].check_every_boundary = bool(self._pause_check_every_step)
-        if resume_points is not None:
-            resume_points.attach(self)
-        self.__dict__[GUARD_ATTRIBUTE].points = resume_points
-
-        def first_boundary(trainer: TrainingResumeMixin) -> Any:
-            # When training starts: the first micro-batch of a window shows where the
-            # gradients of a sharded model go, before any pause could need them.
-            try:
-                objects = trainer._resume_objects()
-            except Exception:  # noqa: BLE001 - pause() calls the same hook and reports it
-                objects = {}
-            refuse_unreduced_gradients(objects, sharded_objects(objects))
-            return audit_trainer(trainer, excluded, TrainingResumeMixin)
-
-        self.__dict__[GUARD_ATTRIBUTE].audit = first_boundary
-        self.__dict__[GUARD_ATTRIBUTE].start_check = check_at_training_start
-        record_boundary(self, self.__dict__[GUARD_ATTRIBUTE])
 
     # ------------------------------------------------------------ state flags
     @property
@@ -248,17 +152,20 @@ class TrainingResumeMixin:
 
     def _save_pause_checkpoint(self, checkpoint: PauseCheckpoint, path: StrPath) -> None:
         """Write the pause checkpoint durably (default: ``save_checkpoint``)."""
-        save_checkpoint(checkpoint, path, key=_settings(self, "pause()").key)
+        save_checkpoint(checkpoint, path, key=settings_of(self, "pause()").key)
 
     def _load_pause_checkpoint(self, path: StrPath) -> Any:
         """Read and verify a pause file (default: ``load_checkpoint``, weights-only)."""
-        return load_checkpoint(path, map_location="cpu", key=_settings(self, "resume()").key)
+        return load_checkpoint(path, map_location="cpu", key=settings_of(self, "resume()").key)
 
     # ----------------------------------------------------------------- guards
     # pause() and resume() are guards, not hooks: they take the training lock, refuse
     # at the wrong moment, validate everything before touching state and restore the
     # RNG last. An override that skipped one of these would turn a refused resume into
-    # a silently inexact one, so subclasses customise the hooks above instead.
+    # a silently inexact one, so subclasses customise the hooks above instead. The
+    # machinery behind the guards is module-level functions of the private modules, so
+    # a trainer's namespace holds only the documented hooks: a trainer with its own
+    # ``_restore`` or ``_pause_checkpoint`` method cannot replace a path by accident.
 
     def pause(self, path: StrPath) -> None:
         """Write a pause checkpoint at the current completed-step boundary and pause.
@@ -297,53 +204,8 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "pause()")
         with guard.exclusive():
-            _require_step_boundary(guard, "pause")
-            if guard.audit is not None:  # paused before the first step: check the hooks now
-                audit, guard.audit = guard.audit, None
-                guard.audit = audit(self)
-            # Under a process group every rank takes part in each collective below, so a
-            # refusal on one rank is announced to all before it is raised (none waits forever).
-            collective = _distributed.is_distributed()
-            try:
-                if guard.start_check is not None:  # before the first step, as that step would
-                    check_hook_results(self)
-                    guard.start_check = None
-                if guard.locked_reason is not None:
-                    raise TrainerLockedError(guard.locked_reason)
-                if guard.failed:
-                    raise PauseBlockedError(
-                        f"step {guard.completed_steps + 1} raised; run a step that succeeds first"
-                    )
-                sharded = sharded_objects(self._resume_objects())
-                refuse_unreduced_gradients(self._resume_objects(), sharded)
-                checkpoint = _pause_checkpoint(self, guard, sharded=sharded)
-            except Exception as error:
-                if collective:
-                    _distributed.announce_refusal(error, "pause()")
-                raise
-            if collective:
-                _distributed.agree(None, "pause()")
-            if sharded:
-                key = _settings(self, "pause()").key
-                from ..sharded.write import write_pause  # imports torch.distributed.checkpoint
-
-                write_pause(path, checkpoint, self._resume_objects(), sharded, key=key)
-            elif collective:
-                combined = _distributed.gather_pause(checkpoint)
-
-                def write() -> None:
-                    make_parent_directory(path)
-                    self._save_pause_checkpoint(combined, path)
-
-                _distributed.commit(write, os.fspath(path))
-            else:
-                make_parent_directory(path)
-                self._save_pause_checkpoint(checkpoint, path)
-            guard.paused = True
-            if guard.requested_path is not None and os.fspath(guard.requested_path) == os.fspath(
-                path
-            ):
-                guard.requested_path = None
+            require_step_boundary(guard, "pause")
+            pause_to(self, guard, path)
 
     def resume(self, path: StrPath) -> None:
         """Restore the trainer from a pause file and unpause it.
@@ -380,8 +242,8 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "resume()")
         with guard.exclusive():
-            _require_step_boundary(guard, "resume")
-            _resume_from(self, guard, path)
+            require_step_boundary(guard, "resume")
+            resume_from(self, guard, path, base=TrainingResumeMixin)
 
     def finish(self, path: StrPath) -> str:
         """Mark the run that pauses to ``path`` finished, once training is complete.
@@ -407,23 +269,8 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "finish()")
         with guard.exclusive():
-            _require_step_boundary(guard, "finish")
-            if guard.locked_reason is not None:
-                raise TrainerLockedError(guard.locked_reason)
-            key = _settings(self, "finish()").key
-            location = os.fspath(path)
-
-            def write() -> None:
-                make_parent_directory(location)
-                mark_finished(location, completed_steps=guard.completed_steps, key=key)
-                if guard.points is not None:  # the resume points retire with the pause file
-                    guard.points.retire(completed_steps=guard.completed_steps, key=key)
-
-            if _distributed.is_distributed():
-                _distributed.commit(write, location)
-            else:
-                write()
-            return finished_marker_path(location)
+            require_step_boundary(guard, "finish")
+            return finish_run(self, guard, path)
 
     def request_pause(self, path: StrPath) -> None:
         """Ask for a pause at the end of the running (or next) outermost training step.
@@ -437,11 +284,7 @@ class TrainingResumeMixin:
         ended, the pause lands one step later, after the loop's epoch-end work.
         """
         guard = guard_of(self, "request_pause()")
-        guard.requested_path = os.fspath(path)
-        # Only off the main thread: there a signal handler may be the caller, and it
-        # must not write (pause_on_signal's watcher warns for signals).
-        if not guard.landings and threading.current_thread() is not threading.main_thread():
-            warn_request_without_step(type(self).__name__, "request_pause() from another thread")
+        record_pause_request(self, guard, path)
 
     def pause_if_requested(self) -> bool:
         """Write a pending pause request now, between steps (e.g. in a loop that waits or evaluates).
@@ -454,11 +297,8 @@ class TrainingResumeMixin:
         """
         guard = guard_of(self, "pause_if_requested()")
         with guard.exclusive():
-            _require_step_boundary(guard, "pause_if_requested")
-            guard.landings += 1
-            if guard.requested_path is None and not _distributed.is_distributed():
-                return False
-            return _pause_at_step_boundary(self, step_end=False)
+            require_step_boundary(guard, "pause_if_requested")
+            return land_requested_pause(self, guard)
 
     def checkpoint(self) -> ResumePoint:
         """Take a resume point now, into the ``ResumePoints`` directory, and return its handle.
@@ -475,20 +315,7 @@ class TrainingResumeMixin:
             TrainerLockedError, PauseBlockedError: as for :meth:`pause`.
         """
         guard = guard_of(self, "checkpoint()")
-        points = _points_of(guard, "checkpoint()")
-        if guard.depth or _distributed.is_distributed():
-            return points.request()
-        with guard.exclusive():
-            if guard.locked_reason is not None:
-                raise TrainerLockedError(guard.locked_reason)
-            if guard.failed:
-                raise PauseBlockedError(
-                    f"step {guard.completed_steps + 1} raised; run a step that succeeds first"
-                )
-            key = _settings(self, "checkpoint()").key
-            return points.take(
-                guard.completed_steps, lambda copy: _pause_checkpoint(self, guard, copy), key=key
-            )
+        return take_checkpoint(self, guard)
 
     def resume_latest(self, directory: StrPath | None = None) -> str | None:
         """Resume from the newest complete, valid resume point or pause file in ``directory``.
@@ -515,19 +342,13 @@ class TrainingResumeMixin:
         the next valid one.
         """
         guard = guard_of(self, "resume_latest()")
-        if directory is None:
-            directory = _points_of(guard, "resume_latest() without a directory").directory
-        if guard.points is not None:
-            guard.points.wait()
-        key = _settings(self, "resume_latest()").key
-        # The file is read (and verified) once, to learn its step, and resumed from that read.
-        chosen = latest_to_resume(directory, key=key, load=self._load_pause_checkpoint)
+        chosen = choose_latest(self, guard, directory)
         if chosen is None:
             return None
         path, read = chosen
         with guard.exclusive():
-            _require_step_boundary(guard, "resume")
-            _resume_from(self, guard, path, read)
+            require_step_boundary(guard, "resume")
+            resume_from(self, guard, path, read, base=TrainingResumeMixin)
         return path
 
     def pause_on_signal(
@@ -562,318 +383,10 @@ class TrainingResumeMixin:
                 created (it is created when missing).
         """
         guard = guard_of(self, "pause_on_signal()")
-        make_parent_directory(path)  # a missing folder is created now, or refused with the reason
-        self.restore_signal_handlers()
-        handle = SignalPause(
-            guard,
-            path,
-            signals,
-            trainer_name=type(self).__name__,
-            warn_without_step_after=warn_without_step_after,
+        return arm_signals(
+            self, guard, path, signals, warn_without_step_after=warn_without_step_after
         )
-        self.__dict__["_training_resume_signals"] = handle
-        return handle
 
     def restore_signal_handlers(self) -> None:
         """Put back the handlers that ``pause_on_signal`` replaced (no-op if none)."""
-        handle: SignalPause | None = self.__dict__.pop("_training_resume_signals", None)
-        if handle is not None:
-            handle.restore()
-
-
-# ------------------------------------------------------------------ internals
-# The machinery behind the guards lives here, outside the class, so that a trainer's
-# namespace holds only the documented hooks: a trainer with its own ``_restore`` or
-# ``_pause_checkpoint`` method cannot replace the restore or pause path by accident.
-
-
-def _settings(trainer: TrainingResumeMixin, action: str) -> _Settings:
-    guard_of(trainer, action)
-    return trainer.__dict__["_training_resume_settings"]
-
-
-def _resume_from(
-    trainer: TrainingResumeMixin,
-    guard: StepGuard,
-    path: StrPath,
-    read: Callable[[], Any] | None = None,
-) -> None:
-    """The body of ``resume()`` (under the lock); ``read`` gives a pause file already read."""
-    location = os.fspath(path)
-    collective = _distributed.is_distributed()
-    try:
-        key = _settings(trainer, "resume()").key
-        refuse_if_finished(location, key=key)
-        opened = None
-        if read is not None:
-            loaded: Any = read()
-        elif is_pause_directory(path):
-            from ..sharded.read import open_pause  # imports torch.distributed.checkpoint
-
-            opened = open_pause(path, key=key)
-            loaded = opened.checkpoint
-        else:
-            loaded = trainer._load_pause_checkpoint(path)
-        _check_sharded(trainer, opened, location)
-        checkpoint = _rank_checkpoint(trainer, loaded, location)
-        states = _check_pause_checkpoint(
-            trainer, checkpoint, location, sharded=opened.names if opened is not None else ()
-        )
-    except Exception as error:
-        if collective:
-            _distributed.announce_refusal(error, "resume()")
-        raise
-    if collective:  # every rank checked the file: restore everywhere or nowhere
-        _distributed.agree(None, "resume()")
-    # Every rank reads its shards before any state changes; a failure is raised on
-    # every rank with nothing restored (collective, see ShardedPause.load).
-    staged = opened.load(trainer._resume_objects()) if opened is not None else None
-    # Then the loaders from elsewhere, which check a state only by loading it: one that
-    # refuses is put back with every other, and nothing else changed.
-    restore_foreign_loaders(trainer, guard, checkpoint["loaders"], location, collective)
-    _restore(trainer, guard, checkpoint, states, location, opened, staged)
-
-
-def _pause_at_step_boundary(trainer: TrainingResumeMixin, *, step_end: bool = True) -> bool:
-    """Take a due resume point and write the pending pause request, if any (under the lock, between steps).
-
-    ``step_end``: called at the end of a ``@training_step`` (not from
-    ``pause_if_requested()``, which the loop calls where it wants the pause): there,
-    a boundary where a loader's epoch just ended hands the pause and a due resume
-    point to the next boundary, once, so that the loop's epoch-end work is saved.
-    """
-    guard: StepGuard = trainer.__dict__[GUARD_ATTRIBUTE]
-    boundary = guard.boundary
-    epoch_ended = step_end and boundary is not None and boundary.epoch_ended
-    failure = None
-    if guard.points is not None:
-        failure = guard.points.at_step_boundary(
-            guard.completed_steps,
-            lambda copy: _pause_checkpoint(trainer, guard, copy),
-            key=_settings(trainer, "checkpoint()").key,
-            defer=epoch_ended,
-        )
-    requested = guard.requested_path
-    guard.requested_path = None
-    # At most one boundary later: a step that spans a whole epoch ends one at every boundary.
-    defer = epoch_ended and guard.deferred_at != guard.completed_steps - 1
-    if _distributed.is_distributed():
-        # A request on any rank pauses every rank at this same boundary, and a deferral
-        # on any rank defers it on every rank (one all-reduce for both).
-        path, deferred = _distributed.agreed_pause(requested, defer=defer)
-    else:
-        deferred = defer and requested is not None
-        path = None if deferred else requested
-    if deferred:
-        guard.deferred_at = guard.completed_steps
-        if requested is not None and guard.requested_path is None:  # a newer request wins
-            guard.requested_path = requested
-    if path is not None:
-        trainer.pause(path)
-    if failure is not None:  # a background write of an earlier point failed
-        raise failure
-    return path is not None
-
-
-def _points_of(guard: StepGuard, action: str) -> ResumePoints:
-    if guard.points is None:
-        raise RuntimeError(
-            f"{action} needs resume points: pass resume_points=ResumePoints(directory, ...) "
-            "to _initialize_training_resume"
-        )
-    return guard.points
-
-
-def _rank_checkpoint(
-    trainer: TrainingResumeMixin, checkpoint: Any, location: str
-) -> PauseCheckpoint:
-    # This rank's part of a pause file (the file itself for one process and a plain file).
-    check_layout(checkpoint, location)
-    world_size, rank = _distributed.world()
-    return _distributed.rank_view(
-        checkpoint,
-        world_size=world_size,
-        rank=rank,
-        location=location,
-        device=rng_device(),
-        objects=trainer._resume_objects(),
-    )
-
-
-def _require_step_boundary(guard: StepGuard, action: str) -> None:
-    if guard.depth:
-        hint = " use request_pause(path) to pause when the step ends" if action == "pause" else ""
-        raise RuntimeError(f"{action}() was called inside a training step;{hint}")
-
-
-def _check_sharded(
-    trainer: TrainingResumeMixin, opened: ShardedPause | None, location: str
-) -> None:
-    if opened is not None:
-        opened.check_objects(trainer._resume_objects())
-    elif sharded_objects(trainer._resume_objects()):
-        raise UnsupportedResumeConfigurationError(
-            f"{location} is a pause file of unsharded states; a trainer whose model has "
-            "DTensor parameters (fully_shard) resumes from a sharded pause directory"
-        )
-
-
-def _pause_checkpoint(
-    trainer: TrainingResumeMixin,
-    guard: StepGuard,
-    copy: Callable[[Any, dict], Any] = to_cpu,
-    sharded: ShardedObjects | None = None,
-) -> PauseCheckpoint:
-    # copy: to_cpu for a pause (written under the lock); for a resume point, a copy in
-    # host memory (written while training changes the live tensors). sharded: the
-    # objects every rank writes through DCP (a pause only; resume points refuse DTensors).
-    sharded = sharded if sharded is not None else ShardedObjects()
-    settings = _settings(trainer, "pause()")
-    objects = dict(trainer._resume_objects())
-    shared = list(trainer._resume_shared_keys())
-    regular_source = trainer._regular_checkpoint()
-    for name in shared:
-        if name in sharded.names:
-            raise UnsupportedResumeConfigurationError(
-                f"shared key {name!r} names a sharded object (DTensor parameters): its "
-                "state is written through torch.distributed.checkpoint, not taken from the "
-                "regular checkpoint"
-            )
-        if name not in objects or regular_source is None or name not in regular_source:
-            where = "the resume objects" if name not in objects else "the regular checkpoint"
-            raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
-    memo: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
-    regular = None if regular_source is None else copy(dict(regular_source), memo)
-    object_states: dict[str, Any] = {}
-    for name, obj in objects.items():
-        if name in sharded.names:  # written by every rank for its shards, see write_pause
-            object_states[name] = dict(SHARDED_STATE)
-            continue
-        # A shared key references the regular snapshot: no second state_dict() call,
-        # and torch.save writes the object once because it is the same object.
-        object_states[name] = (
-            regular[name]
-            if regular is not None and name in shared
-            else copy(obj.state_dict(), memo)
-        )
-    checkpoint: PauseCheckpoint = {
-        "format": PAUSE_FORMAT,
-        "module_version": settings.version,
-        "config_signature": settings.signature,
-        "config": settings.canonical,
-        "completed_steps": guard.completed_steps,
-        "regular": regular,
-        "shared_keys": shared,
-        "objects": object_states,
-        # Loader positions as of the last step boundary: a batch fetched since (outside
-        # the step) is delivered again. The RNG is never caught inside a fetch.
-        "loaders": boundary_loader_states(trainer, guard),
-        "extra": copy(dict(trainer._resume_extra_state()), memo),
-        "rng": boundary_random_state(),
-    }
-    # Inside a gradient-accumulation window the partial sums move to the next step too.
-    gradients = collect_gradients(objects, copy, memo, skipped=set(sharded.names))
-    if gradients is not None:
-        checkpoint[GRADIENTS_KEY] = gradients
-    refuse_dtensors(checkpoint, "checkpoint")
-    check_saveable(checkpoint)
-    return checkpoint
-
-
-def _check_pause_checkpoint(
-    trainer: TrainingResumeMixin, checkpoint: Any, location: str, *, sharded: Iterable[str] = ()
-) -> dict[str, Any]:
-    settings = _settings(trainer, "resume()")
-    check_layout(checkpoint, location)
-    if checkpoint["module_version"] != settings.version:
-        raise VersionMismatchError(
-            f"{location} was written by version {checkpoint['module_version']!r}, this trainer is {settings.version!r}"
-        )
-    if checkpoint["config_signature"] != settings.signature:
-        saved = checkpoint.get("config")
-        difference = config_difference(saved, settings.canonical) if saved is not None else None
-        raise ConfigSignatureMismatchError(
-            difference
-            or f"signature {checkpoint['config_signature'][:16]}... != {settings.signature[:16]}..."
-        )
-    states = object_states(checkpoint)
-    loaders = trainer._resume_loaders()
-    objects = trainer._resume_objects()
-    check_hook_results(trainer)
-    check_names("objects (_resume_objects())", states, objects)
-    check_names("loaders (_resume_loaders())", checkpoint["loaders"], loaders)
-    check_names(
-        "extra state (_resume_extra_state())", checkpoint["extra"], trainer._resume_extra_state()
-    )
-    if checkpoint["extra"] and not _overrides(trainer, "_load_resume_extra_state"):
-        raise ResumeStateMismatchError(
-            f"the checkpoint holds extra state {sorted(checkpoint['extra'])} but "
-            f"{type(trainer).__name__} does not implement _load_resume_extra_state(state) to restore it"
-        )
-    # Sharded states are in the DCP files; ShardedPause.check_objects checks those.
-    skipped = set(sharded)
-    unsharded = {name: obj for name, obj in objects.items() if name not in skipped}
-    check_object_states(unsharded, states, _GRAD_SCALERS)
-    check_gradients(checkpoint.get(GRADIENTS_KEY), objects, skipped)
-    for name, loader in loaders.items():
-        if is_library_loader(loader):  # the others check a state by loading it, first
-            loader.validate_state_dict(checkpoint["loaders"][name])
-    trainer._validate_resume(checkpoint)
-    check_random_state(checkpoint["rng"], location, rng_device())
-    return states
-
-
-def _restore(
-    trainer: TrainingResumeMixin,
-    guard: StepGuard,
-    checkpoint: PauseCheckpoint,
-    states: dict[str, Any],
-    location: str,
-    opened: ShardedPause | None = None,
-    staged: Mapping[str, Any] | None = None,
-) -> None:
-    objects = trainer._resume_objects()
-    scalers = [name for name, obj in objects.items() if isinstance(obj, _GRAD_SCALERS)]
-    optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
-    sharded = opened.names if opened is not None else []
-    stage = "objects"
-    iterators = stale_iterators(trainer)  # live now; restoring the loaders ends them
-    try:
-        if opened is not None and staged is not None:
-            stage = "sharded objects"
-            opened.apply(objects, staged)
-        for name, obj in objects.items():
-            if name not in scalers and name not in sharded:
-                stage = f"object {name!r}"
-                obj.load_state_dict(states[name])
-        # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.
-        for name in scalers:
-            stage = f"GradScaler {name!r}"
-            restore_grad_scaler_state(objects[name], states[name], optimizers)
-        for name, loader in trainer._resume_loaders().items():
-            if is_library_loader(loader):  # the others were restored first
-                stage = f"loader {name!r}"
-                loader.load_state_dict(checkpoint["loaders"][name])
-        if checkpoint["extra"]:  # the hook receives only what was saved
-            stage = "extra state"
-            trainer._load_resume_extra_state(checkpoint["extra"])
-        stage = "iterators"
-        trainer._rebuild_resume_iterators()
-        name_stale_iterators(trainer, iterators)
-        stage = "gradients"
-        restore_gradients(checkpoint.get(GRADIENTS_KEY), objects, set(sharded))
-        # Last: rebuilding loaders and iterators may draw from the global generators.
-        stage = "random state"
-        restore_random_state(checkpoint["rng"], rng_device())
-    except BaseException as error:
-        guard.locked_reason = (
-            f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
-        )
-        if not isinstance(error, Exception):
-            raise
-        raise TrainerLockedError(guard.locked_reason) from error
-    guard.locked_reason = None
-    guard.failed = False
-    guard.paused = False
-    guard.completed_steps = checkpoint["completed_steps"]
-    record_boundary(trainer, guard)
+        disarm_signals(self)

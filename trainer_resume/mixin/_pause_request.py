@@ -1,4 +1,8 @@
-"""Pause requests from signal handlers: install, remember and restore handlers."""
+"""Pause requests from signal handlers: install, remember and restore handlers.
+
+:func:`arm_signals` and :func:`disarm_signals` are the bodies of ``pause_on_signal()``
+and ``restore_signal_handlers()``: a trainer holds one :class:`SignalPause` at a time.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,20 @@ import time
 import weakref
 from collections.abc import Iterable
 from types import FrameType, TracebackType
+from typing import TYPE_CHECKING
 
+from .._atomic import make_parent_directory
 from .._signals import DEFAULT_PAUSE_SIGNALS, Handler, install_handlers, restore_handlers
+from ..state import StrPath
 from ._hook_audit import warn_if_no_step, warn_request_without_step
 from ._step_guard import StepGuard
 
-__all__ = ["DEFAULT_PAUSE_SIGNALS", "SignalPause"]
+if TYPE_CHECKING:
+    from . import TrainingResumeMixin
+
+__all__ = ["DEFAULT_PAUSE_SIGNALS", "SignalPause", "arm_signals", "disarm_signals"]
+
+SIGNALS_ATTRIBUTE = "_training_resume_signals"
 
 _WATCH_INTERVAL_S = 0.05  # how soon a signal that came before any step is warned about
 
@@ -128,3 +140,32 @@ def _watch(
             warn_if_no_step(trainer_name, guard, landings, seconds)
             return
         del guard
+
+
+def arm_signals(
+    trainer: TrainingResumeMixin,
+    guard: StepGuard,
+    path: StrPath,
+    signals: Iterable[int],
+    *,
+    warn_without_step_after: float | None,
+) -> SignalPause:
+    """The body of ``pause_on_signal()``: the previous handle restored, a new one armed."""
+    make_parent_directory(path)  # a missing folder is created now, or refused with the reason
+    trainer.restore_signal_handlers()
+    handle = SignalPause(
+        guard,
+        path,
+        signals,
+        trainer_name=type(trainer).__name__,
+        warn_without_step_after=warn_without_step_after,
+    )
+    trainer.__dict__[SIGNALS_ATTRIBUTE] = handle
+    return handle
+
+
+def disarm_signals(trainer: TrainingResumeMixin) -> None:
+    """The body of ``restore_signal_handlers()``: no-op when no signals are armed."""
+    handle: SignalPause | None = trainer.__dict__.pop(SIGNALS_ATTRIBUTE, None)
+    if handle is not None:
+        handle.restore()

@@ -15,10 +15,17 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from ..distributed import is_distributed
-from ..errors import TrainerLockedError, TrainingPausedError
+from ..errors import PauseBlockedError, TrainerLockedError, TrainingPausedError
 from ._boundary import record_boundary
 
-__all__ = ["GUARD_ATTRIBUTE", "StepGuard", "guard_of", "serialized_training", "training_step"]
+__all__ = [
+    "GUARD_ATTRIBUTE",
+    "StepGuard",
+    "guard_of",
+    "require_step_boundary",
+    "serialized_training",
+    "training_step",
+]
 
 GUARD_ATTRIBUTE = "_training_resume_guard"
 
@@ -98,6 +105,15 @@ class StepGuard:
         if self.paused:
             raise TrainingPausedError("call resume(path) before the next training step")
 
+    def check_pause_allowed(self) -> None:
+        """Refuse a pause or resume point of a locked trainer or after a failed step."""
+        if self.locked_reason is not None:
+            raise TrainerLockedError(self.locked_reason)
+        if self.failed:
+            raise PauseBlockedError(
+                f"step {self.completed_steps + 1} raised; run a step that succeeds first"
+            )
+
 
 def guard_of(trainer: Any, action: str) -> StepGuard:
     """Return the trainer's guard, or explain the missing initialisation call."""
@@ -108,6 +124,13 @@ def guard_of(trainer: Any, action: str) -> StepGuard:
             "to be called first (usually at the end of __init__)"
         )
     return guard
+
+
+def require_step_boundary(guard: StepGuard, action: str) -> None:
+    """Refuse ``action()`` inside a training step (it runs between steps only)."""
+    if guard.depth:
+        hint = " use request_pause(path) to pause when the step ends" if action == "pause" else ""
+        raise RuntimeError(f"{action}() was called inside a training step;{hint}")
 
 
 def training_step(method: _Method) -> _Method:

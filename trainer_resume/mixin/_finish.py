@@ -1,0 +1,43 @@
+"""``finish()``: the run's finished marker replaces its pause file; its resume points retire.
+
+See :mod:`trainer_resume.finished`: from then on ``resume(path)`` refuses and
+``run_finished`` returns the marker, so a requeued job that already finished can exit.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from .. import distributed as _distributed
+from .._atomic import make_parent_directory
+from ..errors import TrainerLockedError
+from ..finished import finished_marker_path, mark_finished
+from ..state import StrPath
+from ._settings import settings_of
+from ._step_guard import StepGuard
+
+if TYPE_CHECKING:
+    from . import TrainingResumeMixin
+
+__all__ = ["finish_run"]
+
+
+def finish_run(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) -> str:
+    """The body of ``finish()`` (under the lock, between steps); returns the marker's path."""
+    if guard.locked_reason is not None:
+        raise TrainerLockedError(guard.locked_reason)
+    key = settings_of(trainer, "finish()").key
+    location = os.fspath(path)
+
+    def write() -> None:
+        make_parent_directory(location)
+        mark_finished(location, completed_steps=guard.completed_steps, key=key)
+        if guard.points is not None:  # the resume points retire with the pause file
+            guard.points.retire(completed_steps=guard.completed_steps, key=key)
+
+    if _distributed.is_distributed():
+        _distributed.commit(write, location)
+    else:
+        write()
+    return finished_marker_path(location)

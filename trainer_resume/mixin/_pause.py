@@ -1,0 +1,151 @@
+"""The pause path: the checkpoint of the last completed step, checked, agreed, written.
+
+:func:`pause_checkpoint` builds what an exact continuation needs (the objects, the
+loader positions of the last boundary, the RNG, the extra state, the gradients of an
+open accumulation window) and refuses what a weights-only load would not read back;
+resume points take it too, copied into host memory. :func:`pause_to`, the body of
+``pause()``, writes it: under a process group every rank checks before any rank writes,
+then rank 0 writes one file with every rank's state, or every rank the shards of a
+sharded model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import distributed as _distributed
+from .._atomic import make_parent_directory
+from .._pause_checks import check_saveable, to_cpu
+from ..errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
+from ..sharded.detect import (
+    SHARDED_STATE,
+    ShardedObjects,
+    refuse_dtensors,
+    refuse_unreduced_gradients,
+    sharded_objects,
+)
+from ..state import GRADIENTS_KEY, PAUSE_FORMAT, PauseCheckpoint, StrPath
+from ._boundary import boundary_loader_states, boundary_random_state
+from ._gradients import collect_gradients
+from ._settings import settings_of
+from ._step_guard import StepGuard
+from ._training_start import check_hook_results
+
+if TYPE_CHECKING:
+    from . import TrainingResumeMixin
+
+__all__ = ["pause_checkpoint", "pause_to"]
+
+
+def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) -> None:
+    """The body of ``pause()`` (under the lock, between steps)."""
+    if guard.audit is not None:  # paused before the first step: check the hooks now
+        audit, guard.audit = guard.audit, None
+        guard.audit = audit(trainer)
+    # Under a process group every rank takes part in each collective below, so a
+    # refusal on one rank is announced to all before it is raised (none waits forever).
+    collective = _distributed.is_distributed()
+    try:
+        if guard.start_check is not None:  # before the first step, as that step would
+            check_hook_results(trainer)
+            guard.start_check = None
+        guard.check_pause_allowed()
+        sharded = sharded_objects(trainer._resume_objects())
+        refuse_unreduced_gradients(trainer._resume_objects(), sharded)
+        checkpoint = pause_checkpoint(trainer, guard, sharded=sharded)
+    except Exception as error:
+        if collective:
+            _distributed.announce_refusal(error, "pause()")
+        raise
+    if collective:
+        _distributed.agree(None, "pause()")
+    if sharded:
+        key = settings_of(trainer, "pause()").key
+        from ..sharded.write import write_pause  # imports torch.distributed.checkpoint
+
+        write_pause(path, checkpoint, trainer._resume_objects(), sharded, key=key)
+    elif collective:
+        combined = _distributed.gather_pause(checkpoint)
+
+        def write() -> None:
+            make_parent_directory(path)
+            trainer._save_pause_checkpoint(combined, path)
+
+        _distributed.commit(write, os.fspath(path))
+    else:
+        make_parent_directory(path)
+        trainer._save_pause_checkpoint(checkpoint, path)
+    guard.paused = True
+    if guard.requested_path is not None and os.fspath(guard.requested_path) == os.fspath(path):
+        guard.requested_path = None
+
+
+def pause_checkpoint(
+    trainer: TrainingResumeMixin,
+    guard: StepGuard,
+    copy: Callable[[Any, dict], Any] = to_cpu,
+    sharded: ShardedObjects | None = None,
+) -> PauseCheckpoint:
+    """This rank's pause checkpoint of the last completed step.
+
+    Args:
+        copy: ``to_cpu`` for a pause (written under the lock); for a resume point, a
+            copy in host memory (written while training changes the live tensors).
+        sharded: The objects every rank writes through DCP (a pause only; resume
+            points refuse DTensors).
+    """
+    sharded = sharded if sharded is not None else ShardedObjects()
+    settings = settings_of(trainer, "pause()")
+    objects = dict(trainer._resume_objects())
+    shared = list(trainer._resume_shared_keys())
+    regular_source = trainer._regular_checkpoint()
+    for name in shared:
+        if name in sharded.names:
+            raise UnsupportedResumeConfigurationError(
+                f"shared key {name!r} names a sharded object (DTensor parameters): its "
+                "state is written through torch.distributed.checkpoint, not taken from the "
+                "regular checkpoint"
+            )
+        if name not in objects or regular_source is None or name not in regular_source:
+            where = "the resume objects" if name not in objects else "the regular checkpoint"
+            raise ResumeStateMismatchError(f"shared key {name!r} is not in {where}")
+    memo: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+    regular = None if regular_source is None else copy(dict(regular_source), memo)
+    object_states: dict[str, Any] = {}
+    for name, obj in objects.items():
+        if name in sharded.names:  # written by every rank for its shards, see write_pause
+            object_states[name] = dict(SHARDED_STATE)
+            continue
+        # A shared key references the regular snapshot: no second state_dict() call,
+        # and torch.save writes the object once because it is the same object.
+        object_states[name] = (
+            regular[name]
+            if regular is not None and name in shared
+            else copy(obj.state_dict(), memo)
+        )
+    checkpoint: PauseCheckpoint = {
+        "format": PAUSE_FORMAT,
+        "module_version": settings.version,
+        "config_signature": settings.signature,
+        "config": settings.canonical,
+        "completed_steps": guard.completed_steps,
+        "regular": regular,
+        "shared_keys": shared,
+        "objects": object_states,
+        # Loader positions as of the last step boundary: a batch fetched since (outside
+        # the step) is delivered again. The RNG is never caught inside a fetch.
+        "loaders": boundary_loader_states(trainer, guard),
+        "extra": copy(dict(trainer._resume_extra_state()), memo),
+        "rng": boundary_random_state(),
+    }
+    # Inside a gradient-accumulation window the partial sums move to the next step too.
+    gradients = collect_gradients(objects, copy, memo, skipped=set(sharded.names))
+    if gradients is not None:
+        checkpoint[GRADIENTS_KEY] = gradients
+    refuse_dtensors(checkpoint, "checkpoint")
+    check_saveable(checkpoint)
+    return checkpoint

@@ -1,0 +1,61 @@
+"""The trainer's resume points: one taken on demand, and the newest chosen to resume from.
+
+``checkpoint()`` snapshots between steps at once, or asks for the next step boundary
+(inside a step, and under a process group, where every rank takes part);
+``resume_latest()`` waits for the write in flight, then takes the newest valid file
+(see :mod:`._latest`). Automatic points are taken at the boundaries
+(:func:`~._landing.pause_at_step_boundary`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import distributed as _distributed
+from ..resume_points import ResumePoint, ResumePoints
+from ..state import StrPath
+from ._latest import Chosen, latest_to_resume
+from ._pause import pause_checkpoint
+from ._settings import settings_of
+from ._step_guard import StepGuard
+
+if TYPE_CHECKING:
+    from . import TrainingResumeMixin
+
+__all__ = ["choose_latest", "points_of", "take_checkpoint"]
+
+
+def points_of(guard: StepGuard, action: str) -> ResumePoints:
+    """The trainer's ``ResumePoints``, or the error that says how to give it some."""
+    if guard.points is None:
+        raise RuntimeError(
+            f"{action} needs resume points: pass resume_points=ResumePoints(directory, ...) "
+            "to _initialize_training_resume"
+        )
+    return guard.points
+
+
+def take_checkpoint(trainer: TrainingResumeMixin, guard: StepGuard) -> ResumePoint:
+    """The body of ``checkpoint()``."""
+    points = points_of(guard, "checkpoint()")
+    if guard.depth or _distributed.is_distributed():
+        return points.request()
+    with guard.exclusive():
+        guard.check_pause_allowed()
+        key = settings_of(trainer, "checkpoint()").key
+        return points.take(
+            guard.completed_steps, lambda copy: pause_checkpoint(trainer, guard, copy), key=key
+        )
+
+
+def choose_latest(
+    trainer: TrainingResumeMixin, guard: StepGuard, directory: StrPath | None
+) -> Chosen | None:
+    """The file ``resume_latest(directory)`` resumes from, read once, or ``None`` (nothing yet)."""
+    if directory is None:
+        directory = points_of(guard, "resume_latest() without a directory").directory
+    if guard.points is not None:
+        guard.points.wait()
+    key = settings_of(trainer, "resume_latest()").key
+    # The file is read (and verified) once, to learn its step, and resumed from that read.
+    return latest_to_resume(directory, key=key, load=trainer._load_pause_checkpoint)

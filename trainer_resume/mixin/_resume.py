@@ -1,0 +1,148 @@
+"""The resume path: read, check on every rank, then restore in order, the RNG last.
+
+:func:`resume_from`, the body of ``resume()`` and ``resume_latest()``, refuses a
+finished run, reads the pause file (or opens a sharded pause directory) and checks it
+completely (see :mod:`._resume_checks`); under a process group every rank restores or
+none does. Then the shards are read, the loaders from elsewhere restored (put back
+when one refuses), and the objects, scalers, library loaders, extra state, iterators,
+gradients and RNG restored. A failure part-way locks the trainer, naming what failed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import distributed as _distributed
+from .._hook_results import is_library_loader
+from ..amp import restore_grad_scaler_state
+from ..errors import TrainerLockedError
+from ..finished import refuse_if_finished
+from ..rng import restore_random_state
+from ..sharded.manifest import is_pause_directory
+from ..state import GRADIENTS_KEY, PauseCheckpoint, StrPath
+from ._boundary import record_boundary, rng_device
+from ._gradients import restore_gradients
+from ._hook_audit import name_stale_iterators, stale_iterators
+from ._resume_checks import GRAD_SCALERS, check_pause_checkpoint, check_sharded, rank_checkpoint
+from ._settings import settings_of
+from ._step_guard import StepGuard
+from ._training_start import restore_foreign_loaders
+
+if TYPE_CHECKING:
+    from ..sharded.read import ShardedPause
+    from . import TrainingResumeMixin
+
+__all__ = ["resume_from"]
+
+
+def resume_from(
+    trainer: TrainingResumeMixin,
+    guard: StepGuard,
+    path: StrPath,
+    read: Callable[[], Any] | None = None,
+    *,
+    base: type,
+) -> None:
+    """The body of ``resume()`` (under the lock, between steps).
+
+    Args:
+        read: Gives the pause file already read (``resume_latest``).
+        base: ``TrainingResumeMixin``, to tell overridden hooks from the defaults.
+    """
+    location = os.fspath(path)
+    collective = _distributed.is_distributed()
+    try:
+        key = settings_of(trainer, "resume()").key
+        refuse_if_finished(location, key=key)
+        opened = None
+        if read is not None:
+            loaded: Any = read()
+        elif is_pause_directory(path):
+            from ..sharded.read import open_pause  # imports torch.distributed.checkpoint
+
+            opened = open_pause(path, key=key)
+            loaded = opened.checkpoint
+        else:
+            loaded = trainer._load_pause_checkpoint(path)
+        check_sharded(trainer, opened, location)
+        checkpoint = rank_checkpoint(trainer, loaded, location)
+        states = check_pause_checkpoint(
+            trainer,
+            checkpoint,
+            location,
+            sharded=opened.names if opened is not None else (),
+            base=base,
+        )
+    except Exception as error:
+        if collective:
+            _distributed.announce_refusal(error, "resume()")
+        raise
+    if collective:  # every rank checked the file: restore everywhere or nowhere
+        _distributed.agree(None, "resume()")
+    # Every rank reads its shards before any state changes; a failure is raised on
+    # every rank with nothing restored (collective, see ShardedPause.load).
+    staged = opened.load(trainer._resume_objects()) if opened is not None else None
+    # Then the loaders from elsewhere, which check a state only by loading it: one that
+    # refuses is put back with every other, and nothing else changed.
+    restore_foreign_loaders(trainer, guard, checkpoint["loaders"], location, collective)
+    _restore(trainer, guard, checkpoint, states, location, opened, staged)
+
+
+def _restore(
+    trainer: TrainingResumeMixin,
+    guard: StepGuard,
+    checkpoint: PauseCheckpoint,
+    states: dict[str, Any],
+    location: str,
+    opened: ShardedPause | None = None,
+    staged: Mapping[str, Any] | None = None,
+) -> None:
+    objects = trainer._resume_objects()
+    scalers = [name for name, obj in objects.items() if isinstance(obj, GRAD_SCALERS)]
+    optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
+    sharded = opened.names if opened is not None else []
+    stage = "objects"
+    iterators = stale_iterators(trainer)  # live now; restoring the loaders ends them
+    try:
+        if opened is not None and staged is not None:
+            stage = "sharded objects"
+            opened.apply(objects, staged)
+        for name, obj in objects.items():
+            if name not in scalers and name not in sharded:
+                stage = f"object {name!r}"
+                obj.load_state_dict(states[name])
+        # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.
+        for name in scalers:
+            stage = f"GradScaler {name!r}"
+            restore_grad_scaler_state(objects[name], states[name], optimizers)
+        for name, loader in trainer._resume_loaders().items():
+            if is_library_loader(loader):  # the others were restored first
+                stage = f"loader {name!r}"
+                loader.load_state_dict(checkpoint["loaders"][name])
+        if checkpoint["extra"]:  # the hook receives only what was saved
+            stage = "extra state"
+            trainer._load_resume_extra_state(checkpoint["extra"])
+        stage = "iterators"
+        trainer._rebuild_resume_iterators()
+        name_stale_iterators(trainer, iterators)
+        stage = "gradients"
+        restore_gradients(checkpoint.get(GRADIENTS_KEY), objects, set(sharded))
+        # Last: rebuilding loaders and iterators may draw from the global generators.
+        stage = "random state"
+        restore_random_state(checkpoint["rng"], rng_device())
+    except BaseException as error:
+        guard.locked_reason = (
+            f"restoring {stage} from {location} failed ({type(error).__name__}: {error})"
+        )
+        if not isinstance(error, Exception):
+            raise
+        raise TrainerLockedError(guard.locked_reason) from error
+    guard.locked_reason = None
+    guard.failed = False
+    guard.paused = False
+    guard.completed_steps = checkpoint["completed_steps"]
+    record_boundary(trainer, guard)

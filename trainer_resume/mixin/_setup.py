@@ -1,0 +1,78 @@
+"""``_initialize_training_resume``: a trainer's settings and its step guard, wired once.
+
+The guard gets the boundary check (:func:`~._landing.pause_at_step_boundary`), the
+trainer's resume points, and two one-shot checks for the first step: the audit for
+forgotten hooks and the refusal of what the hooks return. The end of the call is the
+boundary before the first step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..durable import validate_key
+from ..resume_points import ResumePoints
+from ..sharded.detect import refuse_unreduced_gradients, sharded_objects
+from ..signature import canonical_config, config_signature
+from ._boundary import record_boundary
+from ._hook_audit import audit_trainer
+from ._landing import pause_at_step_boundary
+from ._settings import SETTINGS_ATTRIBUTE, Settings
+from ._step_guard import GUARD_ATTRIBUTE, StepGuard
+from ._training_start import check_at_training_start
+
+if TYPE_CHECKING:
+    from . import TrainingResumeMixin
+
+__all__ = ["initialize"]
+
+
+def initialize(
+    trainer: TrainingResumeMixin,
+    config: Any,
+    *,
+    version: str,
+    key: bytes | None,
+    resume_points: ResumePoints | None,
+    excluded_attributes: Iterable[str],
+    base: type,
+) -> None:
+    """The body of ``_initialize_training_resume`` (arguments and errors as documented there).
+
+    Args:
+        base: ``TrainingResumeMixin``, to tell overridden hooks from the defaults.
+    """
+    if not isinstance(version, str) or not version:
+        raise TypeError(f"version must be a non-empty str, got {version!r}")
+    key = validate_key(key)
+    excluded = frozenset(excluded_attributes)
+    if isinstance(excluded_attributes, str) or not all(isinstance(name, str) for name in excluded):
+        raise TypeError(f"excluded_attributes must be attribute names, got {excluded_attributes!r}")
+    if resume_points is not None and not isinstance(resume_points, ResumePoints):
+        raise TypeError(f"resume_points must be a ResumePoints, got {type(resume_points).__name__}")
+    canonical = canonical_config(config)
+    trainer.__dict__[SETTINGS_ATTRIBUTE] = Settings(
+        version, config_signature(config), canonical, key
+    )
+    if GUARD_ATTRIBUTE not in trainer.__dict__:
+        trainer.__dict__[GUARD_ATTRIBUTE] = StepGuard(pause_at_step_boundary)
+    guard: StepGuard = trainer.__dict__[GUARD_ATTRIBUTE]
+    guard.check_every_boundary = bool(trainer._pause_check_every_step)
+    if resume_points is not None:
+        resume_points.attach(trainer)
+    guard.points = resume_points
+
+    def first_boundary(trainer: TrainingResumeMixin) -> Any:
+        # When training starts: the first micro-batch of a window shows where the
+        # gradients of a sharded model go, before any pause could need them.
+        try:
+            objects = trainer._resume_objects()
+        except Exception:  # noqa: BLE001 - pause() calls the same hook and reports it
+            objects = {}
+        refuse_unreduced_gradients(objects, sharded_objects(objects))
+        return audit_trainer(trainer, excluded, base)
+
+    guard.audit = first_boundary
+    guard.start_check = check_at_training_start
+    record_boundary(trainer, guard)
