@@ -15,21 +15,22 @@ pytest.importorskip(
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the GPU pipeline tests need one", allow_module_level=True)
 
-import dali_support as support  # noqa: E402
+
 import nvidia.dali.fn as fn  # noqa: E402
 import nvidia.dali.types as types  # noqa: E402
 from nvidia.dali import pipeline_def  # noqa: E402
+from support import dali_runs  # noqa: E402
 
 from trainer_resume.adapters.dali import ResumableDALIIterator  # noqa: E402
 
 
-@pipeline_def(batch_size=support.BATCH_SIZE, num_threads=1, device_id=0, seed=5)
+@pipeline_def(batch_size=dali_runs.BATCH_SIZE, num_threads=1, device_id=0, seed=5)
 def gpu_pipeline(root):
     raw, labels = fn.readers.file(
         file_root=root, file_filters=["*.bin"], random_shuffle=True, initial_fill=8, name="Reader"
     )
     images = fn.reinterpret(
-        raw, dtype=types.UINT8, shape=[support.SIDE, support.SIDE, 3], layout="HWC"
+        raw, dtype=types.UINT8, shape=[dali_runs.SIDE, dali_runs.SIDE, 3], layout="HWC"
     )
     images = fn.crop_mirror_normalize(
         images.gpu(), mirror=fn.random.coin_flip(), dtype=types.FLOAT, mean=[0.0], std=[255.0]
@@ -48,10 +49,10 @@ def _iterator(root):
 
 
 def test_a_gpu_pipeline_resumes_after_any_batch_with_cuda_batches(tmp_path):
-    root = support.write_images(tmp_path)
+    root = dali_runs.write_images(tmp_path)
     iterator = _iterator(root)
     states, seen = [iterator.state_dict()], []
-    for epoch in range(iterator.epoch, support.EPOCHS):
+    for epoch in range(iterator.epoch, dali_runs.EPOCHS):
         for batch in iterator:
             assert batch[0]["images"].is_cuda and batch[0]["labels"].is_cuda
             seen.append((epoch, batch[0]))
@@ -61,7 +62,9 @@ def test_a_gpu_pipeline_resumes_after_any_batch_with_cuda_batches(tmp_path):
         resumed.load_state_dict(state)
         assert resumed.epoch == seen[k][0]
         got = [
-            (epoch, batch[0]) for epoch in range(resumed.epoch, support.EPOCHS) for batch in resumed
+            (epoch, batch[0])
+            for epoch in range(resumed.epoch, dali_runs.EPOCHS)
+            for batch in resumed
         ]
         assert len(got) == len(seen) - k, f"after {k} batches"
         for (epoch_a, a), (epoch_b, b) in zip(seen[k:], got):

@@ -16,11 +16,12 @@ pytest.importorskip(
     reason="NVIDIA DALI cannot be imported here (pip install 'trainer-resume[dali]')",
 )
 
-import dali_support as support  # noqa: E402
+
 import nvidia.dali  # noqa: E402
 import nvidia.dali.fn as fn  # noqa: E402
 from nvidia.dali import pipeline_def  # noqa: E402
 from nvidia.dali.plugin.pytorch import DALIGenericIterator  # noqa: E402
+from support import dali_runs  # noqa: E402
 
 from trainer_resume.adapters.dali import ResumableDALIIterator  # noqa: E402
 from trainer_resume.errors import (  # noqa: E402
@@ -40,10 +41,10 @@ KINDS = [
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    return support.write_images(tmp_path_factory.mktemp("images"))
+    return dali_runs.write_images(tmp_path_factory.mktemp("images"))
 
 
-def _epochs(iterator, epochs: int = support.EPOCHS, states: list | None = None) -> list:
+def _epochs(iterator, epochs: int = dali_runs.EPOCHS, states: list | None = None) -> list:
     """The epoch loop from the iterator's own epoch: (epoch, batch) pairs."""
     seen = []
     for epoch in range(iterator.epoch, epochs):
@@ -64,11 +65,11 @@ def _assert_same(expected: list, got: list, what: str) -> None:
 
 def _dali_reference(kind: str, root: str, policy: str) -> tuple[list, list[int]]:
     """The same pipeline under DALI's own iterator: its batches and len() per epoch."""
-    wrapper = support.make_iterator(kind, root, policy)  # only for its arguments
+    wrapper = dali_runs.make_iterator(kind, root, policy)  # only for its arguments
     pipelines = [f(**a) for f, a in zip(wrapper._factories, wrapper._arguments)]
-    dali = DALIGenericIterator(pipelines, support.OUTPUTS, **wrapper._iterator_kwargs)
+    dali = DALIGenericIterator(pipelines, dali_runs.OUTPUTS, **wrapper._iterator_kwargs)
     seen, lengths = [], []
-    for epoch in range(support.EPOCHS):
+    for epoch in range(dali_runs.EPOCHS):
         lengths.append(len(dali))
         seen.extend((epoch, batch[0]) for batch in dali)  # iter() resets after the epoch
     return seen, lengths
@@ -77,9 +78,9 @@ def _dali_reference(kind: str, root: str, policy: str) -> tuple[list, list[int]]
 @pytest.mark.parametrize(("kind", "policy"), KINDS)
 def test_batches_and_len_are_those_of_dali_generic_iterator(root, kind, policy):
     expected, lengths = _dali_reference(kind, root, policy)
-    iterator = support.make_iterator(kind, root, policy)
+    iterator = dali_runs.make_iterator(kind, root, policy)
     got, got_lengths = [], []
-    for epoch in range(support.EPOCHS):
+    for epoch in range(dali_runs.EPOCHS):
         got_lengths.append(len(iterator))
         got.extend((epoch, batch[0]) for batch in iterator)
     _assert_same(expected, got, f"{kind} {policy}")
@@ -90,11 +91,11 @@ def test_batches_and_len_are_those_of_dali_generic_iterator(root, kind, policy):
 def test_a_state_taken_after_any_batch_resumes_the_epoch_loop_in_a_fresh_iterator(
     root, kind, policy
 ):
-    iterator = support.make_iterator(kind, root, policy)
+    iterator = dali_runs.make_iterator(kind, root, policy)
     states = [iterator.state_dict()]
     seen = _epochs(iterator, states=states)
     for k, state in enumerate(states[:-1]):
-        resumed = support.make_iterator(kind, root, policy)
+        resumed = dali_runs.make_iterator(kind, root, policy)
         resumed.load_state_dict(state)
         # After an epoch's last batch that is the next epoch: its pass is not empty.
         assert resumed.epoch == seen[k][0], f"{kind} {policy} after {k} batches"
@@ -103,12 +104,12 @@ def test_a_state_taken_after_any_batch_resumes_the_epoch_loop_in_a_fresh_iterato
 
 @pytest.mark.parametrize(("kind", "policy"), KINDS)
 def test_after_an_epochs_last_batch_the_state_names_the_next_epoch(root, kind, policy):
-    iterator = support.make_iterator(kind, root, policy)
+    iterator = dali_runs.make_iterator(kind, root, policy)
     seen = _epochs(iterator, epochs=1)
     state = iterator.state_dict()  # after the loop, which saw DALI's StopIteration itself
     assert (state["epoch"], state["delivered_batches"], state["pending_reset"]) == (1, 0, True)
     rest = _epochs(iterator)
-    resumed = support.make_iterator(kind, root, policy)
+    resumed = dali_runs.make_iterator(kind, root, policy)
     resumed.load_state_dict(state)
     assert resumed.epoch == 1
     _assert_same(rest, _epochs(resumed), f"{kind} {policy} after epoch 0")
@@ -116,7 +117,7 @@ def test_after_an_epochs_last_batch_the_state_names_the_next_epoch(root, kind, p
 
 
 def test_the_state_is_plain_data_that_a_weights_only_load_reads(root):
-    iterator = support.make_iterator("file", root)
+    iterator = dali_runs.make_iterator("file", root)
     for _ in range(3):
         next(iterator)
     buffer = io.BytesIO()
@@ -125,7 +126,7 @@ def test_the_state_is_plain_data_that_a_weights_only_load_reads(root):
     state = torch.load(buffer, weights_only=True)
     assert [c.dtype for c in state["checkpoints"]] == [torch.uint8]
     expected = _epochs(iterator)
-    resumed = support.make_iterator("file", root)
+    resumed = dali_runs.make_iterator("file", root)
     resumed.load_state_dict(state)
     _assert_same(expected, _epochs(resumed), "after a weights-only load")
 
@@ -161,7 +162,7 @@ def fed_pipeline():
 def test_a_pipeline_without_checkpointing_is_refused(root):
     with pytest.raises(UnsupportedResumeConfigurationError) as caught:
         ResumableDALIIterator(
-            support.file_pipeline, support.OUTPUTS, pipeline_kwargs={"root": root}
+            dali_runs.file_pipeline, dali_runs.OUTPUTS, pipeline_kwargs={"root": root}
         )
     assert caught.value.code == 332
     assert str(caught.value) == (
@@ -207,7 +208,7 @@ def test_an_external_source_without_a_source_is_refused():
 
 
 def _paused_state(root):
-    iterator = support.make_iterator("file", root)
+    iterator = dali_runs.make_iterator("file", root)
     for _ in range(2):
         next(iterator)
     return iterator.state_dict()
@@ -215,8 +216,8 @@ def _paused_state(root):
 
 def _assert_refused_and_untouched(root, state, error, text):
     """The refusal's code and text; the running iterator goes on as if it had not been asked."""
-    running = support.make_iterator("file", root)
-    reference = support.make_iterator("file", root)
+    running = dali_runs.make_iterator("file", root)
+    reference = dali_runs.make_iterator("file", root)
     next(running), next(reference)
     with pytest.raises(error) as caught:
         running.load_state_dict(state)
@@ -227,11 +228,11 @@ def _assert_refused_and_untouched(root, state, error, text):
 def test_a_state_of_a_changed_pipeline_is_refused_naming_the_difference(root):
     state = _paused_state(root)
     running = ResumableDALIIterator(
-        support.file_pipeline,
-        support.OUTPUTS,
+        dali_runs.file_pipeline,
+        dali_runs.OUTPUTS,
         pipeline_kwargs={"root": root, "std": 128.0, "enable_checkpointing": True},
         reader_name="Reader",
-        last_batch_policy=support.POLICIES["PARTIAL"],
+        last_batch_policy=dali_runs.POLICIES["PARTIAL"],
     )
     with pytest.raises(ResumeStateMismatchError) as caught:
         running.load_state_dict(state)
@@ -291,8 +292,8 @@ def test_a_malformed_state_is_refused_and_changes_nothing(root):
 def test_a_checkpoint_dali_cannot_read_is_refused_and_changes_nothing(root):
     state = _paused_state(root)
     state["checkpoints"] = [torch.tensor([1, 2, 3], dtype=torch.uint8)]
-    running = support.make_iterator("file", root)
-    reference = support.make_iterator("file", root)
+    running = dali_runs.make_iterator("file", root)
+    reference = dali_runs.make_iterator("file", root)
     next(running), next(reference)
     with pytest.raises(LoaderStateError) as caught:
         running.load_state_dict(state)

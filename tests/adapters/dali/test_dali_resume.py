@@ -10,10 +10,6 @@ remaining batch, loss, epoch number, the model and the optimizer are compared wi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,34 +19,26 @@ pytest.importorskip(
     reason="NVIDIA DALI cannot be imported here (pip install 'trainer-resume[dali]')",
 )
 
-import dali_child  # noqa: E402
 import nvidia.dali  # noqa: E402
+from support import dali_child  # noqa: E402
+from support import lightning_procs as procs  # noqa: E402
 
 from trainer_resume import load_checkpoint  # noqa: E402
 from trainer_resume.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-CHILD = Path(__file__).with_name("dali_child.py")
-
-
-def _child(mode: str, workdir: Path) -> dict:
-    # Bounded: importing torch and DALI on a loaded machine takes seconds, a run far less.
-    completed = subprocess.run(
-        [sys.executable, str(CHILD), mode, str(workdir)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    return torch.load(workdir / f"{mode}.pt", weights_only=False)
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dali")
-    return _child("pause", workdir), _child("resume", workdir)
+    outcome = []
+    for mode in ("pause", "resume"):
+        log = workdir / f"{mode}.log"
+        done = procs.run(procs.child_command(mode, workdir, child="support.dali_child"), log)
+        assert done.returncode == 0 and "DONE" in done.stdout, procs.describe_failure(done, log)
+        outcome.append(torch.load(workdir / f"{mode}.pt", weights_only=False))
+    return tuple(outcome)
 
 
 def _assert_same_batches(expected: list[dict], got: list[dict], what: str) -> None:
@@ -105,7 +93,7 @@ def test_the_pause_points_include_each_epochs_last_batch_and_later_epochs(runs):
     paused, _ = runs
     for kind, policy, points in dali_child.CASES:
         epochs = [seen["epoch"] for seen in paused[(kind, policy, None)]["seen"]]
-        assert epochs[-1] == dali_child.support.EPOCHS - 1, (kind, policy)
+        assert epochs[-1] == dali_child.dali_runs.EPOCHS - 1, (kind, policy)
         last_batches = {k for k in range(1, len(epochs)) if epochs[k] != epochs[k - 1]}
         assert last_batches & set(points), (kind, policy, points)
 
@@ -115,7 +103,7 @@ def test_shuffle_after_epoch_reads_every_epoch_in_a_new_order(runs):
     seen = paused[("shuffle_after_epoch", "PARTIAL", None)]["seen"]
     orders = [
         torch.cat([s["batch"]["images"][:, 0, 0, 0] for s in seen if s["epoch"] == e])
-        for e in range(dali_child.support.EPOCHS)
+        for e in range(dali_child.dali_runs.EPOCHS)
     ]
     assert not torch.equal(orders[0], orders[1]) and not torch.equal(orders[1], orders[2])
 

@@ -1,7 +1,7 @@
 """Child process of the DALI resume tests: reference runs and SIGTERM pauses, or resumes.
 
-``python dali_child.py pause WORKDIR`` runs each case uninterrupted, then once per
-pause point with a SIGTERM at that step (a pause file each); ``python dali_child.py
+``python -m support.dali_child pause WORKDIR`` runs each case uninterrupted, then once per
+pause point with a SIGTERM at that step (a pause file each); ``python -m support.dali_child
 resume WORKDIR`` resumes every pause file in this new process and finishes the run.
 Both save what they saw to ``WORKDIR/<mode>.pt``.
 """
@@ -12,8 +12,9 @@ import os
 import random
 import sys
 
-import dali_support as support
 import torch
+
+from support import dali_runs
 
 # (kind, last_batch_policy, steps after which a SIGTERM pauses). Epochs of 6 batches
 # (PARTIAL, FILL; FILL's third has 5), 5 (DROP) and 3 (external source).
@@ -26,7 +27,7 @@ CASES = [
 ]
 
 
-def _finished(trainer: support.DALITrainer, seen: list[dict]) -> dict:
+def _finished(trainer: dali_runs.DALITrainer, seen: list[dict]) -> dict:
     return {
         "seen": seen,
         "model": trainer.model.state_dict(),
@@ -35,16 +36,18 @@ def _finished(trainer: support.DALITrainer, seen: list[dict]) -> dict:
 
 
 def pause(workdir: str) -> dict:
-    root = support.write_images(os.path.join(workdir, "images"))
+    root = dali_runs.write_images(os.path.join(workdir, "images"))
     results = {}
     for kind, policy, points in CASES:
-        trainer = support.DALITrainer(support.make_iterator(kind, root, policy))
-        results[(kind, policy, None)] = _finished(trainer, support.train(trainer))
+        trainer = dali_runs.DALITrainer(dali_runs.make_iterator(kind, root, policy))
+        results[(kind, policy, None)] = _finished(trainer, dali_runs.train(trainer))
         for step in points:
             path = os.path.join(workdir, f"{kind}-{policy}-{step}.ckpt")
-            trainer = support.DALITrainer(support.make_iterator(kind, root, policy), signal_at=step)
+            trainer = dali_runs.DALITrainer(
+                dali_runs.make_iterator(kind, root, policy), signal_at=step
+            )
             with trainer.pause_on_signal(path, warn_without_step_after=None):
-                seen = support.train(trainer)
+                seen = dali_runs.train(trainer)
             assert trainer.paused and trainer.completed_steps == step, (kind, policy, step)
             results[(kind, policy, step)] = {"seen": seen, "path": path}
     return results
@@ -57,10 +60,10 @@ def resume(workdir: str) -> dict:
         for step in points:
             torch.manual_seed(1234)  # unlike the paused run: resume() must restore every generator
             random.seed(1234)
-            trainer = support.DALITrainer(support.make_iterator(kind, root, policy))
+            trainer = dali_runs.DALITrainer(dali_runs.make_iterator(kind, root, policy))
             trainer.resume(os.path.join(workdir, f"{kind}-{policy}-{step}.ckpt"))
             epoch = trainer.loader.epoch  # the epoch the first pass after the resume reads
-            results[(kind, policy, step)] = _finished(trainer, support.train(trainer))
+            results[(kind, policy, step)] = _finished(trainer, dali_runs.train(trainer))
             results[(kind, policy, step)]["epoch_at_resume"] = epoch
     return results
 
@@ -69,3 +72,4 @@ if __name__ == "__main__":
     mode, directory = sys.argv[1], sys.argv[2]
     outcome = pause(directory) if mode == "pause" else resume(directory)
     torch.save(outcome, os.path.join(directory, f"{mode}.pt"))
+    print("DONE", flush=True)
