@@ -5,6 +5,10 @@ The pipelines run on the CPU (``device_id=None``): a file reader with
 ``fn.reinterpret``, flipped at random by ``fn.crop_mirror_normalize`` and given
 ``fn.random.uniform`` noise; or an ``fn.external_source`` whose callable takes one
 ``SampleInfo``, plus ``fn.random.normal`` noise.
+
+:class:`DALITrainer` trains a small classifier on them with a per-epoch LR schedule, and
+:func:`train` is the usual epoch loop with epoch-end work after the inner loop: the
+scheduler's step and a "validation" that draws from torch's global generator.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from nvidia.dali import pipeline_def
 from nvidia.dali.plugin.pytorch import LastBatchPolicy
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer_resume import TrainingResumeMixin, training_step
 from trainer_resume.adapters.dali import ResumableDALIIterator
@@ -81,8 +86,11 @@ def external_pipeline():
     return images, labels, fn.random.normal(stddev=0.05)
 
 
-def make_iterator(kind: str, root: str, policy: str = "PARTIAL") -> ResumableDALIIterator:
-    """``file`` (any policy), ``shuffle_after_epoch`` or ``external``; checkpointing on."""
+def make_iterator(
+    kind: str, root: str, policy: str = "PARTIAL", *, shard: tuple[int, int] = (0, 1)
+) -> ResumableDALIIterator:
+    """``file`` (any policy; ``shard``: its shard_id and num_shards), ``shuffle_after_epoch``
+    or ``external``; checkpointing on."""
     if kind == "external":
         return ResumableDALIIterator(
             external_pipeline,
@@ -96,6 +104,8 @@ def make_iterator(kind: str, root: str, policy: str = "PARTIAL") -> ResumableDAL
         pipeline_kwargs={
             "root": root,
             "shuffle_after_epoch": kind == "shuffle_after_epoch",
+            "shard_id": shard[0],
+            "num_shards": shard[1],
             "enable_checkpointing": True,
         },
         reader_name="Reader",
@@ -104,20 +114,35 @@ def make_iterator(kind: str, root: str, policy: str = "PARTIAL") -> ResumableDAL
 
 
 class DALITrainer(TrainingResumeMixin):
-    """A small classifier trained on the DALI batches; SIGTERM at ``signal_at`` pauses it."""
+    """A small classifier trained on the DALI batches, with a per-epoch LR schedule.
 
-    def __init__(self, loader: ResumableDALIIterator, signal_at: int | None = None) -> None:
+    At ``pause_at`` (a step number, counted from 1) the step asks for a pause: by a
+    SIGTERM to this process, or by ``request_pause(pause_request)`` when that path is
+    given. ``distributed``: the model is wrapped in ``DistributedDataParallel``.
+    """
+
+    def __init__(
+        self,
+        loader: ResumableDALIIterator,
+        *,
+        pause_at: int | None = None,
+        pause_request: str | None = None,
+        distributed: bool = False,
+    ) -> None:
         torch.manual_seed(3)
         self.loader = loader
-        self.model = nn.Sequential(
+        self.module = nn.Sequential(
             nn.Flatten(), nn.Linear(3 * SIDE * SIDE, 8), nn.Dropout(0.25), nn.Linear(8, 2)
         )
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
-        self.signal_at = signal_at
+        self.model = DistributedDataParallel(self.module) if distributed else self.module
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1, momentum=0.9)
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=1, gamma=0.5)
+        self.pause_at = pause_at
+        self.pause_request = pause_request
         self._initialize_training_resume({"trainer": "dali"}, version="1")
 
     def _resume_objects(self):
-        return {"model": self.model, "optimizer": self.optimizer}
+        return {"model": self.module, "optimizer": self.optimizer, "scheduler": self.scheduler}
 
     def _resume_loaders(self):
         return {"train": self.loader}
@@ -131,19 +156,55 @@ class DALITrainer(TrainingResumeMixin):
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        if self.completed_steps + 1 == self.signal_at:
-            os.kill(os.getpid(), signal.SIGTERM)  # the pause lands when this step ends
+        if self.completed_steps + 1 == self.pause_at:
+            if self.pause_request is None:
+                os.kill(os.getpid(), signal.SIGTERM)  # the pause lands when this step ends
+            else:
+                self.request_pause(self.pause_request)
         return loss.detach()
 
+    def end_epoch(self, epoch: int) -> dict:
+        """The loop's epoch-end work: the scheduler's step, then a validation whose inputs
+        come from torch's global generator (a skipped one would change every later draw)."""
+        self.scheduler.step()
+        self.module.eval()
+        with torch.no_grad():
+            probe = torch.rand(BATCH_SIZE, 3, SIDE, SIDE)
+            value = self.module(probe).sum()
+        self.module.train()
+        return {"epoch": epoch, "validation": value, "lr": self.optimizer.param_groups[0]["lr"]}
 
-def train(trainer: DALITrainer, epochs: int = EPOCHS) -> list[dict]:
-    """The usual epoch loop from the loader's own epoch: every batch, its epoch and its loss."""
-    seen = []
+
+def train(
+    trainer: DALITrainer, epochs: int = EPOCHS, *, pause_after_epoch_work: bool = False
+) -> tuple[list[dict], list[dict]]:
+    """The usual epoch loop from the loader's own epoch, with the epoch-end work after the
+    inner loop: every batch (its epoch and loss) and every epoch-end result.
+
+    ``pause_after_epoch_work``: the loop calls ``pause_if_requested()`` after that work,
+    where a pause requested at an epoch's last batch then lands.
+    """
+    seen, ends = [], []
     loader = trainer.loader
     for epoch in range(loader.epoch, epochs):
         for batch in loader:
             loss = trainer.step(batch)
             seen.append({"epoch": epoch, "batch": dict(batch[0]), "loss": loss})
             if trainer.paused:
-                return seen
-    return seen
+                return seen, ends
+        ends.append(trainer.end_epoch(epoch))
+        if pause_after_epoch_work and trainer.pause_if_requested():
+            return seen, ends
+    return seen, ends
+
+
+def finished(trainer: DALITrainer, seen: list[dict], ends: list[dict]) -> dict:
+    """What a run leaves for the comparison (plain data: a weights-only load reads it)."""
+    return {
+        "seen": seen,
+        "ends": ends,
+        "completed_steps": trainer.completed_steps,
+        "model": trainer.module.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "scheduler": trainer.scheduler.state_dict(),
+    }

@@ -15,7 +15,6 @@ pytest.importorskip(
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the GPU pipeline tests need one", allow_module_level=True)
 
-
 import nvidia.dali.fn as fn  # noqa: E402
 import nvidia.dali.types as types  # noqa: E402
 from nvidia.dali import pipeline_def  # noqa: E402

@@ -16,7 +16,6 @@ pytest.importorskip(
     reason="NVIDIA DALI cannot be imported here (pip install 'trainer-resume[dali]')",
 )
 
-
 import nvidia.dali  # noqa: E402
 import nvidia.dali.fn as fn  # noqa: E402
 from nvidia.dali import pipeline_def  # noqa: E402
@@ -114,6 +113,75 @@ def test_after_an_epochs_last_batch_the_state_names_the_next_epoch(root, kind, p
     assert resumed.epoch == 1
     _assert_same(rest, _epochs(resumed), f"{kind} {policy} after epoch 0")
     assert rest[0][0] == 1 and len(seen) > 0
+
+
+@pytest.mark.parametrize(("kind", "policy"), KINDS)
+def test_epoch_ended_is_true_from_an_epochs_last_batch_until_the_next_pass(root, kind, policy):
+    expected, _ = _dali_reference(kind, root, policy)
+    last_batches = [
+        index == len(expected) - 1 or expected[index + 1][0] != epoch
+        for index, (epoch, _) in enumerate(expected)
+    ]
+    iterator = dali_runs.make_iterator(kind, root, policy)
+    assert iterator.epoch_ended is False  # before the first batch
+    flags, at_pass_start, after_pass = [], [], []
+    for _ in range(dali_runs.EPOCHS):
+        passing = iter(iterator)
+        at_pass_start.append(iterator.epoch_ended)
+        for _ in passing:
+            flags.append(iterator.epoch_ended)
+        after_pass.append(iterator.epoch_ended)  # the loop saw the epoch's StopIteration
+    assert flags == last_batches, f"{kind} {policy}"
+    assert at_pass_start == [False] * dali_runs.EPOCHS
+    assert after_pass == [True] * dali_runs.EPOCHS
+
+
+def test_epoch_ended_is_false_after_loading_a_state_taken_at_an_epochs_end(root):
+    iterator = dali_runs.make_iterator("file", root)
+    _epochs(iterator, epochs=1)
+    assert iterator.epoch_ended is True
+    resumed = dali_runs.make_iterator("file", root)
+    resumed.load_state_dict(iterator.state_dict())
+    assert (resumed.epoch, resumed.epoch_ended) == (1, False)
+
+
+def _auto_reset_epochs(iterator, take_states: bool, most: int) -> tuple[list, list[bool]]:
+    """Three passes of ``for batch in iterator`` (no reset between them), ``most`` batches
+    at most (a pass that did not end would run on); after each pass, whether
+    ``epoch_ended`` still says the epoch ended."""
+    seen, ended = [], []
+    for epoch in range(dali_runs.EPOCHS):
+        for batch in iterator:
+            seen.append((epoch, batch[0]))
+            if len(seen) > most:
+                return seen, ended
+            if take_states:
+                iterator.state_dict()  # reads one batch ahead, as the mixin's boundary does
+        ended.append(iterator.epoch_ended)
+    return seen, ended
+
+
+@pytest.mark.parametrize("take_states", [False, True])
+def test_with_auto_reset_each_pass_ends_at_its_epochs_end_as_in_dali(root, take_states):
+    kwargs = {"root": root, "enable_checkpointing": True}
+    dali = DALIGenericIterator(
+        [dali_runs.file_pipeline(**kwargs)],
+        dali_runs.OUTPUTS,
+        reader_name="Reader",
+        auto_reset=True,
+    )
+    expected = [(e, batch[0]) for e in range(dali_runs.EPOCHS) for batch in dali]
+    iterator = ResumableDALIIterator(
+        dali_runs.file_pipeline,
+        dali_runs.OUTPUTS,
+        pipeline_kwargs=kwargs,
+        reader_name="Reader",
+        auto_reset=True,
+    )
+    seen, ended = _auto_reset_epochs(iterator, take_states, most=len(expected))
+    _assert_same(expected, seen, f"auto_reset, states taken: {take_states}")
+    # The StopIteration that ended each pass started the next one (DALI's reset).
+    assert ended == [False] * dali_runs.EPOCHS
 
 
 def test_the_state_is_plain_data_that_a_weights_only_load_reads(root):

@@ -1,10 +1,13 @@
-"""A trainer fed by DALI pipelines, paused by SIGTERM and resumed in a new process, is bit-identical.
+"""A trainer fed by DALI pipelines, paused and resumed in a new process, is bit-identical.
 
-One child process runs every case uninterrupted and then paused at each point (mid-epoch
-and at an epoch's last batch, for each last_batch_policy, an external source and a
-reader with shuffle_after_epoch=True); a second one resumes every pause file. Every
-remaining batch, loss, epoch number, the model and the optimizer are compared with
-``torch.equal`` to the uninterrupted run.
+The loop is the usual one, with its epoch-end work (a per-epoch scheduler step and a
+validation drawing random numbers) after the inner loop. One child process runs every
+case uninterrupted and then paused at each point (mid-epoch and at an epoch's last
+batch, for each last_batch_policy, an external source and a reader with
+shuffle_after_epoch=True; by SIGTERM, or by request_pause with pause_if_requested()
+after the epoch-end work); a second one resumes every pause file. Every remaining
+batch, loss, epoch number, epoch-end result, the model, the optimizer and the scheduler
+are compared with ``torch.equal`` to the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -41,66 +44,68 @@ def runs(tmp_path_factory):
     return tuple(outcome)
 
 
-def _assert_same_batches(expected: list[dict], got: list[dict], what: str) -> None:
-    assert len(got) == len(expected), f"{what}: {len(got)} batches instead of {len(expected)}"
-    for number, (a, b) in enumerate(zip(expected, got)):
-        assert a["epoch"] == b["epoch"], (
-            f"{what}: batch {number} is in epoch {b['epoch']}, not {a['epoch']}"
-        )
-        assert a["batch"].keys() == b["batch"].keys()
-        for name in a["batch"]:
-            assert torch.equal(a["batch"][name], b["batch"][name]), f"{what}: batch {number} {name}"
-        assert torch.equal(a["loss"], b["loss"]), f"{what}: loss {number}"
-
-
-def _assert_same_state(expected, got, what: str) -> None:
+def _assert_same(expected, got, what: str) -> None:
     if isinstance(expected, torch.Tensor):
         assert torch.equal(expected, got), what
     elif isinstance(expected, dict):
         assert expected.keys() == got.keys(), what
         for key in expected:
-            _assert_same_state(expected[key], got[key], f"{what}[{key!r}]")
+            _assert_same(expected[key], got[key], f"{what}[{key!r}]")
     elif isinstance(expected, (list, tuple)):
-        assert len(expected) == len(got), what
+        assert len(expected) == len(got), f"{what}: {len(got)} items instead of {len(expected)}"
         for index, (a, b) in enumerate(zip(expected, got)):
-            _assert_same_state(a, b, f"{what}[{index}]")
+            _assert_same(a, b, f"{what}[{index}]")
     else:
         assert expected == got, what
 
 
-CASES = [(kind, policy, step) for kind, policy, points in dali_child.CASES for step in points]
+def _ends_an_epoch(reference: dict, step: int) -> bool:
+    epochs = [seen["epoch"] for seen in reference["seen"]]
+    return epochs[step] != epochs[step - 1]
 
 
-@pytest.mark.parametrize(("kind", "policy", "step"), CASES)
-def test_a_sigterm_pause_resumed_in_a_new_process_continues_bit_identically(
-    runs, kind, policy, step
-):
+CASES = [
+    pytest.param(loop, kind, policy, step, id=f"{loop}-{kind}-{policy}-{step}")
+    for loop, cases in dali_child.LOOPS.items()
+    for kind, policy, points in cases
+    for step in points
+]
+
+
+@pytest.mark.parametrize(("loop", "kind", "policy", "step"), CASES)
+def test_a_pause_resumed_in_a_new_process_continues_bit_identically(runs, loop, kind, policy, step):
     paused, resumed = runs
-    reference = paused[(kind, policy, None)]
-    before = paused[(kind, policy, step)]["seen"]
-    after = resumed[(kind, policy, step)]
-    what = f"{kind} {policy} paused after step {step}"
-    _assert_same_batches(reference["seen"][:step], before, f"{what} (before the pause)")
+    reference = paused[(kind, policy)]
+    before = paused[(loop, kind, policy, step)]
+    after = resumed[(loop, kind, policy, step)]
+    what = f"{loop} loop, {kind} {policy} asked to pause in step {step}"
+    # At an epoch's last batch the plain loop's pause lands after the epoch-end work, when
+    # the next epoch's first step ends; pause_if_requested() lands it right after that work.
+    landed = step + 1 if loop == "step" and _ends_an_epoch(reference, step) else step
+    assert before["completed_steps"] == landed, what
+    _assert_same(reference["seen"][:landed], before["seen"], f"{what} (before the pause)")
     # After an epoch's last batch the first pass reads the next epoch (no empty pass).
-    assert after["epoch_at_resume"] == reference["seen"][step]["epoch"], what
-    _assert_same_batches(reference["seen"][step:], after["seen"], what)
-    _assert_same_state(reference["model"], after["model"], f"{what}: model")
-    _assert_same_state(reference["optimizer"], after["optimizer"], f"{what}: optimizer")
+    assert after["epoch_at_resume"] == reference["seen"][landed]["epoch"], what
+    _assert_same(reference["seen"][landed:], after["seen"], what)
+    # Every epoch's end work ran once, before the pause or after the resume.
+    _assert_same(reference["ends"], before["ends"] + after["ends"], f"{what}: epoch ends")
+    for name in ("model", "optimizer", "scheduler"):
+        _assert_same(reference[name], after[name], f"{what}: {name}")
 
 
 def test_the_pause_points_include_each_epochs_last_batch_and_later_epochs(runs):
     # The cases above would prove less if no pause fell on an epoch's last batch.
     paused, _ = runs
-    for kind, policy, points in dali_child.CASES:
-        epochs = [seen["epoch"] for seen in paused[(kind, policy, None)]["seen"]]
-        assert epochs[-1] == dali_child.dali_runs.EPOCHS - 1, (kind, policy)
-        last_batches = {k for k in range(1, len(epochs)) if epochs[k] != epochs[k - 1]}
-        assert last_batches & set(points), (kind, policy, points)
+    for cases in dali_child.LOOPS.values():
+        for kind, policy, points in cases:
+            reference = paused[(kind, policy)]
+            assert reference["seen"][-1]["epoch"] == dali_child.dali_runs.EPOCHS - 1
+            assert any(_ends_an_epoch(reference, step) for step in points), (kind, policy)
 
 
 def test_shuffle_after_epoch_reads_every_epoch_in_a_new_order(runs):
     paused, _ = runs
-    seen = paused[("shuffle_after_epoch", "PARTIAL", None)]["seen"]
+    seen = paused[("shuffle_after_epoch", "PARTIAL")]["seen"]
     orders = [
         torch.cat([s["batch"]["images"][:, 0, 0, 0] for s in seen if s["epoch"] == e])
         for e in range(dali_child.dali_runs.EPOCHS)
@@ -110,7 +115,8 @@ def test_shuffle_after_epoch_reads_every_epoch_in_a_new_order(runs):
 
 def test_inspect_shows_the_dali_pipelines_and_their_checkpoint_sizes(runs, capsys):
     paused, _ = runs
-    path = paused[("file", "PARTIAL", 6)]["path"]  # after epoch 0's last batch
+    # Written by pause_if_requested() after epoch 0's end work: DALI's reset() is still due.
+    path = paused[("epoch_end", "file", "PARTIAL", 6)]["path"]
     saved = load_checkpoint(path)["loaders"]["train"]["checkpoints"]
     assert len(saved) == 1
     assert main(["inspect", path]) == 0

@@ -12,10 +12,12 @@ pipelines rebuilt with ``checkpoint=``.
 The end of an epoch: DALI's iterator says an epoch has ended only by raising
 ``StopIteration`` on the call after its last batch. So that a state taken after an
 epoch's last batch names the next epoch (and the resumed loop does not run an empty
-extra epoch), ``state_dict()`` (and :attr:`epoch`, ``iter()`` and ``reset()``) read one
-batch ahead once a batch of the epoch was delivered, and keep it for the next
-``next()``. The checkpoint is taken before that read: the kept batch is produced again
-after a resume.
+extra epoch), ``state_dict()`` (and :attr:`epoch`, :attr:`epoch_ended`, ``iter()`` and
+``reset()``) read one batch ahead once a batch of the epoch was delivered, and keep it
+for the next ``next()``. The checkpoint is taken before that read: the kept batch is
+produced again after a resume. :attr:`epoch_ended` says the same to the trainer mixin,
+which then lands a pause requested at that step after the loop's epoch-end work, as
+for ``ResumableDataLoader``.
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ class ResumableDALIIterator:
     ``checkpoint=``. Batches, ``len()``, ``last_batch_policy``, ``reader_name`` and
     ``size`` are DALI's own. Each ``iter(iterator)`` after an epoch's end starts the
     next epoch (DALI's ``reset()``); :attr:`epoch` is the epoch the next pass reads,
-    so an epoch loop continues with ``for epoch in range(it.epoch, epochs)``.
+    so an epoch loop continues with ``for epoch in range(it.epoch, epochs)``;
+    :attr:`epoch_ended` lets the trainer mixin land a pause requested at an epoch's
+    last batch after the loop's epoch-end work.
 
     Args:
         pipeline_fn: A ``@pipeline_def`` function, or one per pipeline.
@@ -84,9 +88,9 @@ class ResumableDALIIterator:
             pipeline, e.g. ``shard_id`` / ``device_id`` per GPU).
         **iterator_kwargs: ``DALIGenericIterator``'s other arguments (``reader_name``,
             ``size``, ``last_batch_policy``, ``last_batch_padded``,
-            ``prepare_first_batch``, ``auto_reset``). With ``auto_reset`` a ``next()``
-            after an epoch's end starts the next epoch; without it, ``iter()`` or
-            ``reset()`` does.
+            ``prepare_first_batch``, ``auto_reset``). With ``auto_reset`` the
+            ``StopIteration`` that ends an epoch starts the next one, as in DALI;
+            without it, ``iter()`` or ``reset()`` does.
 
     Raises:
         UnsupportedResumeConfigurationError: a pipeline without
@@ -118,6 +122,7 @@ class ResumableDALIIterator:
         self._epoch = 0
         self._delivered = 0  # batches delivered in this epoch
         self._pending_reset = False  # the epoch ended; DALI's reset() is still due
+        self._ended = False  # this iterator delivered the epoch's last batch; no pass since
         self._held: Any = None  # the batch read ahead, delivered by the next next()
         self._failure: BaseException | None = None  # a read-ahead failure, raised by next()
         self._snapshot: DALIIteratorState | None = None  # the state after the last delivery
@@ -130,6 +135,19 @@ class ResumableDALIIterator:
         """The epoch the next pass reads (one more once an epoch's last batch was delivered)."""
         self._settle()
         return self._epoch
+
+    @property
+    def epoch_ended(self) -> bool:
+        """True from the delivery of an epoch's last batch until the next pass starts.
+
+        As ``ResumableDataLoader.epoch_ended``: the loop is about to run its epoch-end
+        work (a per-epoch ``scheduler.step()``, validation), so the trainer mixin lands
+        a pause requested at this step after that work. The next pass starts at the
+        next ``iter()``, ``reset()`` or, with ``auto_reset``, the ``StopIteration`` that
+        ends the epoch. False before the first batch and after :meth:`load_state_dict`.
+        """
+        self._settle()
+        return self._ended
 
     @property
     def pipelines(self) -> list[Any]:
@@ -155,9 +173,11 @@ class ResumableDALIIterator:
             batch, self._held = self._held, None
             return self._delivered_now(batch)
         if self._pending_reset:
-            if not self._auto_reset:
-                raise StopIteration
-            self._reset_pipelines()
+            # The epoch's end, found by a read-ahead: the StopIteration DALI would raise
+            # now (resetting first with auto_reset, as DALI does).
+            if self._auto_reset:
+                self._reset_pipelines()
+            raise StopIteration
         try:
             batch = next(self._dali)
         except StopIteration:
@@ -196,6 +216,7 @@ class ResumableDALIIterator:
         self._epoch += 1
         self._delivered = 0
         self._pending_reset = True
+        self._ended = True
         self._snapshot.update({EPOCH: self._epoch, DELIVERED: 0, PENDING_RESET: True})
 
     def _reset_pipelines(self) -> None:
@@ -203,6 +224,7 @@ class ResumableDALIIterator:
         # restored from a checkpoint reports its restored checkpoints until it delivers.
         self._dali.reset()
         self._pending_reset = False
+        self._ended = False
 
     def _settle(self) -> None:
         """Take the snapshot of the delivered position, then read ahead to learn whether the
@@ -320,6 +342,7 @@ class ResumableDALIIterator:
         self._epoch = state[EPOCH]
         self._delivered = state[DELIVERED]
         self._pending_reset = state[PENDING_RESET]
+        self._ended = False
         self._held = None
         self._failure = None
         # Until the next delivery the position is the loaded one (DALI's restored
