@@ -5,7 +5,11 @@ The pipelines are CPU-only (``device_id=None``), so these run without a GPU.
 
 from __future__ import annotations
 
+import gc
 import io
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -72,6 +76,32 @@ def _dali_reference(kind: str, root: str, policy: str) -> tuple[list, list[int]]
         lengths.append(len(dali))
         seen.extend((epoch, batch[0]) for batch in dali)  # iter() resets after the epoch
     return seen, lengths
+
+
+def test_a_forked_child_that_frees_a_pipeline_exits_instead_of_waiting_for_its_threads(root):
+    # A DataLoader worker forked beside a DALI iterator: freeing the pipeline there (the
+    # child's garbage collector, or its last reference dropped) shut its backend down,
+    # which waits forever for threads that only the parent has, or crashes.
+    iterator = dali_runs.make_iterator("file", root, "PARTIAL")
+    next(iter(iterator))
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            del iterator
+            gc.collect()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert done[0] == child, "the child hung"
+    assert os.waitstatus_to_exitcode(done[1]) == 0  # not killed by a signal (a crash)
+    assert len(next(iterator)[0]["images"]) > 0  # the parent's pipeline still runs
 
 
 @pytest.mark.parametrize(("kind", "policy"), KINDS)

@@ -28,6 +28,7 @@ if tuple(int(part) for part in _dali.__version__.split(".")[:2]) < (2, 4):
         f"trainer_resume.adapters.dali needs NVIDIA DALI>={MIN_DALI}, found {_dali.__version__}"
     )
 
+from . import _fork  # noqa: E402, F401 - forked children never shut a pipeline down
 from .iterator import ResumableDALIIterator  # noqa: E402
 
 __all__ = ["MIN_DALI", "ResumableDALIIterator"]
