@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 import pytest
 import torch
+from support import iterable_streams
 from support import loader_streams as streams
+from torch.utils.data import DataLoader
 
 from trainer_resume.errors import (
     IteratorInvalidatedError,
@@ -78,9 +81,11 @@ def test_resume_after_a_worker_died_restarts_at_the_last_delivered_batch(tmp_pat
         prefetch_factor=1,
         dataset=streams.FlagExitingDataset(str(flag), bad),
     )
-    iterator = iter(loader)
     got = []
+    # The worker may die while iter() still starts the workers (torch raises from its
+    # SIGCHLD handler wherever the main thread is) or after some batches were delivered.
     with pytest.raises(LoaderFetchFailedError, match="stream position") as caught:
+        iterator = iter(loader)
         while True:
             got.append(next(iterator))
     assert isinstance(caught.value.__cause__, RuntimeError)  # torch's "worker exited unexpectedly"
@@ -90,6 +95,51 @@ def test_resume_after_a_worker_died_restarts_at_the_last_delivered_batch(tmp_pat
     loader.close()
     resumed = iter(loader)
     got += [next(resumed) for _ in range(len(expected) - len(got))]
+    loader.close()
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+def _map_style_loader() -> Any:
+    torch.manual_seed(0)
+    return streams.make_loader("sampler", num_workers=2, prefetch_factor=1)
+
+
+def _iterable_loader() -> Any:
+    torch.manual_seed(0)
+    return iterable_streams.make_loader(num_workers=2, prefetch_factor=1)
+
+
+@pytest.mark.parametrize("make", [_map_style_loader, _iterable_loader], ids=["map", "iterable"])
+def test_a_worker_dying_while_iter_starts_the_workers_is_a_fetch_failure_that_close_clears(
+    monkeypatch, make
+):
+    # Where torch raises it when a worker dies before iter() returned: from iter() itself.
+    reference = iter(make())
+    expected = [next(reference) for _ in range(4)]
+    loader = make()
+    started = DataLoader._get_iterator
+
+    def dying(engine):
+        started(engine)  # the workers start; one of them then dies
+        raise RuntimeError("DataLoader worker (pid 1) exited unexpectedly with exit code 3")
+
+    monkeypatch.setattr(DataLoader, "_get_iterator", dying)
+    with pytest.raises(LoaderFetchFailedError) as caught:
+        iter(loader)
+    assert caught.value.detail.startswith(
+        "starting the iteration failed: RuntimeError: DataLoader worker (pid 1) exited "
+        "unexpectedly with exit code 3"
+    )
+    assert caught.value.detail.endswith(
+        "; call close() on the loader, then iter() resumes at the last delivered batch"
+    )
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    with pytest.raises(LoaderFetchFailedError):  # close() first
+        iter(loader)
+    monkeypatch.undo()
+    loader.close()
+    resumed = iter(loader)
+    got = [next(resumed) for _ in range(len(expected))]
     loader.close()
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
 

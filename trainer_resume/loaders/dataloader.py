@@ -113,8 +113,9 @@ class ResumableDataLoader(DataLoader):
       after every batch, also with ``num_workers=0`` and on errors (CUDA is never
       touched); worker base seeds derive from ``augmentation_seed`` (``generator`` is
       not drawn from per iterator).
-    * A failing ``dataset[index]`` or ``collate_fn`` raises LoaderFetchFailedError
-      (original chained, index in the detail); that iterator is dead, and after
+    * A failing ``dataset[index]`` or ``collate_fn``, or a worker that dies (also while
+      ``iter()`` starts the workers), raises LoaderFetchFailedError (original chained,
+      index or stream position in the detail); that iterator is dead, and after
       :meth:`close` a new ``iter(loader)`` resumes at the last delivered batch. A
       failure while recording the delivered position raises LoaderCommitFailedError;
       ``state_dict()`` and ``iter()`` then stay blocked until :meth:`load_state_dict`.
@@ -351,9 +352,12 @@ class ResumableDataLoader(DataLoader):
         engine = self._engine
         if engine is None or not self._reuses_workers():
             engine = self._engine = self._build_engine(stream)
-        with worker_start(engine):  # workers start with the pause signals blocked
-            inner = iter(engine)  # calls iter(Tasks), which publishes this iteration's FIFO
         tasks = cast(Tasks, engine.sampler)
+        with worker_start(engine):  # workers start with the pause signals blocked
+            try:
+                inner = iter(engine)  # calls iter(Tasks), which publishes this iteration's FIFO
+            except Exception as exc:
+                raise self._start_failed(stream, exc, tasks.pending) from exc
         epoch = source.cursor[0] if source.epochs else 0
         self._active = ResumableIterator(stream, inner, tasks.pending, epoch)
         return self._active
@@ -368,8 +372,25 @@ class ResumableDataLoader(DataLoader):
             self._drop_engine()
             engine = self._engine = self._build_pass_engine(stream, source, plan)
         with worker_start(engine):  # workers start with the pause signals blocked
-            inner = iter(engine)
+            try:
+                inner = iter(engine)
+            except Exception as exc:
+                raise self._start_failed(stream, exc, None) from exc
         return IterableIterator(stream, inner, source.cursor[0])
+
+    def _start_failed(
+        self, stream: Stream, error: Exception, pending: Any
+    ) -> LoaderFetchFailedError:
+        # A worker that died while the iteration started (torch raises its "exited
+        # unexpectedly" from the SIGCHLD handler, wherever the main thread is): the same
+        # failure as one met by next(), recorded the same way.
+        where = f" (batch starting at stream position {pending[0][0]})" if pending else ""
+        stream.fetch_failure = (
+            f"starting the iteration failed: {type(error).__name__}: {error}{where}; call "
+            "close() on the loader, then iter() resumes at the last delivered batch"
+        )
+        self._drop_engine()
+        return LoaderFetchFailedError(stream.fetch_failure)
 
     def _build_pass_engine(
         self, stream: Stream, source: IterableSource, plan: PassPlan
