@@ -139,9 +139,10 @@ def test_armed_signals_with_training_steps_do_not_warn(tmp_path):
     trainer = TinyTrainer()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with trainer.pause_on_signal(tmp_path / "pause.ckpt", warn_without_step_after=0.05):
+        # Long enough that a busy machine starts the step in time; then past the deadline.
+        with trainer.pause_on_signal(tmp_path / "pause.ckpt", warn_without_step_after=1.0):
             trainer.train_step()
-            time.sleep(0.3)
+            time.sleep(1.3)
     assert caught == []
 
 
