@@ -317,33 +317,49 @@ def test_writer_killed_at_random_moments_always_leaves_one_complete_version(tmp_
     assert temp_files(tmp_path) == []
 
 
-def _save_and_load_large(path: str, report: Any) -> None:
+# The parent saves and loads a large file (blake3's thread pool and the digest helper
+# thread start), then forks a child that does the same. It runs in a fresh interpreter:
+# forked from the test process, the child would also inherit the locks of the test
+# runner's own threads, which are no part of what is tested.
+_FORK_AFTER_LARGE_SAVES = """
+import multiprocessing, sys
+import torch
+from trainer_resume.durable import load_checkpoint, save_checkpoint
+
+def save_and_load_large(path, report):
     torch.set_num_threads(1)  # a forked child must not enter the parent's thread pool
-    state = {"w": torch.arange(3 << 20, dtype=torch.float32)}  # 12 MiB: hashed on several threads
+    state = {"w": torch.arange(3 << 20, dtype=torch.float32)}  # 12 MiB: hashed on threads
     try:
         save_checkpoint(state, path)
         report.send(torch.equal(load_checkpoint(path)["w"], state["w"]))
     except BaseException as exc:  # reported, so the test shows what happened instead
         report.send(repr(exc))
 
+folder = sys.argv[1]
+large = {"w": torch.ones(3 << 20)}
+save_checkpoint(large, folder + "/parent.pt")
+assert torch.equal(load_checkpoint(folder + "/parent.pt")["w"], large["w"])
+context = multiprocessing.get_context("fork")
+receive, send = context.Pipe(duplex=False)
+child = context.Process(target=save_and_load_large, args=(folder + "/child.pt", send))
+child.start()
+if not receive.poll(60):
+    child.kill()
+    sys.exit("the forked child neither saved nor failed within 60 s")
+print(receive.recv())
+child.join(30)
+"""
+
 
 @posix_only
 @pytest.mark.slow
-@fork_warnings
 def test_a_child_forked_after_large_saves_saves_and_loads_large_files(tmp_path: Path) -> None:
     # Large files are hashed on blake3's thread pool, whose threads a forked child lacks.
-    large = {"w": torch.ones(3 << 20)}
-    save_checkpoint(large, tmp_path / "parent.pt")
-    assert torch.equal(load_checkpoint(tmp_path / "parent.pt")["w"], large["w"])
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_save_and_load_large, args=(str(tmp_path / "child.pt"), send))
-    child.start()
-    try:
-        assert receive.poll(60), "the forked child neither saved nor failed within 60 s"
-        assert receive.recv() is True
-    finally:
-        child.join(30)
-        if child.is_alive():
-            child.kill()
-            child.join(10)
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_AFTER_LARGE_SAVES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "True", done.stdout + done.stderr[-3000:]
