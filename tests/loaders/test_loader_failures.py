@@ -144,6 +144,19 @@ def test_a_worker_dying_while_iter_starts_the_workers_is_a_fetch_failure_that_cl
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
 
 
+def test_another_failure_to_start_the_workers_is_raised_as_it_is(monkeypatch):
+    # Not a worker that died: a retry would fail the same way, so no advice to retry.
+    loader = _map_style_loader()
+
+    def failing(engine):
+        raise RuntimeError("cannot pickle the dataset for the spawned workers")
+
+    monkeypatch.setattr(DataLoader, "_get_iterator", failing)
+    with pytest.raises(RuntimeError, match="cannot pickle") as caught:
+        iter(loader)
+    assert not isinstance(caught.value, LoaderFetchFailedError)
+
+
 def _failing_collate(samples):
     if any(int(sample[0]) == 3 for sample in samples):
         raise RuntimeError("collate cannot stack sample 3")

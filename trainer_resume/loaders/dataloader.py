@@ -356,7 +356,9 @@ class ResumableDataLoader(DataLoader):
         with worker_start(engine):  # workers start with the pause signals blocked
             try:
                 inner = iter(engine)  # calls iter(Tasks), which publishes this iteration's FIFO
-            except Exception as exc:
+            except RuntimeError as exc:
+                if not _worker_died(exc):
+                    raise
                 raise self._start_failed(stream, exc, tasks.pending) from exc
         epoch = source.cursor[0] if source.epochs else 0
         self._active = ResumableIterator(stream, inner, tasks.pending, epoch)
@@ -374,12 +376,14 @@ class ResumableDataLoader(DataLoader):
         with worker_start(engine):  # workers start with the pause signals blocked
             try:
                 inner = iter(engine)
-            except Exception as exc:
+            except RuntimeError as exc:
+                if not _worker_died(exc):
+                    raise
                 raise self._start_failed(stream, exc, None) from exc
         return IterableIterator(stream, inner, source.cursor[0])
 
     def _start_failed(
-        self, stream: Stream, error: Exception, pending: Any
+        self, stream: Stream, error: RuntimeError, pending: Any
     ) -> LoaderFetchFailedError:
         # A worker that died while the iteration started (torch raises its "exited
         # unexpectedly" from the SIGCHLD handler, wherever the main thread is): the same
@@ -615,3 +619,9 @@ class ResumableDataLoader(DataLoader):
                 f"ResumableDataLoader.{method} needs a loader built with resumable=True"
             )
         return stream
+
+
+def _worker_died(error: RuntimeError) -> bool:
+    """torch's report of a worker that exited (a retry may succeed); other start failures,
+    such as a dataset that cannot be pickled for spawned workers, stay as they are."""
+    return "exited unexpectedly" in str(error)
