@@ -217,15 +217,8 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
     tag = job["tag"]
     ddp_workers._capture_stderr(Path(out, f"stderr_{tag}_rank{rank}.txt"))
     try:
-        torch.set_num_threads(1)
         warnings.simplefilter("ignore")
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world,
-            timeout=ddp_workers.COLLECTIVE_TIMEOUT,
-        )
+        ddp_workers.join_group(rank, world, init_file)
         directory = Path(out, f"rank-files-{tag}")  # one directory every rank sees
         directory.mkdir(exist_ok=True)
         report = run_matrix(directory, rank)

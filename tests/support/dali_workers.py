@@ -70,14 +70,7 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
     tag = job["tag"]
     ddp_workers._capture_stderr(Path(out, f"stderr_{tag}_rank{rank}.txt"))
     try:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world,
-            timeout=ddp_workers.COLLECTIVE_TIMEOUT,
-        )
+        ddp_workers.join_group(rank, world, init_file)
         run = _pause if job["mode"] == "pause" else _resume
         torch.save(run(job, rank, world, out), Path(out, f"result_{tag}_rank{rank}.pt"))
         dist.barrier()  # no rank tears its connections down while a peer may still read

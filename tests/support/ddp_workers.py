@@ -176,6 +176,18 @@ def _capture_stderr(path: Path) -> None:
     faulthandler.enable(file=stream, all_threads=True)
 
 
+def join_group(rank: int, world: int, init_file: str) -> None:
+    """Join the test's gloo group as ``rank`` of ``world`` (one intra-op thread each)."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
+
+
 def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: str) -> None:
     """One rank: optionally resume, run steps, honour pause requests, save the result.
 
@@ -190,15 +202,8 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
     tag = job["tag"]
     _capture_stderr(Path(out, f"stderr_{tag}_rank{rank}.txt"))
     try:
-        torch.set_num_threads(1)
         warnings.simplefilter("always", WorldSizeChangeWarning)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world,
-            timeout=COLLECTIVE_TIMEOUT,
-        )
+        join_group(rank, world, init_file)
         trainer = DDPTrainer()
         points = None
         if job.get("points"):

@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from support.ddp_workers import COLLECTIVE_TIMEOUT, RankTrainer, _capture_stderr
+from support.ddp_workers import RankTrainer, _capture_stderr, join_group
 from trainer_resume.distributed import WorldSizeChangeWarning
 from trainer_resume.errors import ResumeError
 from trainer_resume.rng import random_state
@@ -101,14 +101,7 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
     tag = job["tag"]
     _capture_stderr(Path(out, f"stderr_{tag}_rank{rank}.txt"))
     try:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world,
-            timeout=COLLECTIVE_TIMEOUT,
-        )
+        join_group(rank, world, init_file)
         trainer = FSDPTrainer()
         kill = job.get("kill")
         if kill is not None and kill[0] == rank:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from support.ddp_workers import COLLECTIVE_TIMEOUT, _capture_stderr
+from support.ddp_workers import _capture_stderr, join_group
 from support.fsdp_workers import FSDPTrainer, _local
 from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import ResumeError
@@ -208,14 +208,7 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
     _capture_stderr(Path(out, f"stderr_{tag}_rank{rank}.txt"))
     trainers: list[FSDPTrainer] = []
     try:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world,
-            timeout=COLLECTIVE_TIMEOUT,
-        )
+        join_group(rank, world, init_file)
         work = Path(job["directory"])
         pause = work / "pause"
         source = _fresh(trainers)
