@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import nvidia.dali.fn as fn
@@ -28,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer_resume import TrainingResumeMixin, training_step
 from trainer_resume.adapters.dali import ResumableDALIIterator
+from trainer_resume.difference import first_difference
 
 SAMPLES_PER_CLASS = 11  # 22 samples: batches of 4 leave a partial last batch
 BATCH_SIZE = 4
@@ -208,3 +210,9 @@ def finished(trainer: DALITrainer, seen: list[dict], ends: list[dict]) -> dict:
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict(),
     }
+
+
+def assert_same(expected: Any, got: Any, what: str) -> None:
+    """Assert two nested results bit-identical (the package's rule: first_difference)."""
+    difference = first_difference(expected, got)
+    assert difference is None, f"{what}: {difference.describe()}"

@@ -45,21 +45,6 @@ def runs(tmp_path_factory):
     return {"out": out, "root": root, **results}
 
 
-def _assert_same(expected, got, what: str) -> None:
-    if isinstance(expected, torch.Tensor):
-        assert torch.equal(expected, got), what
-    elif isinstance(expected, dict):
-        assert expected.keys() == got.keys(), what
-        for key in expected:
-            _assert_same(expected[key], got[key], f"{what}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(expected) == len(got), f"{what}: {len(got)} items instead of {len(expected)}"
-        for index, (a, b) in enumerate(zip(expected, got)):
-            _assert_same(a, b, f"{what}[{index}]")
-    else:
-        assert expected == got, what
-
-
 @pytest.mark.parametrize("name", list(PAUSES))
 def test_each_rank_resumes_its_dali_shard_in_new_processes_bit_identically(runs, name):
     references = [result["reference"] for result in runs["pause"]]
@@ -76,10 +61,12 @@ def test_each_rank_resumes_its_dali_shard_in_new_processes_bit_identically(runs,
         landed = LANDS[name]
         assert before["completed_steps"] == landed, what
         assert after["epoch_at_resume"] == reference["seen"][landed]["epoch"], what
-        _assert_same(reference["seen"], before["seen"] + after["seen"], f"{what}: batches")
-        _assert_same(reference["ends"], before["ends"] + after["ends"], f"{what}: epoch ends")
+        dali_runs.assert_same(reference["seen"], before["seen"] + after["seen"], f"{what}: batches")
+        dali_runs.assert_same(
+            reference["ends"], before["ends"] + after["ends"], f"{what}: epoch ends"
+        )
         for part in ("model", "optimizer", "scheduler"):
-            _assert_same(reference[part], after[part], f"{what}: {part}")
+            dali_runs.assert_same(reference[part], after[part], f"{what}: {part}")
 
 
 def test_a_two_rank_dali_pause_resumed_by_one_process_is_refused_before_anything_changes(runs):
@@ -94,7 +81,7 @@ def test_a_two_rank_dali_pause_resumed_by_one_process_is_refused_before_anything
     refused = dali_runs.finished(trainer, *dali_runs.train(trainer, epochs=1))
     # A trainer built the same way (its __init__ seeds torch) that was never asked to resume.
     untouched = dali_runs.DALITrainer(dali_runs.make_iterator("file", runs["root"]))
-    _assert_same(
+    dali_runs.assert_same(
         dali_runs.finished(untouched, *dali_runs.train(untouched, epochs=1)),
         refused,
         "after the refusal",

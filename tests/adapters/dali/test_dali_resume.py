@@ -23,7 +23,7 @@ pytest.importorskip(
 )
 
 import nvidia.dali  # noqa: E402
-from support import dali_child  # noqa: E402
+from support import dali_child, dali_runs  # noqa: E402
 from support import lightning_procs as procs  # noqa: E402
 
 from trainer_resume import load_checkpoint  # noqa: E402
@@ -42,21 +42,6 @@ def runs(tmp_path_factory):
         assert done.returncode == 0 and "DONE" in done.stdout, procs.describe_failure(done, log)
         outcome.append(torch.load(workdir / f"{mode}.pt", weights_only=False))
     return tuple(outcome)
-
-
-def _assert_same(expected, got, what: str) -> None:
-    if isinstance(expected, torch.Tensor):
-        assert torch.equal(expected, got), what
-    elif isinstance(expected, dict):
-        assert expected.keys() == got.keys(), what
-        for key in expected:
-            _assert_same(expected[key], got[key], f"{what}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(expected) == len(got), f"{what}: {len(got)} items instead of {len(expected)}"
-        for index, (a, b) in enumerate(zip(expected, got)):
-            _assert_same(a, b, f"{what}[{index}]")
-    else:
-        assert expected == got, what
 
 
 def _ends_an_epoch(reference: dict, step: int) -> bool:
@@ -83,14 +68,14 @@ def test_a_pause_resumed_in_a_new_process_continues_bit_identically(runs, loop, 
     # the next epoch's first step ends; pause_if_requested() lands it right after that work.
     landed = step + 1 if loop == "step" and _ends_an_epoch(reference, step) else step
     assert before["completed_steps"] == landed, what
-    _assert_same(reference["seen"][:landed], before["seen"], f"{what} (before the pause)")
+    dali_runs.assert_same(reference["seen"][:landed], before["seen"], f"{what} (before the pause)")
     # After an epoch's last batch the first pass reads the next epoch (no empty pass).
     assert after["epoch_at_resume"] == reference["seen"][landed]["epoch"], what
-    _assert_same(reference["seen"][landed:], after["seen"], what)
+    dali_runs.assert_same(reference["seen"][landed:], after["seen"], what)
     # Every epoch's end work ran once, before the pause or after the resume.
-    _assert_same(reference["ends"], before["ends"] + after["ends"], f"{what}: epoch ends")
+    dali_runs.assert_same(reference["ends"], before["ends"] + after["ends"], f"{what}: epoch ends")
     for name in ("model", "optimizer", "scheduler"):
-        _assert_same(reference[name], after[name], f"{what}: {name}")
+        dali_runs.assert_same(reference[name], after[name], f"{what}: {name}")
 
 
 def test_the_pause_points_include_each_epochs_last_batch_and_later_epochs(runs):
