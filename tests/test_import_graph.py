@@ -230,6 +230,16 @@ def test_an_underscored_module_of_a_subpackage_is_imported_only_from_inside_it()
     assert not violations, "\n".join(violations)
 
 
+def test_the_package_top_level_keeps_at_most_six_underscored_modules():
+    underscored = sorted(
+        path.name
+        for path in PACKAGE.iterdir()
+        if path.name.startswith("_")
+        and path.name not in ("__init__.py", "__main__.py", "__pycache__")
+    )
+    assert len(underscored) <= 6, f"group these into a package of their own: {underscored}"
+
+
 def test_the_examples_import_no_underscored_module():
     modules = _modules()
     private = [

@@ -17,7 +17,6 @@ from typing import Any, Literal
 import torch
 
 from ._atomic import TempFile, replace_atomically, save_plain_torch_file
-from ._pause_checks import check_layout, object_states
 from .checkpoint_files import (
     CHECKPOINT,
     FINISHED,
@@ -28,6 +27,7 @@ from .checkpoint_files import (
     tensor_totals,
 )
 from .checkpoint_files.lightning import plain_checkpoint, save_plain_checkpoint
+from .checks.pause_state import check_layout, object_states
 from .errors import CheckpointFormatError
 
 __all__ = ["DEFAULT_OBJECT", "ExportResult", "export_checkpoint"]

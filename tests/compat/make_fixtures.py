@@ -1,11 +1,11 @@
 """Write the compatibility fixtures with whichever checkout of the library is imported.
 
-The files under ``fixtures/`` were written by the package as it was before its modules
-moved into subpackages (commit 21f14a5), so that ``test_compat_files.py`` proves the
-current code resumes them exactly. To write them again from that commit:
+``test_compat_files.py`` runs this script with the package as it was before its modules
+moved into subpackages (commit 21f14a5, extracted by ``support.earlier_release``), so
+that the current code is shown to resume that layout's files exactly. By hand:
 
-    git worktree add ../old 21f14a5
-    PYTHONPATH=../old python tests/compat/make_fixtures.py tests/compat/fixtures
+    mkdir old && git archive 21f14a5 trainer_resume | tar -x -C old
+    PYTHONPATH=old python tests/compat/make_fixtures.py /tmp/fixtures
 
 The trainers come from ``trainers.py`` beside this script, loaded by its path, so the
 script needs nothing of the tests and only the public names every layout has.

@@ -1,7 +1,7 @@
 """The deterministic trainers of the compatibility fixtures, for every package layout.
 
-``make_fixtures.py`` runs these against an older checkout of the library to write the
-files under ``fixtures/``; ``test_compat_files.py`` resumes those files with the current
+``make_fixtures.py`` runs these against an older checkout of the library to write its
+files; ``test_compat_files.py`` resumes those files with the current
 code and runs the same trainers uninterrupted. So this module imports only names that
 every layout has made public (``trainer_resume``, ``trainer_resume.loaders``) and
 nothing else of the tests.

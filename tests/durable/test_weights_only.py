@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainer_resume._pause_checks import check_saveable
-from trainer_resume._weights_only import refused_entry
+from trainer_resume.checks.pause_state import check_saveable
+from trainer_resume.checks.weights_only import refused_entry
 from trainer_resume.loaders.reuse.store import check_storable
 
 

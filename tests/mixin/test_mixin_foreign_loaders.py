@@ -21,7 +21,8 @@ from support.foreign_loaders import LoaderTrainer
 from support.lightning_procs import TESTS
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer_resume import _hook_results, declare_no_random_draws
+from trainer_resume import declare_no_random_draws
+from trainer_resume.checks import hook_results as _hook_results
 from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import LoaderStateError, UnsupportedResumeConfigurationError
 from trainer_resume.loaders import ResumableDataLoader

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .._weights_only import refusal_reason
+from ..checks.weights_only import refusal_reason
 from ..durable import CheckpointHeader, load_checkpoint, read_checkpoint_header
 from ..errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
 from ..finished import FINISHED_FORMAT

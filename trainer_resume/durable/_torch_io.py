@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .._weights_only import refusal_reason
+from ..checks.weights_only import refusal_reason
 from ..errors import CheckpointFormatError, UnsafeCheckpointError
 from ._direct_copy import DirectCopy
 from ._sealed_copy import SealedCopy

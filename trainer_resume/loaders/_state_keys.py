@@ -1,5 +1,5 @@
 """Format markers, key names and the checks shared by every loader state (the
-generic ones, also used by the adapters' loaders, come from ``_state_checks``).
+generic ones, also used by the adapters' loaders, come from ``checks.loader_state``).
 
 A rejected state must name what is wrong and change nothing, so the checks here
 only read; each raises :class:`~trainer_resume.errors.LoaderStateError` (or, for a
@@ -16,11 +16,11 @@ import torch
 
 # The checks every loader state shares with the adapters' loaders; the loader modules
 # read them here.
-from .._state_checks import FORMAT as FORMAT
-from .._state_checks import SEED_LIMIT as SEED_LIMIT
-from .._state_checks import check_count as check_count
-from .._state_checks import check_format as check_format
-from .._state_checks import check_mapping as check_mapping
+from ..checks.loader_state import FORMAT as FORMAT
+from ..checks.loader_state import SEED_LIMIT as SEED_LIMIT
+from ..checks.loader_state import check_count as check_count
+from ..checks.loader_state import check_format as check_format
+from ..checks.loader_state import check_mapping as check_mapping
 from ..errors import LoaderStateError, ResumableSamplerGeneratorError
 
 # The format markers and the int check live with the schemas in state.py; the loader

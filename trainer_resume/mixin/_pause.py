@@ -19,7 +19,7 @@ import torch
 
 from .. import distributed as _distributed
 from .._atomic import make_parent_directory
-from .._pause_checks import check_saveable, to_cpu
+from ..checks.pause_state import check_saveable, to_cpu
 from ..errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
 from ..sharded.detect import (
     SHARDED_STATE,

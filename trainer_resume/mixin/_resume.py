@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import distributed as _distributed
-from .._hook_results import is_library_loader
 from ..amp import restore_grad_scaler_state
+from ..checks.hook_results import is_library_loader
 from ..errors import TrainerLockedError
 from ..finished import refuse_if_finished
 from ..rng import restore_random_state

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import distributed as _distributed
-from .._hook_results import is_library_loader
-from .._pause_checks import check_layout, check_names, check_random_state, object_states
-from .._state_match import check_object_states
+from ..checks.hook_results import is_library_loader
+from ..checks.pause_state import check_layout, check_names, check_random_state, object_states
+from ..checks.state_match import check_object_states
 from ..errors import (
     ConfigSignatureMismatchError,
     ResumeStateMismatchError,

@@ -56,7 +56,7 @@ class StepGuard:
         # return a second look for the next boundary.
         self.audit: Callable[[Any], Any] | None = None
         # Refuses, before the first step runs, what the hooks return that a pause could
-        # not save (see _hook_results); cleared once it passed.
+        # not save (see checks.hook_results); cleared once it passed.
         self.start_check: Callable[[Any], None] | None = None
         # Written by signal handlers: plain attribute stores only, no locks and no I/O,
         # because a handler runs between two bytecodes of whatever the main thread does.

@@ -2,7 +2,7 @@
 
 Before the first ``@training_step`` call runs (and in ``resume()``, and in a pause
 before any step), :func:`check_hook_results` refuses a resume object or loader a
-pause could not save (see :mod:`trainer_resume._hook_results`). Under a process
+pause could not save (see :mod:`trainer_resume.checks.hook_results`). Under a process
 group the ranks agree on the result, so no rank trains on while another refused.
 
 A loader from elsewhere (torchdata's Stateful protocol) cannot check a state
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import distributed as _distributed
-from .._hook_results import check_resume_loaders, check_resume_objects, is_library_loader
+from ..checks.hook_results import check_resume_loaders, check_resume_objects, is_library_loader
 from ..errors import LoaderStateError, TrainerLockedError
 
 __all__ = ["check_at_training_start", "check_hook_results", "restore_foreign_loaders"]

@@ -38,7 +38,7 @@ from typing import Any, Literal
 import torch
 
 from .. import distributed as _distributed
-from .._pause_checks import to_cpu
+from ..checks.pause_state import to_cpu
 from ..durable import save_checkpoint
 from ..errors import CheckpointWriteError, ResumePointsInUseError
 from ..finished import mark_finished

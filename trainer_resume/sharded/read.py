@@ -35,8 +35,8 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from .. import distributed as _distributed
-from .._pause_checks import check_layout, check_names
-from .._weights_only import refusal_reason
+from ..checks.pause_state import check_layout, check_names
+from ..checks.weights_only import refusal_reason
 from ..durable import load_checkpoint
 from ..errors import (
     CheckpointCorruptedError,

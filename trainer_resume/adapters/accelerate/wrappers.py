@@ -15,7 +15,7 @@ from typing import Any
 
 from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard, SkipDataLoader
 
-from ..._hook_results import register_loader_hint
+from ...checks.hook_results import register_loader_hint
 
 __all__ = ["prepared_loader_hint"]
 

@@ -30,7 +30,7 @@ import nvidia.dali as _dali
 import torch
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-from ... import _state_checks as keys
+from ...checks import loader_state as keys
 from ...distributed import world
 from ...errors import (
     LoaderStateError,

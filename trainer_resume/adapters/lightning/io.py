@@ -18,8 +18,8 @@ from typing import Any
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_fabric.utilities.cloud_io import get_filesystem
 
-from ..._weights_only import refused_entry
 from ...checkpoint_files.hparams import plain_hyperparameters, rebuilt_hyperparameters
+from ...checks.weights_only import refused_entry
 from ...durable import load_checkpoint, save_checkpoint, validate_key
 from ...errors import CheckpointFormatError, UnsafeCheckpointError
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from ..._state_match import check_module_state, check_optimizer_state
+from ...checks.state_match import check_module_state, check_optimizer_state
 from ...errors import ResumeStateMismatchError
 
 __all__ = ["ModuleSnapshot", "check_module_fits", "check_optimizers_fit"]

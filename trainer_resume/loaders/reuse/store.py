@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..._weights_only import refused_entry
+from ...checks.weights_only import refused_entry
 from ...state import SampleRecord
 from .policy import ReuseKey
 
@@ -111,7 +111,7 @@ def check_storable(sample: Any, *, index: int) -> None:
 
     Raises:
         TypeError: ``sample`` holds a value a weights-only load refuses (see
-            :func:`trainer_resume._weights_only.refused_entry`); the message names
+            :func:`trainer_resume.checks.weights_only.refused_entry`); the message names
             where and the type.
     """
     problem = refused_entry(sample, "sample")

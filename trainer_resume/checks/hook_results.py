@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from ._declarations import declared_no_random_draws
-from ._weights_only import refused_entry
-from .errors import UnsupportedResumeConfigurationError
+from .._declarations import declared_no_random_draws
+from ..errors import UnsupportedResumeConfigurationError
+from .weights_only import refused_entry
 
 __all__ = [
     "LoaderHint",

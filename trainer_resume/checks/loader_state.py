@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .errors import LoaderStateError
-from .state import is_int as is_int
+from ..errors import LoaderStateError
+from ..state import is_int as is_int
 
 FORMAT = "format"  # the key of every loader state's format marker
 SEED_LIMIT = 1 << 63  # seeds and positions stay below 2**63 (derive_seed's range)

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from ._weights_only import refused_entry
-from .errors import CheckpointFormatError, ResumeStateMismatchError
-from .rng import validate_random_state
-from .signature import canonical_config
-from .state import PAUSE_FORMAT, map_tensors
+from ..errors import CheckpointFormatError, ResumeStateMismatchError
+from ..rng import validate_random_state
+from ..signature import canonical_config
+from ..state import PAUSE_FORMAT, map_tensors
+from .weights_only import refused_entry
 
 __all__ = [
     "check_layout",

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from .amp import validate_grad_scaler_state
-from .errors import ResumeError, ResumeStateMismatchError
+from ..amp import validate_grad_scaler_state
+from ..errors import ResumeError, ResumeStateMismatchError
 
 __all__ = ["check_module_state", "check_object_states", "check_optimizer_state"]
 
