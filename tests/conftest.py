@@ -1,8 +1,11 @@
-"""Suite-wide settings: how many processes ``-n auto`` (pyproject's addopts) runs tests in."""
+"""Suite-wide settings: how many processes ``-n auto`` (pyproject's addopts) runs tests in,
+and the framework releases the run reports."""
 
 from __future__ import annotations
 
 import os
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import pytest
 
@@ -14,3 +17,34 @@ _MAX_TEST_PROCESSES = 4
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(cpus or 1, _MAX_TEST_PROCESSES))
+
+
+# The frameworks the adapters read, as installed: CI installs their newest releases, and the
+# log of every run says which ones its tests ran against.
+_FRAMEWORKS = (
+    "torch",
+    "accelerate",
+    "transformers",
+    "pytorch-lightning",
+    "nvidia-dali-cuda120",
+)
+
+
+def _framework_versions() -> str:
+    found = []
+    for name in _FRAMEWORKS:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return "frameworks: " + ", ".join(found)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _framework_versions()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    # Also under -q, which leaves the header out.
+    if config.get_verbosity() < 0:
+        terminalreporter.write_line(_framework_versions())

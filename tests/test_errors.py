@@ -77,6 +77,10 @@ FROZEN_CODES = {
         "(a writer that died releases the directory; docs/resume-points.md says how to take over)",
     ),
     351: ("ResumableSamplerGeneratorError", "sampler RNG state corrupted"),
+    352: (
+        "FrameworkReleaseError",
+        "the installed framework release lacks what its trainer-resume adapter relies on",
+    ),
 }
 
 
@@ -136,6 +140,7 @@ def test_public_names_are_the_catalogue_the_warnings_and_the_lookups():
         "SkippedCheckpointWarning",
         "WorldSizeChangeWarning",
         "UncheckedResumeWarning",
+        "UntestedReleaseWarning",
     }
     catalogue = {name for name, _ in FROZEN_CODES.values()}
     assert sorted(errors.__all__) == sorted(
@@ -150,7 +155,7 @@ def test_get_error_message_returns_the_fixed_message(code):
     assert get_error_message(code) == FROZEN_CODES[code][1]
 
 
-@pytest.mark.parametrize("code", [0, 320, 337, 342, 352])
+@pytest.mark.parametrize("code", [0, 320, 337, 342, 353])
 def test_get_error_message_refuses_an_unknown_code(code):
     with pytest.raises(KeyError, match=str(code)):
         get_error_message(code)

@@ -178,6 +178,15 @@ class ResumableSamplerGeneratorError(ResumeError):
     message = "sampler RNG state corrupted"
 
 
+class FrameworkReleaseError(ResumeError, ImportError):
+    """An adapter's framework is a release it cannot work with: below the adapter's floor,
+    or without an internal the adapter reads (or with another shape of it). Raised when
+    the adapter is imported, so it is an ``ImportError`` too."""
+
+    code = 352
+    message = "the installed framework release lacks what its trainer-resume adapter relies on"
+
+
 # ----------------------------------------------------------------------- warnings
 
 
@@ -200,6 +209,11 @@ class WorldSizeChangeWarning(UserWarning):
 class UncheckedResumeWarning(UserWarning):
     """A configuration could not be checked for an exact resume (another library's
     internals were not as expected); the text names what could not be checked."""
+
+
+class UntestedReleaseWarning(UserWarning):
+    """A framework release newer than the newest its adapter is tested with: everything the
+    adapter reads is there, so it works; the text names the tested releases."""
 
 
 def get_error_message(code: int) -> str:

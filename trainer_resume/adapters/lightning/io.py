@@ -228,12 +228,14 @@ class PauseFileReader(CheckpointIO):
                 checkpoint = DurableCheckpointIO(key=key).load_checkpoint(
                     path, map_location=map_location, weights_only=weights_only
                 )
-        elif map_location is None:
-            checkpoint = self.inner.load_checkpoint(path, weights_only=weights_only)
         else:
-            checkpoint = self.inner.load_checkpoint(
-                path, map_location=map_location, weights_only=weights_only
-            )
+            # Only what Lightning passed is handed on: before 2.6 its IO takes no weights_only.
+            options: dict[str, Any] = {}
+            if map_location is not None:
+                options["map_location"] = map_location
+            if weights_only is not None:
+                options["weights_only"] = weights_only
+            checkpoint = self.inner.load_checkpoint(path, **options)
         if self._check is not None:
             self._check(checkpoint, os.fspath(path))
         return checkpoint
