@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import accelerate
+import accelerate.utils
 import pytest
 import pytorch_lightning
 import torch
@@ -127,6 +128,30 @@ def test_a_method_called_with_arguments_it_no_longer_takes_is_refused(monkeypatc
     assert (
         "accelerate.state.GradientState._remove_dataloader() cannot be called with 1 positional "
         "argument" in caught.value.detail
+    )
+
+
+def test_a_keyword_the_adapter_passes_that_only_kwargs_would_take_is_refused(monkeypatch):
+    def send_to_device(tensor, device, **kwargs):
+        return tensor
+
+    monkeypatch.setattr(accelerate.utils, "send_to_device", send_to_device)
+    with pytest.raises(FrameworkReleaseError) as caught:
+        check("accelerate")
+    assert (
+        "accelerate.utils.send_to_device(tensor, device, **kwargs) has no parameter "
+        "'non_blocking'" in caught.value.detail
+    )
+
+
+def test_a_framework_that_is_not_installed_is_named_with_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # import accelerate now fails
+    with pytest.raises(ImportError) as caught:
+        check("accelerate")
+    assert not isinstance(caught.value, FrameworkReleaseError)
+    assert str(caught.value) == (
+        "trainer_resume.adapters.accelerate needs accelerate>=1.15.0: "
+        "pip install 'trainer-resume[accelerate]'"
     )
 
 

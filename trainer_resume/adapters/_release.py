@@ -97,6 +97,7 @@ DALI = Framework("nvidia.dali", "nvidia-dali-cuda120", floor="2.4.0", tested="2.
 
 # (package, release) pairs already warned about: once per process.
 _WARNED: set[tuple[str, str]] = set()
+_ABSENT = object()  # no such attribute
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -165,7 +166,7 @@ class Function(Internal):
         positional: How many positional arguments the adapter passes when it calls it
             (``self`` not counted); ``None``: it does not call it with arguments of its own
             (an override that hands its arguments on), so no call is checked.
-        keywords: The keyword arguments the adapter passes.
+        keywords: The keyword arguments the adapter passes; each must be a named parameter.
         parameters: Parameters the adapter reads or replaces by name among the bound
             arguments; each must be a named parameter.
     """
@@ -213,7 +214,8 @@ class Function(Internal):
             if parameter.kind
             in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         ]
-        unnamed = [name for name in self.parameters if name not in named]
+        # A keyword the adapter passes must be a parameter, not swallowed by ``**kwargs``.
+        unnamed = [name for name in (*self.keywords, *self.parameters) if name not in named]
         if unnamed:
             return f"{self.name}{signature} has no parameter {', '.join(map(repr, unnamed))}"
         if not self._call():
@@ -234,8 +236,9 @@ class Attribute(Internal):
     Args:
         path: ``"module:Class.attribute"``.
         settable: The adapter assigns it: a property must have a setter.
-        set_by: ``"module"`` or ``"module:Class"`` whose code assigns it, when that is not
-            the class itself (an attribute another class puts on its objects).
+        set_by: ``"module"``, ``"module:Class"`` or ``"module:Class.method"`` whose code
+            assigns it, when that is not the class itself (an attribute another class puts
+            on its objects).
     """
 
     def __init__(self, path: str, *, settable: bool = False, set_by: str | None = None) -> None:
@@ -252,7 +255,7 @@ class Attribute(Internal):
             raise ValueError(f"{self.name}: an attribute is named 'module:Class.attribute'")
         owner = _resolve(self.module, owner_name)
         static = _static_attribute(owner, attribute)
-        if static is not None:
+        if static is not _ABSENT:
             if self.settable and isinstance(static, property) and static.fset is None:
                 return f"{self.name} is a property without a setter"
             return None
@@ -279,7 +282,7 @@ class Refers(Internal):
     attribute or global it uses, or a string constant).
 
     Args:
-        path: ``"module:Class.method"`` (a property: its getter) or ``"module:function"``.
+        path: ``"module:Class.method"`` (a property: its accessors) or ``"module:function"``.
         *names: The names its code must refer to.
     """
 
@@ -391,11 +394,8 @@ def _resolve(module: str, qualname: str) -> Any:
 
 
 def _static_attribute(owner: Any, name: str) -> Any:
-    """What ``owner`` (or a base) defines under ``name`` without running it, or ``None``."""
-    try:
-        return inspect.getattr_static(owner, name)
-    except AttributeError:
-        return None
+    """What ``owner`` (or a base) defines under ``name`` without running it, or ``_ABSENT``."""
+    return inspect.getattr_static(owner, name, _ABSENT)
 
 
 def _call_signature(module: str, qualname: str, function: Any) -> inspect.Signature:
@@ -404,11 +404,11 @@ def _call_signature(module: str, qualname: str, function: Any) -> inspect.Signat
     owner_name, _, name = qualname.rpartition(".")
     if owner_name:
         owner = _resolve(module, owner_name)
-        static = _static_attribute(owner, name) if isinstance(owner, type) else None
+        static = _static_attribute(owner, name) if isinstance(owner, type) else _ABSENT
         # A plain function of a class (decorated or not) is called bound: ``self`` is
         # passed by the call. Static and class methods are read without it already.
         if (
-            static is not None
+            static is not _ABSENT
             and not isinstance(static, (staticmethod, classmethod))
             and inspect.isfunction(inspect.unwrap(static))
         ):
