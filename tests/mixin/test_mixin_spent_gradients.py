@@ -126,6 +126,15 @@ def test_a_pause_keeps_the_gradient_of_a_parameter_no_optimizer_owns_and_drops_t
     assert saved["adamw"] == [[None] * 4] and saved["sgd"] == [[None] * 2]
 
 
+def test_a_pause_keeps_the_gradients_of_parameters_an_owning_optimizer_has_not_stepped_on(
+    tmp_path: Path,
+) -> None:
+    saved, difference = _pause_and_resume(tmp_path, "first", 4, idle=True)
+    assert difference is None
+    held = [name for name, grad in saved["model"].items() if grad is not None]
+    assert held == ["first.weight", "first.bias"]
+
+
 @pytest.mark.parametrize("step", [2, 5])
 def test_a_loop_that_never_zeroes_keeps_its_gradients_and_resumes_exactly(
     tmp_path: Path, step: int
@@ -165,15 +174,23 @@ def test_a_trainer_resumed_from_saved_gradients_saves_them_until_its_loop_clears
 
 
 @pytest.mark.slow
-def test_two_ranks_pause_a_zero_grad_first_loop_without_gradients_and_resume_exactly(
+def test_two_ranks_pause_a_zero_grad_first_loop_without_spent_gradients_and_resume_exactly(
     tmp_path: Path,
 ) -> None:
-    job = {"tag": "spent", "pauses": [1, 4]}
+    # [accumulate, step]: after the first step; after a later one; inside a window (no_sync)
+    # and at its end.
+    job = {"tag": "spent", "pauses": [[1, 1], [1, 4], [2, 5], [2, 6]]}
     codes = launch(2, job, tmp_path, main=zero_grad_loops.rank_main)
     assert codes == [0, 0], describe_exits(codes, "spent", tmp_path)
     for rank in (0, 1):
         report = torch.load(tmp_path / f"result_spent_rank{rank}.pt", weights_only=True)
-        assert [difference for _, difference in report.values()] == [None, None], (rank, report)
+        failed = {case: difference for case, (_, difference) in report.items() if difference}
+        assert list(report) == ["1-1", "1-4", "2-5", "2-6"] and not failed, (rank, failed)
     report = torch.load(tmp_path / "result_spent_rank0.pt", weights_only=True)
-    assert report[1][0] == [True, True]  # the first step's gradients: not known to be spent
-    assert report[4][0] == [False, False]
+    held = {case: saved for case, (saved, _) in report.items()}
+    assert held == {
+        "1-1": [True, True],
+        "1-4": [False, False],
+        "2-5": [True, True],
+        "2-6": [False, False],
+    }

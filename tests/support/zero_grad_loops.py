@@ -8,9 +8,12 @@ zeroes, so every backward adds to the gradients already applied. Two optimizers 
 different parameters (AdamW and SGD with momentum), bf16 autocast with a
 ``GradScaler("cpu")``, dropout, a shuffled loader; a branch of the model runs on even
 micro-steps only, so some steps reach a parameter no backward touches. Options: a
-micro-step whose loss is infinite (the scaler skips both optimizer steps), and a
-parameter no optimizer owns. Under a process group the model is DDP (``no_sync``
-inside a window) over a ``DistributedSampler``.
+micro-step whose loss is infinite (the scaler skips both optimizer steps), a parameter
+no optimizer owns, a third optimizer over the first layer that never steps, no branch.
+Under a process group the model is DDP (``no_sync`` inside a window) over a
+``DistributedSampler``, without the branch: DDP's record of the parameters a window's
+micro-batches used is not part of a pause, so a parameter used inside a window but not
+by its last micro-batch would not be reduced after a resume.
 
 Module level on purpose: spawned ranks import it by name, and ``python -m
 support.zero_grad_loops resume PAUSE OUT OPTIONS_JSON`` resumes a pause file in a fresh
@@ -45,17 +48,17 @@ SIZE, BATCH, FEATURES = 32, 2, 6
 
 
 class Net(nn.Module):
-    def __init__(self, unowned: bool) -> None:
+    def __init__(self, unowned: bool, branch: bool) -> None:
         super().__init__()
         self.first = nn.Linear(FEATURES, 16)
         self.drop = nn.Dropout(0.2)
         self.second = nn.Linear(16, FEATURES)
-        self.branch = nn.Linear(FEATURES, FEATURES)
+        self.branch = nn.Linear(FEATURES, FEATURES) if branch else None
         self.scale = nn.Parameter(torch.ones(FEATURES)) if unowned else None
 
     def forward(self, x: torch.Tensor, micro: int) -> torch.Tensor:
         out = self.second(self.drop(nn.functional.gelu(self.first(x))))
-        if micro % 2 == 0:
+        if self.branch is not None and micro % 2 == 0:
             out = out + self.branch(x)
         return out * self.scale if self.scale is not None else out
 
@@ -70,24 +73,26 @@ class LoopTrainer(TrainingResumeMixin):
         accumulate: int = 1,
         skip_at: int | None = None,
         unowned: bool = False,
+        branch: bool = True,
+        idle: bool = False,
         points: ResumePoints | None = None,
     ) -> None:
         self.style, self.accumulate, self.skip_at = style, accumulate, skip_at
         torch.manual_seed(0)
         random.seed(0)
         np.random.seed(0)
-        self.module = Net(unowned)
+        self.module = Net(unowned, branch)
         self.distributed = dist.is_available() and dist.is_initialized()
-        self.model = (
-            DistributedDataParallel(self.module, find_unused_parameters=True)
-            if self.distributed
-            else self.module
-        )
+        self.model = DistributedDataParallel(self.module) if self.distributed else self.module
         m = self.module
         self.adamw = torch.optim.AdamW(
-            [*m.first.parameters(), *m.branch.parameters()], lr=0.02, weight_decay=0.1
+            [*m.first.parameters(), *(m.branch.parameters() if branch else [])],
+            lr=0.02,
+            weight_decay=0.1,
         )
         self.sgd = torch.optim.SGD(m.second.parameters(), lr=0.05, momentum=0.9)
+        # Owns the first layer too, and never steps (say, one stepped every 1000 steps).
+        self.idle = torch.optim.SGD(m.first.parameters(), lr=0.05) if idle else None
         self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
         data = torch.Generator().manual_seed(1)
         dataset = TensorDataset(
@@ -107,11 +112,19 @@ class LoopTrainer(TrainingResumeMixin):
         torch.manual_seed(100 + (dist.get_rank() if self.distributed else 0))
         self.micro = 0
         self.losses: dict[int, torch.Tensor] = {}
-        config = {"style": style, "accumulate": accumulate, "skip_at": skip_at, "unowned": unowned}
+        config = {
+            "style": style,
+            "accumulate": accumulate,
+            "skip_at": skip_at,
+            "unowned": unowned,
+            "branch": branch,
+            "idle": idle,
+        }
         self._initialize_training_resume(config, version="1", resume_points=points)
 
     def _resume_objects(self) -> dict[str, Any]:
-        return {"model": self.module, "adamw": self.adamw, "sgd": self.sgd, "scaler": self.scaler}
+        objects = {"model": self.module, "adamw": self.adamw, "sgd": self.sgd}
+        return {**objects, "scaler": self.scaler, **({"idle": self.idle} if self.idle else {})}
 
     def _resume_loaders(self) -> dict[str, Any]:
         return {"train": self.loader}
@@ -222,9 +235,10 @@ def difference_after(expected: dict[str, Any], actual: dict[str, Any], step: int
 
 
 def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: str) -> None:
-    """One rank (see ``ddp_workers.launch``): the zero_grad-first loop paused at each of
-    ``job["pauses"]`` and resumed; writes, per pause, whether the file held gradients and
-    the first difference from the uninterrupted run."""
+    """One rank (see ``ddp_workers.launch``): the zero_grad-first loop paused at each
+    ``[accumulate, step]`` of ``job["pauses"]`` and resumed; writes, per pause, whether
+    each rank's part of the file held gradients (rank 0 reads it) and the first
+    difference from the uninterrupted run."""
     from support import ddp_workers
 
     tag = job["tag"]
@@ -234,17 +248,19 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
         ddp_workers.join_group(rank, world, init_file)
         directory = Path(out, f"rank-files-{tag}")  # one directory every rank sees
         directory.mkdir(exist_ok=True)
-        expected = uninterrupted("first")
         report: dict[str, Any] = {}
-        for step in job["pauses"]:
-            path = directory / f"pause-{step}.ckpt"
-            at = paused("first", step, path)
+        for accumulate, step in job["pauses"]:
+            options = {"accumulate": accumulate, "branch": False}
+            expected = uninterrupted("first", **options)
+            path = directory / f"pause-{accumulate}-{step}.ckpt"
+            at = paused("first", step, path, **options)
             held = [g is not None for g in saved_gradients(path)] if rank == 0 else None
-            actual, start = resumed("first", path)
+            actual, start = resumed("first", path, **options)
             if (at, start) != (step, step):
-                report[step] = (held, f"paused at {at}, resumed at {start}, expected {step}")
+                difference = f"paused at {at}, resumed at {start}, expected {step}"
             else:
-                report[step] = (held, difference_after(expected, actual, step))
+                difference = difference_after(expected, actual, step)
+            report[f"{accumulate}-{step}"] = (held, difference)
         torch.save(report, Path(out, f"result_{tag}_rank{rank}.pt"))
         dist.barrier()
         dist.destroy_process_group()

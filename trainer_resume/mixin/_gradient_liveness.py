@@ -27,15 +27,17 @@ What is seen, and how:
   optimizer (those seen stepping and those among the resume objects), and whose
   parameter was ``cleared`` and never ``kept``.
 
-Anything else is live and saved: a parameter no optimizer owns, a gradient written
-or changed after the step (a backward, a skipped ``GradScaler`` step, ``no_sync``),
-an optimizer created before the hook or never seen stepping, a gradient restored by a
-resume (:func:`forget_parameters`), a parameter sharded by FSDP2 (its gradients are
-written by FSDP2, where no hook sees them) and a torch without the hooks.
+Anything else is live and saved: the gradient of a parameter no optimizer owns, or
+of one an owning optimizer has not stepped on (also one created after the last step),
+a gradient written or changed after the step (a backward, a skipped ``GradScaler``
+step, ``no_sync``), one restored by a resume (:func:`forget_parameters`), those of a
+parameter sharded by FSDP2 (FSDP2 writes them, where no hook sees it) and all of them
+on a torch without the hooks.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Iterable
@@ -43,6 +45,7 @@ from typing import Any
 
 import torch
 from torch.optim import optimizer as torch_optimizer
+from torch.utils.hooks import unserializable_hook
 
 from ..sharded.detect import first_dtensor
 
@@ -58,7 +61,7 @@ class _Record:
         self.param = weakref.ref(param)
         self.grad: weakref.ref[torch.Tensor] | None = None  # the gradient last stepped on
         self.version = -1  # its version counter then
-        self.stepped: set[weakref.ref[Any]] = set()  # the optimizers that stepped on it
+        self.stepped: set[int] = set()  # the optimizers that stepped on it (their serials)
         self.pending = False  # stepped on, and no backward has reached the parameter since
         self.cleared = False  # a backward after a step found None and the spent tensor gone
         self.kept = False  # a backward after a step found a gradient (or the spent one held)
@@ -76,14 +79,26 @@ class _Tracker:
         # read from another thread.
         self.lock = threading.Lock()
         self.records: dict[int, _Record] = {}
-        self.optimizers: dict[int, weakref.ref[Any]] = {}
+        # id -> (the optimizer, its serial): a serial is never reused, where an id may be
+        # once its optimizer is gone.
+        self.optimizers: dict[int, tuple[weakref.ref[Any], int]] = {}
         self.handle: Any = None
+        self._serials = itertools.count()
         self._pruned_size = 0
 
+    def serial(self, optimizer: Any, *, add: bool) -> int | None:
+        """The serial of an optimizer seen stepping (a new one with ``add``), else ``None``."""
+        entry = self.optimizers.get(id(optimizer))
+        if entry is None or entry[0]() is not optimizer:
+            if not add:
+                return None
+            entry = (weakref.ref(optimizer), next(self._serials))
+            self.optimizers[id(optimizer)] = entry
+        return entry[1]
+
     def after_step(self, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
-        stepper = weakref.ref(optimizer)
         with self.lock:
-            self.optimizers[id(optimizer)] = stepper
+            stepper = self.serial(optimizer, add=True)
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     grad = param.grad
@@ -135,7 +150,7 @@ class _Tracker:
 
     def _prune(self) -> None:
         self.records = {key: r for key, r in self.records.items() if r.param() is not None}
-        self.optimizers = {key: o for key, o in self.optimizers.items() if o() is not None}
+        self.optimizers = {key: o for key, o in self.optimizers.items() if o[0]() is not None}
         self._pruned_size = len(self.records)
 
 
@@ -161,7 +176,8 @@ def _before_accumulate_hook(param: torch.Tensor) -> Any:
         if live is not None:
             _TRACKER.before_accumulate(live)
 
-    return hook
+    # Pickling the parameter leaves the hook out, and torch need not warn about it.
+    return unserializable_hook(hook)
 
 
 def track_gradients() -> bool:
@@ -197,14 +213,15 @@ def spent_parameters(
     if tracker.handle is None:
         return frozenset()
     with tracker.lock:
-        candidates = [o() for o in tracker.optimizers.values()]
+        candidates = [ref() for ref, _ in tracker.optimizers.values()]
         candidates += [_stepping_optimizer(o) for o in optimizers]
-        owners: dict[int, set[weakref.ref[Any]]] = {}
+        owners: dict[int, set[int]] = {}
         for optimizer in {id(o): o for o in candidates if o is not None}.values():
-            stepper = weakref.ref(optimizer)
+            stepper = tracker.serial(optimizer, add=False)
             for group in optimizer.param_groups:
                 for param in group["params"]:
-                    owners.setdefault(id(param), set()).add(stepper)
+                    # An owner never seen stepping (-1) has not stepped on any gradient.
+                    owners.setdefault(id(param), set()).add(-1 if stepper is None else stepper)
         spent = set()
         for param in parameters:
             grad, record = param.grad, tracker.records.get(id(param))
