@@ -12,11 +12,12 @@ the restore. With nothing to save, nothing is saved, so files written before thi
 rule stay resumable; restoring such a file leaves every gradient ``None``, as the
 loop that wrote it would have made it before its next backward.
 
-This is exact for every loop style (``zero_grad()`` first, ``zero_grad(set_to_none=True)``
-after the optimizer step, ``zero_grad()`` at a window's start, a loop that never
-zeroes), pauses at once, needs no knowledge of the window's length and no collective
-under DDP: each rank saves its own gradients, also under ``no_sync``. Parameters that
-are DTensors (FSDP2) are left to the sharded path (:mod:`trainer_resume.sharded`).
+This is exact for every loop style (``zero_grad()`` first,
+``zero_grad(set_to_none=True)`` after the optimizer step, ``zero_grad()`` at a window's
+start, a loop that never zeroes), pauses at once, needs no knowledge of the window's
+length and no collective under DDP: each rank saves its own gradients, also under
+``no_sync``. Parameters that are DTensors (FSDP2) are left to the sharded path
+(:mod:`trainer_resume.sharded`).
 
 Saved layout, by resume-object name (see :class:`~trainer_resume.state.PauseCheckpoint`):
 
