@@ -401,7 +401,7 @@ class RankPauseState(TypedDict):
     loaders: dict[str, LoaderState]  # the same global cursor on every rank
     extra: dict[str, Any]
     rng: RandomState
-    # This rank's gradients when any was present (inside an accumulation window).
+    # This rank's gradients when one the next step may read was set (mixin/_gradients.py).
     gradients: NotRequired[dict[str, Any]]
 
 
@@ -442,7 +442,8 @@ class PauseCheckpoint(TypedDict):
     extra: dict[str, Any]
     rng: RandomState
     # object name -> the .grad of its parameters (module: {name: tensor or None};
-    # optimizer: [[tensor or None] per group]); present only when a gradient was.
+    # optimizer: [[tensor or None] per group]); present only when one the next step may
+    # read was set (see mixin/_gradients.py).
     gradients: NotRequired[dict[str, Any]]
     distributed: NotRequired[DistributedPauseState]
 

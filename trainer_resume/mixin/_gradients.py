@@ -2,19 +2,22 @@
 
 A ``@training_step`` may be one micro-batch of a gradient-accumulation window, so a
 pause, a resume point or a ``checkpoint()`` may land while ``.grad`` holds the
-window's partial sum. The gradients are then part of the state that moves between
-steps: every parameter of every module and optimizer among the resume objects has
-its ``.grad`` saved (``None`` kept as ``None``) when at least one of them is
-present, validated against the live parameters before ``resume()`` changes
-anything, and assigned back as part of the restore. With no gradient present,
-nothing is saved, so files written before this rule stay resumable; restoring
-such a file leaves every gradient ``None``, as it was when the file was written.
+window's partial sum. Such gradients are part of the state that moves between steps:
+every parameter of every module and optimizer among the resume objects has its
+``.grad`` saved when the next step still needs it, ``None`` otherwise (a gradient
+that was ``None``, or one spent by an optimizer step that the loop is known to set to
+``None`` before its next backward: see :mod:`._gradient_liveness`), validated against
+the live parameters before ``resume()`` changes anything, and assigned back as part of
+the restore. With nothing to save, nothing is saved, so files written before this
+rule stay resumable; restoring such a file leaves every gradient ``None``, as the
+loop that wrote it would have made it before its next backward.
 
-This is exact for both common loop styles (``zero_grad(set_to_none=True)`` after the
-optimizer step, and ``zero_grad()`` at a window's start), pauses at once, needs no
-knowledge of the window's length and no collective under DDP: each rank saves its
-own gradients, also under ``no_sync``. Parameters that are DTensors (FSDP2) are
-left to the sharded path (:mod:`trainer_resume.sharded`).
+This is exact for every loop style (``zero_grad()`` first,
+``zero_grad(set_to_none=True)`` after the optimizer step, ``zero_grad()`` at a window's
+start, a loop that never zeroes), pauses at once, needs no knowledge of the window's
+length and no collective under DDP: each rank saves its own gradients, also under
+``no_sync``. Parameters that are DTensors (FSDP2) are left to the sharded path
+(:mod:`trainer_resume.sharded`).
 
 Saved layout, by resume-object name (see :class:`~trainer_resume.state.PauseCheckpoint`):
 
@@ -35,6 +38,7 @@ import torch
 
 from ..errors import ResumeStateMismatchError
 from ..state import GRADIENTS_KEY
+from ._gradient_liveness import forget_parameters, spent_parameters
 
 __all__ = [
     "GRADIENTS_KEY",
@@ -87,7 +91,10 @@ def collect_gradients(
     *,
     skipped: frozenset[str] | set[str] = frozenset(),
 ) -> dict[str, Any] | None:
-    """The gradients to save, or ``None`` when every parameter's ``.grad`` is ``None``.
+    """The gradients to save, or ``None`` when no parameter's gradient is needed.
+
+    A gradient is saved when it is set and the next step may still read it (see
+    :mod:`._gradient_liveness`); the others are saved as ``None``.
 
     Args:
         objects: The resume objects (name -> object).
@@ -98,13 +105,19 @@ def collect_gradients(
         skipped: Objects written through the sharded path.
     """
     entries = list(gradient_parameters(objects, skipped))
-    if not any(
-        param.grad is not None for _, _, groups in entries for g in groups for _, param in g
-    ):
+    params = [param for _, _, groups in entries for group in groups for _, param in group]
+    if all(param.grad is None for param in params):
+        return None
+    optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
+    spent = spent_parameters(params, optimizers)
+    if all(param.grad is None or id(param) in spent for param in params):
         return None
     saved: dict[str, Any] = {}
     for name, kind, groups in entries:
-        grads = [[(label, param.grad) for label, param in group] for group in groups]
+        grads = [
+            [(label, None if id(param) in spent else param.grad) for label, param in group]
+            for group in groups
+        ]
         copied = copy([[grad for _, grad in group] for group in grads], memo)
         if kind == "module":
             saved[name] = {label: grad for (label, _), grad in zip(grads[0], copied[0])}
@@ -189,10 +202,12 @@ def restore_gradients(
     # Saved tensor -> (parameter, its new gradient): a module and its optimizer name the
     # same parameters, and the file holds each gradient once.
     assigned: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    restored: list[torch.Tensor] = []
     for name, kind, groups in gradient_parameters(objects, skipped):
         entry = saved.get(name) if saved is not None else None
         for index, group in enumerate(groups):
             for label, param in group:
+                restored.append(param)
                 grad = None
                 if entry is not None:
                     grad = entry[label] if kind == "module" else entry[index][int(label)]
@@ -208,3 +223,5 @@ def restore_gradients(
                         value = value.clone()
                     assigned.setdefault(id(grad), (param, value))
                 param.grad = value
+    # What the loop did to the replaced gradients says nothing of the restored ones.
+    forget_parameters(restored)

@@ -1,9 +1,10 @@
 """``_initialize_training_resume``: a trainer's settings and its step guard, wired once.
 
-The guard gets the boundary check (:func:`~._landing.pause_at_step_boundary`), the
-trainer's resume points, and two one-shot checks for the first step: the audit for
-forgotten hooks and the refusal of what the hooks return. The end of the call is the
-boundary before the first step.
+It also starts watching optimizer steps (:mod:`._gradient_liveness`). The guard gets
+the boundary check (:func:`~._landing.pause_at_step_boundary`), the trainer's resume
+points, and two one-shot checks for the first step: the audit for forgotten hooks and
+the refusal of what the hooks return. The end of the call is the boundary before the
+first step.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..resume_points import ResumePoints
 from ..sharded.detect import refuse_unreduced_gradients, sharded_objects
 from ..signature import canonical_config, config_signature
 from ._boundary import record_boundary
+from ._gradient_liveness import track_gradients
 from ._hook_audit import audit_trainer
 from ._landing import pause_at_step_boundary
 from ._settings import SETTINGS_ATTRIBUTE, Settings
@@ -52,6 +54,8 @@ def initialize(
     if resume_points is not None and not isinstance(resume_points, ResumePoints):
         raise TypeError(f"resume_points must be a ResumePoints, got {type(resume_points).__name__}")
     canonical = canonical_config(config)
+    # From here on every optimizer step is seen, so a pause can tell spent gradients.
+    track_gradients()
     trainer.__dict__[SETTINGS_ATTRIBUTE] = Settings(
         version, config_signature(config), canonical, key
     )

@@ -1,0 +1,196 @@
+"""A pause carries the gradients the next step still needs, and only those.
+
+The loops (support.zero_grad_loops): one micro-batch per ``@training_step``, AdamW and
+SGD over different parameters, bf16 autocast with a ``GradScaler("cpu")``, a branch
+reached on even micro-steps only. With ``zero_grad()`` first, the gradients at a step
+boundary are spent: once the loop has shown that it sets them to ``None`` before its
+next backward, pauses and resume points hold none, and a fresh trainer still continues
+as the uninterrupted run (model, gradients, both optimizers, scaler, every later loss
+and the RNG after, tensor by tensor). Gradients the next step reads are kept: inside a
+window, after a step the scaler skipped, of a parameter no optimizer owns, and in
+loops that add to applied gradients or zero them in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from support import zero_grad_loops
+from support.ddp_workers import describe_exits, launch
+from support.lightning_procs import TESTS
+
+
+@pytest.fixture(scope="module")
+def first_loop() -> dict[str, Any]:
+    return zero_grad_loops.uninterrupted("first")
+
+
+def _pause_and_resume(tmp_path: Path, style: str, step: int, **options: Any) -> Any:
+    """The gradients the pause at ``step`` held, and the resumed run's first difference."""
+    expected = zero_grad_loops.uninterrupted(style, **options)
+    path = tmp_path / f"pause-{style}-{step}.ckpt"
+    assert zero_grad_loops.paused(style, step, path, **options) == step
+    (saved,) = zero_grad_loops.saved_gradients(path)
+    actual, start = zero_grad_loops.resumed(style, path, **options)
+    assert start == step
+    return saved, zero_grad_loops.difference_after(expected, actual, step)
+
+
+@pytest.mark.parametrize("step", [2, 5])
+def test_a_zero_grad_first_loop_pauses_without_gradients_and_resumes_as_the_uninterrupted_run(
+    tmp_path: Path, first_loop: dict[str, Any], step: int
+) -> None:
+    path = tmp_path / "pause.ckpt"
+    assert zero_grad_loops.paused("first", step, path) == step
+    assert zero_grad_loops.saved_gradients(path) == [None]
+    actual, start = zero_grad_loops.resumed("first", path)
+    assert start == step
+    assert zero_grad_loops.difference_after(first_loop, actual, step) is None
+
+
+def test_a_zero_grad_first_pause_without_gradients_resumes_in_a_new_process(
+    tmp_path: Path, first_loop: dict[str, Any]
+) -> None:
+    pause = tmp_path / "pause.ckpt"
+    assert zero_grad_loops.paused("first", 4, pause) == 4
+    assert zero_grad_loops.saved_gradients(pause) == [None]
+    out = tmp_path / "resumed.pt"
+    options = json.dumps({"style": "first"})
+    command = [sys.executable, "-m", "support.zero_grad_loops", "resume", str(pause), str(out)]
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [*command, options],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = torch.load(out, weights_only=True)
+    assert result["start"] == 4
+    assert zero_grad_loops.difference_after(first_loop, result["outcome"], 4) is None
+
+
+def test_resume_points_of_a_zero_grad_first_loop_hold_no_gradients_and_resume_exactly(
+    tmp_path: Path, first_loop: dict[str, Any]
+) -> None:
+    points = zero_grad_loops.with_points("first", tmp_path / "points", every=3)
+    assert [point.name for point in points] == [f"point-{s:012d}.ckpt" for s in (3, 6)]
+    for point in points:
+        assert zero_grad_loops.saved_gradients(point) == [None], point.name
+        actual, start = zero_grad_loops.resumed("first", point)
+        assert zero_grad_loops.difference_after(first_loop, actual, start) is None, point.name
+
+
+def test_a_pause_before_the_loop_has_cleared_a_spent_gradient_keeps_the_gradients(
+    tmp_path: Path,
+) -> None:
+    # After the first step nothing shows yet whether the loop clears its gradients.
+    saved, difference = _pause_and_resume(tmp_path, "first", 1)
+    assert saved is not None and saved["model"]["first.weight"] is not None
+    assert difference is None
+
+
+def test_a_pause_inside_an_accumulation_window_keeps_the_gradients_and_one_at_its_end_not(
+    tmp_path: Path,
+) -> None:
+    inside, difference = _pause_and_resume(tmp_path, "first", 5, accumulate=2)
+    assert difference is None
+    assert all(grad is not None for grad in inside["model"].values())
+    end, difference = _pause_and_resume(tmp_path, "first", 4, accumulate=2)
+    assert (end, difference) == (None, None)
+
+
+def test_a_pause_after_a_step_the_grad_scaler_skipped_keeps_the_gradients(
+    tmp_path: Path,
+) -> None:
+    saved, difference = _pause_and_resume(tmp_path, "first", 3, skip_at=3)
+    assert difference is None
+    assert saved is not None and all(grad is not None for grad in saved["model"].values())
+
+
+def test_a_pause_keeps_the_gradient_of_a_parameter_no_optimizer_owns_and_drops_the_spent_ones(
+    tmp_path: Path,
+) -> None:
+    saved, difference = _pause_and_resume(tmp_path, "first", 4, unowned=True)
+    assert difference is None
+    assert [name for name, grad in saved["model"].items() if grad is not None] == ["scale"]
+    assert saved["adamw"] == [[None] * 4] and saved["sgd"] == [[None] * 2]
+
+
+def test_a_pause_keeps_the_gradients_of_parameters_an_owning_optimizer_has_not_stepped_on(
+    tmp_path: Path,
+) -> None:
+    saved, difference = _pause_and_resume(tmp_path, "first", 4, idle=True)
+    assert difference is None
+    held = [name for name, grad in saved["model"].items() if grad is not None]
+    assert held == ["first.weight", "first.bias"]
+
+
+@pytest.mark.parametrize("step", [2, 5])
+def test_a_loop_that_never_zeroes_keeps_its_gradients_and_resumes_exactly(
+    tmp_path: Path, step: int
+) -> None:
+    saved, difference = _pause_and_resume(tmp_path, "never", step)
+    assert difference is None
+    assert saved is not None and all(grad is not None for grad in saved["model"].values())
+
+
+def test_a_loop_that_zeroes_in_place_keeps_its_gradients_so_an_unreached_parameter_still_moves(
+    tmp_path: Path,
+) -> None:
+    # The next micro-step skips the branch: stepped with a zero gradient it moves (AdamW's
+    # momentum), with None it would not.
+    saved, difference = _pause_and_resume(tmp_path, "in_place", 5)
+    assert difference is None
+    assert saved is not None and saved["model"]["branch.weight"] is not None
+
+
+def test_a_trainer_resumed_from_saved_gradients_saves_them_until_its_loop_clears_them_again(
+    tmp_path: Path, first_loop: dict[str, Any]
+) -> None:
+    first = tmp_path / "first.ckpt"
+    assert zero_grad_loops.paused("first", 1, first) == 1
+    assert zero_grad_loops.saved_gradients(first) != [None]
+    for pause, held in ((2, True), (3, False)):
+        trainer = zero_grad_loops.LoopTrainer("first")
+        trainer.resume(first)
+        zero_grad_loops.train(trainer, total=pause)
+        path = tmp_path / f"again-{pause}.ckpt"
+        trainer.pause(path)
+        (saved,) = zero_grad_loops.saved_gradients(path)
+        # A parameter every step reaches (the branch, reached every other step, shows later).
+        assert (saved is not None and saved["model"]["first.weight"] is not None) is held, pause
+        actual, start = zero_grad_loops.resumed("first", path)
+        assert zero_grad_loops.difference_after(first_loop, actual, start) is None, pause
+
+
+@pytest.mark.slow
+def test_two_ranks_pause_a_zero_grad_first_loop_without_spent_gradients_and_resume_exactly(
+    tmp_path: Path,
+) -> None:
+    # [accumulate, step]: after the first step; after a later one; inside a window (no_sync)
+    # and at its end.
+    job = {"tag": "spent", "pauses": [[1, 1], [1, 4], [2, 5], [2, 6]]}
+    codes = launch(2, job, tmp_path, main=zero_grad_loops.rank_main)
+    assert codes == [0, 0], describe_exits(codes, "spent", tmp_path)
+    for rank in (0, 1):
+        report = torch.load(tmp_path / f"result_spent_rank{rank}.pt", weights_only=True)
+        failed = {case: difference for case, (_, difference) in report.items() if difference}
+        assert list(report) == ["1-1", "1-4", "2-5", "2-6"] and not failed, (rank, failed)
+    report = torch.load(tmp_path / "result_spent_rank0.pt", weights_only=True)
+    held = {case: saved for case, (saved, _) in report.items()}
+    assert held == {
+        "1-1": [True, True],
+        "1-4": [False, False],
+        "2-5": [True, True],
+        "2-6": [False, False],
+    }

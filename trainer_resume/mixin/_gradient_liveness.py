@@ -1,0 +1,251 @@
+"""Which gradients the next step still needs: what a pause must carry and what it may drop.
+
+At a step boundary a parameter's ``.grad`` is either *live* (written by a backward
+after the last ``optimizer.step()`` of some optimizer that owns it: the partial sum of
+an accumulation window) or *spent* (every owning optimizer has stepped on it since).
+A spent gradient is restored as ``None``, which is exact when the loop sets it to
+``None`` before its next backward adds to it (``zero_grad()`` first, the tutorials'
+and nanoGPT's order): the resumed run then meets ``None`` where the uninterrupted run
+met ``None`` too. It is not exact when the loop keeps it: a backward that adds to it
+(a loop that never zeroes) or an in-place zero (``zero_grad(set_to_none=False)``:
+an optimizer step then moves a parameter no backward reached with a zero gradient,
+and skips it with ``None``). So a spent gradient is dropped only after the loop was
+seen to set that parameter's spent gradient to ``None`` before a backward, and never
+once a backward was seen to find one still there.
+
+What is seen, and how:
+
+- every ``optimizer.step()`` in the process (one optimizer step post hook, installed
+  by :func:`track_gradients`) records, per parameter, the gradient it stepped on (a
+  weak reference and its version counter) and the optimizer;
+- the first backward into a parameter after such a step (a hook on the parameter,
+  run before the gradient is accumulated) finds its ``.grad`` set to ``None`` with
+  the spent tensor gone (``cleared``: no one can read it again), or finds a gradient
+  there or the spent tensor still held elsewhere (``kept``, for good);
+- at the pause, :func:`spent_parameters` takes the gradients that are still the
+  tensor last stepped on, unchanged since (same version), stepped on by every owning
+  optimizer (those seen stepping and those among the resume objects), and whose
+  parameter was ``cleared`` and never ``kept``.
+
+Anything else is live and saved: the gradient of a parameter no optimizer owns, or
+of one an owning optimizer has not stepped on (also one created after the last step),
+a gradient written or changed after the step (a backward, a skipped ``GradScaler``
+step, ``no_sync``), one restored by a resume (:func:`forget_parameters`), those of a
+parameter sharded by FSDP2 (FSDP2 writes them, where no hook sees it) and all of them
+on a torch without the hooks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.optim import optimizer as torch_optimizer
+from torch.utils.hooks import unserializable_hook
+
+from ..sharded.detect import first_dtensor
+
+__all__ = ["forget_parameters", "spent_parameters", "track_gradients"]
+
+
+class _Record:
+    """What was seen of one parameter's gradient (guarded by ``_Tracker.lock``)."""
+
+    __slots__ = ("cleared", "grad", "kept", "param", "pending", "stepped", "version")
+
+    def __init__(self, param: torch.Tensor) -> None:
+        self.param = weakref.ref(param)
+        self.grad: weakref.ref[torch.Tensor] | None = None  # the gradient last stepped on
+        self.version = -1  # its version counter then
+        self.stepped: set[int] = set()  # the optimizers that stepped on it (their serials)
+        self.pending = False  # stepped on, and no backward has reached the parameter since
+        self.cleared = False  # a backward after a step found None and the spent tensor gone
+        self.kept = False  # a backward after a step found a gradient (or the spent one held)
+
+    def forget(self) -> None:
+        self.grad, self.version, self.stepped = None, -1, set()
+        self.pending = self.cleared = self.kept = False
+
+
+class _Tracker:
+    """Every optimizer step and first backward after it, per parameter, for the whole process."""
+
+    def __init__(self) -> None:
+        # Hooks run on the training thread (and autograd's device threads); a pause may
+        # read from another thread.
+        self.lock = threading.Lock()
+        self.records: dict[int, _Record] = {}
+        # id -> (the optimizer, its serial): a serial is never reused, where an id may be
+        # once its optimizer is gone.
+        self.optimizers: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self.handle: Any = None
+        self._serials = itertools.count()
+        self._pruned_size = 0
+
+    def serial(self, optimizer: Any, *, add: bool) -> int | None:
+        """The serial of an optimizer seen stepping (a new one with ``add``), else ``None``."""
+        entry = self.optimizers.get(id(optimizer))
+        if entry is None or entry[0]() is not optimizer:
+            if not add:
+                return None
+            entry = (weakref.ref(optimizer), next(self._serials))
+            self.optimizers[id(optimizer)] = entry
+        return entry[1]
+
+    def after_step(self, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
+        with self.lock:
+            stepper = self.serial(optimizer, add=True)
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    grad = param.grad
+                    if grad is None:
+                        continue
+                    record = self._record(param)
+                    if record is None:
+                        continue
+                    if (
+                        record.grad is not None
+                        and record.grad() is grad
+                        and record.version == grad._version
+                    ):
+                        record.stepped.add(stepper)  # another owner, the same gradient
+                    else:
+                        record.grad, record.version = weakref.ref(grad), grad._version
+                        record.stepped = {stepper}
+                        record.pending = True
+
+    def before_accumulate(self, param: torch.Tensor) -> None:
+        record = self.records.get(id(param))
+        if record is None or not record.pending:  # the common case, without the lock
+            return
+        with self.lock:
+            if not record.pending or record.param() is not param:
+                return
+            record.pending = False
+            spent = record.grad() if record.grad is not None else None
+            if param.grad is None and spent is None:
+                record.cleared = True
+            else:
+                record.kept = True
+
+    def _record(self, param: torch.Tensor) -> _Record | None:
+        record = self.records.get(id(param))
+        if record is not None and record.param() is param:
+            return record
+        if not param.requires_grad or first_dtensor(param, "") is not None:
+            return None  # no backward reaches it, or FSDP2 writes its gradient
+        record = _Record(param)
+        self.records[id(param)] = record
+        try:
+            param.register_hook(_before_accumulate_hook(param))
+        except RuntimeError:  # a parameter type that takes no hook: never seen, never dropped
+            record.kept = True
+        if len(self.records) > 2 * self._pruned_size + 1024:
+            self._prune()
+        return record
+
+    def _prune(self) -> None:
+        self.records = {key: r for key, r in self.records.items() if r.param() is not None}
+        self.optimizers = {key: o for key, o in self.optimizers.items() if o[0]() is not None}
+        self._pruned_size = len(self.records)
+
+
+_TRACKER = _Tracker()
+_INSTALL = threading.Lock()
+
+
+def _eager(function: Any) -> Any:
+    # torch.compile runs the hooks as they are instead of tracing them (a lock, weak
+    # references): a traced step then keeps its graph.
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return function if disable is None else disable(function)
+
+
+def _before_accumulate_hook(param: torch.Tensor) -> Any:
+    # A hook on a leaf runs before its gradient is accumulated; it holds the parameter
+    # weakly, so the hook keeps nothing alive.
+    owner = weakref.ref(param)
+
+    @_eager
+    def hook(grad: torch.Tensor) -> None:
+        live = owner()
+        if live is not None:
+            _TRACKER.before_accumulate(live)
+
+    # Pickling the parameter leaves the hook out, and torch need not warn about it.
+    return unserializable_hook(hook)
+
+
+def track_gradients() -> bool:
+    """Install the process's optimizer step hook once; ``False`` where torch has none."""
+    with _INSTALL:
+        if _TRACKER.handle is None:
+            register = getattr(torch_optimizer, "register_optimizer_step_post_hook", None)
+            if register is None:
+                return False
+            _TRACKER.handle = register(_eager(_TRACKER.after_step))
+    return True
+
+
+def _stepping_optimizer(optimizer: Any) -> Any:
+    # A wrapper (Accelerate's AcceleratedOptimizer) steps the torch optimizer it holds.
+    inner = getattr(optimizer, "optimizer", None)
+    while isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
+        optimizer, inner = inner, getattr(inner, "optimizer", None)
+    return optimizer
+
+
+def spent_parameters(
+    parameters: Iterable[torch.Tensor], optimizers: Iterable[Any]
+) -> frozenset[int]:
+    """The ``id`` of each of ``parameters`` whose gradient a pause may restore as ``None``.
+
+    Args:
+        parameters: The parameters whose gradients a pause saves.
+        optimizers: The resume objects' optimizers: they own parameters too, also
+            before they step.
+    """
+    tracker = _TRACKER
+    if tracker.handle is None:
+        return frozenset()
+    with tracker.lock:
+        candidates = [ref() for ref, _ in tracker.optimizers.values()]
+        candidates += [_stepping_optimizer(o) for o in optimizers]
+        owners: dict[int, set[int]] = {}
+        for optimizer in {id(o): o for o in candidates if o is not None}.values():
+            stepper = tracker.serial(optimizer, add=False)
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    # An owner never seen stepping (-1) has not stepped on any gradient.
+                    owners.setdefault(id(param), set()).add(-1 if stepper is None else stepper)
+        spent = set()
+        for param in parameters:
+            grad, record = param.grad, tracker.records.get(id(param))
+            if (
+                grad is not None
+                and record is not None
+                and record.param() is param
+                and record.cleared
+                and not record.kept
+                and record.grad is not None
+                and record.grad() is grad
+                and record.version == grad._version
+                and owners.get(id(param))
+                and owners[id(param)] <= record.stepped
+            ):
+                spent.add(id(param))
+        return frozenset(spent)
+
+
+def forget_parameters(params: Iterable[torch.Tensor]) -> None:
+    """Forget what was seen of these parameters (their gradients were just restored)."""
+    tracker = _TRACKER
+    with tracker.lock:
+        for param in params:
+            record = tracker.records.get(id(param))
+            if record is not None and record.param() is param:
+                record.forget()
