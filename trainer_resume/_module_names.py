@@ -85,6 +85,12 @@ class ModuleNames:
                     child_canonical = f"{canonical}.{name}" if canonical else name
                 prefixes[child_live] = child_canonical
                 stack.append((child, child_live, child_canonical))
+        # checkpoint_wrapper's state_dict() hook already leaves its own part out of the
+        # keys below it, so those keys' paths are the live paths without it.
+        for live, canonical in list(prefixes.items()):
+            if _CHECKPOINTED in live.split("."):
+                shortened = ".".join(p for p in live.split(".") if p != _CHECKPOINTED)
+                prefixes.setdefault(shortened, canonical)
         self.prefixes = prefixes
         self.wrapped = any(live != canonical for live, canonical in prefixes.items())
 
