@@ -10,17 +10,24 @@ does (``_orig_mod.`` of ``torch.compile``, ``module.`` of DataParallel). By hand
 
 One pause file per wrapping, ``<wrapping>.ckpt``, after ``PAUSE_STEP`` steps (inside an
 accumulation window, so with gradients). The steps run eager: a compiled wrapping is an
-``OptimizedModule`` that is never called, so no compiler is needed.
+``OptimizedModule`` that is never called, so no compiler is needed. And the sharded pause
+directory ``sharded`` of a model whose blocks are checkpoint-wrapped and sharded by
+``fully_shard`` (one gloo rank), after ``SHARDED_PAUSE_STEP`` steps: its gradients carry
+``_checkpoint_wrapped_module.`` in their names.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
+import torch.distributed as dist
 from support.wrapped_trainers import PAUSE_STEP, WRAPPINGS, WrappedTrainer
 
 import trainer_resume
+
+SHARDED_PAUSE_STEP = 2
 
 
 def main() -> None:
@@ -34,6 +41,18 @@ def main() -> None:
         trainer.run_to(PAUSE_STEP)
         trainer.pause(args.out / f"{wrapping}.ckpt")
         trainer.loader.close()
+    with tempfile.TemporaryDirectory() as scratch:
+        dist.init_process_group("gloo", init_method=f"file://{scratch}/init", rank=0, world_size=1)
+        try:
+            from support.fsdp_workers import CheckpointedTrainer
+
+            sharded = CheckpointedTrainer()
+            for _ in range(SHARDED_PAUSE_STEP):
+                sharded.step()
+            sharded.pause(args.out / "sharded")
+            sharded.loader.close()
+        finally:
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":
