@@ -60,8 +60,8 @@ def _fit(directory: Path, kind: type, *, pause: bool = False, resume: bool = Fal
 
 
 @pytest.fixture(scope="module")
-def uninterrupted() -> dict:
-    return _fit(Path("unused"), child.Regressor)
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _fit(tmp_path_factory.mktemp("uninterrupted"), child.Regressor)
 
 
 @pytest.mark.parametrize(
