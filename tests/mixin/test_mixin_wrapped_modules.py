@@ -18,6 +18,7 @@ import torch
 from support.wrapped_trainers import PAUSE_STEP, STEPS, WRAPPINGS, WrappedTrainer, plain_module
 from torch import nn
 
+from trainer_resume import ResumePoints
 from trainer_resume.durable import load_checkpoint
 from trainer_resume.errors import ResumeStateMismatchError
 from trainer_resume.testing import first_difference
@@ -122,6 +123,21 @@ def test_a_shared_entry_of_a_wrapped_model_is_stored_under_the_unwrapped_names(t
     assert list(checkpoint["regular"]["model"]) == list(plain_module().state_dict())
     resumed = SharedTrainer("plain")
     resumed.resume(tmp_path / "pause.ckpt")
+    resumed.run_to(STEPS)
+    resumed.loader.close()
+    expected = _uninterrupted()
+    _assert_same({**expected, "losses": expected["losses"][PAUSE_STEP:]}, resumed.outcome(), "run")
+
+
+def test_a_resume_point_of_a_wrapped_model_resumes_bitwise_equal_into_the_plain_one(tmp_path):
+    points = ResumePoints(tmp_path / "points", every_steps=PAUSE_STEP, when_busy="wait")
+    trainer = WrappedTrainer("compiled+parallel", resume_points=points)
+    trainer.run_to(PAUSE_STEP)
+    points.wait()
+    trainer.loader.close()
+    resumed = WrappedTrainer()
+    resumed.resume_latest(tmp_path / "points")
+    assert resumed.completed_steps == PAUSE_STEP
     resumed.run_to(STEPS)
     resumed.loader.close()
     expected = _uninterrupted()

@@ -65,9 +65,12 @@ def wrap(module: nn.Module, wrapping: str) -> nn.Module:
 
 
 class WrappedTrainer(TrainingResumeMixin):
-    """The trainer; ``wrapping`` and ``compiled`` as the module docstring says."""
+    """The trainer; ``wrapping`` and ``compiled`` as the module docstring says; ``resume_points``
+    (a ``ResumePoints``) to take points."""
 
-    def __init__(self, wrapping: str = "plain", *, compiled: bool = False) -> None:
+    def __init__(
+        self, wrapping: str = "plain", *, compiled: bool = False, resume_points: Any = None
+    ) -> None:
         torch.manual_seed(0)
         self.module = plain_module()
         self.network = torch.compile(self.module) if compiled else self.module  # runs the steps
@@ -99,7 +102,7 @@ class WrappedTrainer(TrainingResumeMixin):
         self.batches = iter(self.loader)
         self.losses: list[torch.Tensor] = []  # of the steps run by this object
         torch.manual_seed(100)  # the dropout masks' generator
-        self._initialize_training_resume(CONFIG, version=VERSION)
+        self._initialize_training_resume(CONFIG, version=VERSION, resume_points=resume_points)
 
     def _resume_objects(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
