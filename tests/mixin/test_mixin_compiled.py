@@ -9,15 +9,11 @@ uninterrupted compiled run. Where no compiler works the tests are skipped with t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from support.compiled_runs import NO_COMPILER
+from support.compiled_runs import run_in_new_process
 from support.wrapped_trainers import PAUSE_STEP, STEPS, WrappedTrainer, plain_module
 
 from trainer_resume.durable import load_checkpoint
@@ -26,24 +22,7 @@ from trainer_resume.testing import first_difference
 
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parents[1]
-RUN_DEADLINE_S = 600.0  # bounds a hang; a cold compile on a loaded machine takes a minute
 STATE = ("model", "gradients", "moments", "optimizer", "scheduler", "rng")
-
-
-def _run(job: str, workdir: Path) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(
-        [sys.executable, str(TESTS / "support" / "compiled_runs.py"), job, str(workdir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_DEADLINE_S,
-    )
-    assert done.returncode == 0, f"{job} failed:\n{done.stdout}\n{done.stderr}"
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +32,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     eager.run_to(PAUSE_STEP)
     eager.pause(workdir / "eager.ckpt")
     eager.loader.close()
-    _run("pause", workdir)
-    if (workdir / NO_COMPILER).exists():
-        pytest.skip((workdir / NO_COMPILER).read_text())
-    _run("resume", workdir)
+    reason = run_in_new_process("pause", workdir)
+    if reason is not None:
+        pytest.skip(reason)
+    run_in_new_process("resume", workdir)
 
     def load(name: str) -> Any:
         return torch.load(workdir / name, weights_only=True)

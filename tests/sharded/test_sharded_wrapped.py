@@ -6,8 +6,9 @@ DCP names the saved tensors as the unwrapped model does; the live model's names 
 ``_orig_mod.`` and ``_checkpoint_wrapped_module.``. Both are compared, and the gradients
 the pause carries are saved, under the unwrapped names, so a pause resumes into the blocks
 wrapped the same way (bit-identically) or otherwise (the paused state, exactly). One
-gloo rank in this process, as in ``test_sharded.py``; the compiled test is skipped with
-the reason where no compiler works.
+gloo rank, as in ``test_sharded.py``: in this process for checkpoint-wrapped blocks, in
+``support/compiled_runs.py`` for compiled ones (skipped with the reason where no compiler
+works).
 """
 
 from __future__ import annotations
@@ -17,18 +18,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from support.fsdp_workers import (
-    CheckpointedTrainer,
-    CompiledTrainer,
-    FSDPTrainer,
-    by_parameter_order,
-)
+from support.compiled_runs import run_in_new_process
+from support.fsdp_workers import CheckpointedTrainer, FSDPTrainer, by_parameter_order
 
 from trainer_resume.rng import random_state, restore_random_state
 from trainer_resume.sharded.read import open_pause
 from trainer_resume.testing import first_difference
 
-STEPS = 5
+STEPS = 5  # as compiled_runs.py's sharded job
 PAUSE = 2
 PLAIN_PARAMETERS = ["0.weight", "0.bias", "3.weight", "3.bias"]  # the rank trainer's two Linears
 
@@ -36,7 +33,6 @@ PLAIN_PARAMETERS = ["0.weight", "0.bias", "3.weight", "3.bias"]  # the rank trai
 @pytest.fixture
 def one_rank(tmp_path):
     caller_rng = random_state()
-    deterministic = torch.are_deterministic_algorithms_enabled()
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
     trainers: list[FSDPTrainer] = []
     try:
@@ -45,7 +41,6 @@ def one_rank(tmp_path):
         for trainer in trainers:
             trainer.loader.close()
         dist.destroy_process_group()
-        torch.use_deterministic_algorithms(deterministic)
         restore_random_state(caller_rng)
 
 
@@ -95,32 +90,32 @@ def test_checkpoint_wrapped_blocks_pause_their_gradients_under_the_plain_names_a
     _assert_same(by_parameter_order(reference), by_parameter_order(resumed), "at the end")
 
 
-def _compiler_missing() -> str | None:
-    try:
-        torch.compile(lambda x: torch.relu(x) * 2)(torch.ones(3))
-    except Exception as error:  # noqa: BLE001 - whatever the backend raised is the reason
-        return f"torch.compile (inductor on CPU) fails here: {type(error).__name__}: {error}"
-    return None
-
-
-def test_compiled_blocks_resume_compiled_bitwise_equal_and_eager_with_the_paused_state(
-    one_rank, tmp_path
-):
-    reason = _compiler_missing()
+@pytest.fixture(scope="module")
+def compiled_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``compiled_runs.py sharded``: compiled blocks paused and resumed across wrappings, in a
+    process of its own (so no compiler thread lives on in this one)."""
+    workdir = tmp_path_factory.mktemp("sharded_compiled")
+    reason = run_in_new_process("sharded", workdir)
     if reason is not None:
         pytest.skip(reason)
-    torch.use_deterministic_algorithms(True)  # inductor's CPU kernels, in one order
-    reference = _trainer(one_rank, CompiledTrainer, STEPS)
-    _, resumed = _pause_and_resume(one_rank, CompiledTrainer, CompiledTrainer, tmp_path / "c")
-    assert sorted(_saved_gradient_names(tmp_path / "c")) == sorted(PLAIN_PARAMETERS)
-    while resumed.completed_steps < STEPS:
-        resumed.step()
-    _assert_same(by_parameter_order(reference), by_parameter_order(resumed), "compiled, at the end")
-    # Into blocks that are only checkpoint-wrapped, and into plain ones: the paused state
-    # exactly (checked in _pause_and_resume), and it trains on.
-    for kind in (CheckpointedTrainer, FSDPTrainer):
-        _, eager = _pause_and_resume(one_rank, CompiledTrainer, kind, tmp_path / kind.__name__)
-        eager.step()
-        assert all(torch.isfinite(w).all() for w in by_parameter_order(eager)["weights"])
-    # And an eager pause into the compiled blocks.
-    _pause_and_resume(one_rank, FSDPTrainer, CompiledTrainer, tmp_path / "eager")
+    return {"workdir": workdir, **torch.load(workdir / "sharded.pt", weights_only=True)}
+
+
+@pytest.mark.slow
+def test_compiled_blocks_resume_compiled_bitwise_equal_to_the_uninterrupted_run(compiled_runs):
+    case = compiled_runs["compiled->compiled"]
+    _assert_same(case["at_pause"], case["at_resume"], "right after the resume")
+    _assert_same(compiled_runs["uninterrupted"], case["end"], "at the end")
+    saved = _saved_gradient_names(compiled_runs["workdir"] / "sharded-compiled-compiled")
+    assert sorted(saved) == sorted(PLAIN_PARAMETERS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["compiled->checkpointed", "compiled->plain", "plain->compiled"])
+def test_compiled_and_eager_blocks_resume_each_others_pause_with_the_paused_state(
+    compiled_runs, case
+):
+    resumed = compiled_runs[case]
+    _assert_same(resumed["at_pause"], resumed["at_resume"], "right after the resume")
+    assert resumed["end"]["steps"] == STEPS
+    assert all(torch.isfinite(weight).all() for weight in resumed["end"]["weights"])
