@@ -120,6 +120,22 @@ def test_tied_weights_are_kept_under_every_key_in_safetensors(tmp_path):
     )
 
 
+def test_compile_and_checkpoint_wrapper_names_are_left_out_of_any_files_export(tmp_path):
+    from torch import nn
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    plain = nn.Sequential(nn.Linear(3, 2), nn.Sequential(nn.Linear(2, 1)))
+    blocks = nn.Sequential(plain[0], checkpoint_wrapper(plain[1]))
+    compiled = torch.compile(blocks)  # built, not run: its names, nothing compiled
+    # A file of an earlier release (or of the user's own) that kept the wrappers' names.
+    save_checkpoint({"model": compiled.state_dict(), "step": 3}, tmp_path / "old.ckpt")
+    assert list(compiled.state_dict())[0] == "_orig_mod.0.weight"
+    export_checkpoint(tmp_path / "old.ckpt", tmp_path / "model.pt")
+    fresh = nn.Sequential(nn.Linear(3, 2), nn.Sequential(nn.Linear(2, 1)))
+    fresh.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True), strict=True)
+    assert_same_state(plain.state_dict(), fresh.state_dict())
+
+
 def test_ambiguous_model_is_refused_listing_the_names(tmp_path):
     states = {"generator": {"w": torch.ones(2)}, "discriminator": {"w": torch.zeros(2)}}
     save_checkpoint(states, tmp_path / "gan.ckpt")

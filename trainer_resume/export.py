@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 
 from ._atomic import TempFile, replace_atomically, save_plain_torch_file
+from ._module_names import is_module_state, strip_wrapper_names
 from .checkpoint_files import (
     CHECKPOINT,
     FINISHED,
@@ -151,6 +152,7 @@ def export_checkpoint(
             save_plain_torch_file(state, target)
     else:
         source, state = _model_state(file.kind, file.content, object, source_path)
+        state = strip_wrapper_names(state)
         if save_safetensors is not None:
             save_safetensors(state, target)
         else:
@@ -183,7 +185,7 @@ def _model_state(
         states = object_states(content)
         label = "resume objects"
     elif kind == CHECKPOINT and isinstance(content, Mapping):
-        if name is None and _is_module_state(content):
+        if name is None and is_module_state(content):
             return "(whole file)", content
         states = dict(content)
         label = "entries"
@@ -199,7 +201,7 @@ def _model_state(
     elif DEFAULT_OBJECT in states:
         chosen = DEFAULT_OBJECT
     else:
-        modules = [n for n, state in states.items() if _is_module_state(state)]
+        modules = [n for n, state in states.items() if is_module_state(state)]
         if len(modules) != 1:
             found = "several module state_dicts" if modules else "no module state_dict"
             raise ValueError(
@@ -213,16 +215,6 @@ def _model_state(
             f"{path}: object {chosen!r} holds a {type(state).__name__}, not a state_dict"
         )
     return str(chosen), state
-
-
-def _is_module_state(state: Any) -> bool:
-    # A module's state_dict maps parameter and buffer names to tensors; an optimizer's,
-    # a scheduler's or a GradScaler's holds other values (param_groups, counters).
-    return (
-        isinstance(state, Mapping)
-        and bool(state)
-        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
-    )
 
 
 def _safetensors_writer() -> Any:

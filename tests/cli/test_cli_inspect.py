@@ -59,6 +59,24 @@ def state_size(state: dict[str, torch.Tensor]) -> tuple[int, int]:
     return len(state), sum(t.numel() * t.element_size() for t in state.values())
 
 
+def keys_line(state: dict[str, torch.Tensor], name: str) -> str:
+    """The text report's line of a module's key count and first 3 keys."""
+    first = ", ".join(repr(key) for key in list(state)[:3])
+    return f"  {name}: {len(state)} keys: {first} and {len(state) - 3} more"
+
+
+def module_entry(state: dict[str, torch.Tensor]) -> dict:
+    """What the JSON says of a module's state: tensors, bytes, its key count and first 3 keys."""
+    tensors, size = state_size(state)
+    return {
+        "tensors": tensors,
+        "bytes": size,
+        "shared": False,
+        "keys": len(state),
+        "first_keys": list(state)[:3],
+    }
+
+
 # ---------------------------------------------------------------------- mixin pause files
 
 
@@ -78,6 +96,7 @@ def test_inspect_shows_steps_objects_loader_position_with_units_rng_and_extra_ke
     assert field(lines, "processes") == "1"
     tensors, size = state_size(weights)  # parameters and BatchNorm buffers
     assert row(lines, "model")[:3] == ["model", str(tensors), f"{size:,}"]
+    assert keys_line(weights, "model") in lines
     # Adam after a step: step, exp_avg, exp_avg_sq per parameter.
     assert row(lines, "optimizer")[1] == str(3 * 6)
     consumed = STEPS * BATCH_SIZE
@@ -102,8 +121,7 @@ def test_inspect_json_reports_the_same_facts(tmp_path_factory, capsys):
     assert summary["completed_steps"] == STEPS
     assert summary["steps"] == {"completed_steps": STEPS}
     assert summary["file_bytes"] == os.path.getsize(path)
-    tensors, size = state_size(weights)
-    assert summary["objects"]["model"] == {"tensors": tensors, "bytes": size, "shared": False}
+    assert summary["objects"]["model"] == module_entry(weights)
     consumed = STEPS * BATCH_SIZE
     assert summary["loaders"]["train"] == {
         "consumed": consumed,
@@ -138,8 +156,7 @@ def test_inspect_of_a_distributed_pause_shows_every_process(tmp_path_factory, ca
     summary = inspect_json(path, capsys)
     assert summary["world_size"] == 2
     assert summary["rng"]["processes"] == 2
-    tensors, size = state_size(weights)
-    assert summary["objects"]["model"] == {"tensors": tensors, "bytes": size, "shared": False}
+    assert summary["objects"]["model"] == module_entry(weights)
     # 2 ranks x 2 samples per step: the global cursor.
     assert summary["loaders"]["train"]["consumed"] == DISTRIBUTED_PAUSE_STEP * 2 * 2
 
@@ -190,6 +207,7 @@ def test_inspect_of_a_lightning_pause_file_shows_global_step_loader_rng_and_conf
     assert len(field(lines, "config signature")) == 64
     tensors, size = state_size(weights)
     assert row(lines, "state_dict")[:3] == ["state_dict", str(tensors), f"{size:,}"]
+    assert keys_line(weights, "state_dict") in lines
     consumed = LIGHTNING_PAUSE_STEP * BATCH_SIZE
     assert row(lines, "train")[1:7] == [
         "0",
@@ -416,6 +434,9 @@ def test_inspect_of_a_sharded_pause_directory_verifies_every_file_and_shows_its_
     assert summary["loaders"]["train"]["delivered_batches"] == SHARDED_STEPS
     assert summary["rng"]["saved"] is True and summary["rng"]["processes"] == 1
     assert summary["objects"]["model"]["tensors"] is None
+    # Its names, from DCP's index: the two Linears of the rank trainer's Sequential.
+    assert summary["objects"]["model"]["keys"] == 4
+    assert summary["objects"]["model"]["first_keys"] == ["0.weight", "0.bias", "3.weight"]
 
 
 def test_inspect_of_a_lone_sharded_manifest_says_what_it_is(sharded_pause, capsys):

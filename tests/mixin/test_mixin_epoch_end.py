@@ -62,9 +62,14 @@ class EpochTrainer(TrainingResumeMixin):
 
 
 def train(
-    trainer: EpochTrainer, request: tuple[int, Path] | None = None, *, then: Any = None
+    trainer: EpochTrainer,
+    request: tuple[int, Path] | None = None,
+    *,
+    then: Any = None,
+    after_step: Any = None,
 ) -> None:
-    """The docs' epoch loop; ``request``: pause asked for before that step."""
+    """The docs' epoch loop; ``request``: pause asked for before that step; ``then``: called
+    after the epoch-end work, ``after_step`` after each step (both may pause)."""
     loader = trainer.loader
     for _ in range(loader.epoch, EPOCHS):
         for batch in loader:
@@ -73,6 +78,10 @@ def train(
             trainer.step(batch)
             if trainer.paused:
                 return
+            if after_step is not None:
+                after_step(trainer)
+                if trainer.paused:
+                    return
         trainer.end_epoch()
         if then is not None:
             then(trainer)
@@ -128,7 +137,9 @@ def test_pause_if_requested_after_the_epoch_end_work_writes_the_pause_there(
     expected, validations = uninterrupted()
     paused = EpochTrainer()
     train(
-        paused, (LAST_OF_FIRST_EPOCH, tmp_path / "pause.ckpt"), then=EpochTrainer.pause_if_requested
+        paused,
+        (LAST_OF_FIRST_EPOCH, tmp_path / "pause.ckpt"),
+        then=lambda trainer: trainer.pause_if_requested(epoch_end_done=True),
     )
     assert paused.paused and paused.completed_steps == LAST_OF_FIRST_EPOCH
     resumed, start = finish(tmp_path / "pause.ckpt")
@@ -165,3 +176,30 @@ def test_the_loader_says_its_epoch_ended_from_the_last_batch_until_the_next_iter
     iter(loader)
     seen.append(loader.epoch_ended)
     assert seen == [False, False, False, True, True, False]
+
+
+def test_pause_if_requested_right_after_an_epochs_last_batch_hands_the_pause_past_the_epoch_end_work(
+    tmp_path: Path,
+) -> None:
+    expected, validations = uninterrupted()
+    paused = EpochTrainer()
+    returned: dict[int, bool] = {}
+
+    def request_and_land(trainer: EpochTrainer) -> None:
+        # The loop asks for the pause and lands it itself, right after the epoch's last batch.
+        if trainer.completed_steps == LAST_OF_FIRST_EPOCH:
+            trainer.request_pause(tmp_path / "pause.ckpt")
+        returned[trainer.completed_steps] = trainer.pause_if_requested()
+
+    train(paused, after_step=request_and_land)
+    # Not written there (False, still requested), but when the next epoch's first step
+    # ended: after scheduler.step() and validation.
+    assert returned == dict.fromkeys(range(1, LAST_OF_FIRST_EPOCH + 1), False)
+    assert paused.paused and paused.completed_steps == LAST_OF_FIRST_EPOCH + 1
+    assert len(paused.validations) == 1
+    resumed, start = finish(tmp_path / "pause.ckpt")
+    assert start == LAST_OF_FIRST_EPOCH + 1
+    expected["losses"] = {k: v for k, v in expected["losses"].items() if k > start}
+    difference = first_difference(expected, outcome(resumed, start))
+    assert difference is None, difference
+    assert first_difference(validations, paused.validations + resumed.validations) is None

@@ -195,7 +195,7 @@ def train(
             if trainer.paused:
                 return seen, ends
         ends.append(trainer.end_epoch(epoch))
-        if pause_after_epoch_work and trainer.pause_if_requested():
+        if pause_after_epoch_work and trainer.pause_if_requested(epoch_end_done=True):
             return seen, ends
     return seen, ends
 

@@ -155,6 +155,13 @@ class DDPTrainer(RankTrainer):
         return DistributedDataParallel(module)
 
 
+class WrappedDDPTrainer(DDPTrainer):
+    """Returns the DistributedDataParallel wrapper itself as the model (its names under ``module.``)."""
+
+    def _resume_objects(self) -> dict[str, Any]:
+        return {**super()._resume_objects(), "model": self.model}
+
+
 def _kill_at_replace(trainer: DDPTrainer, step: int) -> None:
     """Rank 0 dies inside the durable write of the pause at ``step``, before the rename."""
     real = os.replace
@@ -197,14 +204,15 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
     before the step, so all ranks pause when it completes); ``kill`` ([rank, step,
     "state" | "replace"]); ``points`` ([directory, every_steps]: take resume points);
     ``resume_latest`` (resume from the newest point of ``points``); ``checkpoint``
-    ([step, rank]: that rank calls ``checkpoint()`` inside that step).
+    ([step, rank]: that rank calls ``checkpoint()`` inside that step); ``wrapped``
+    (the resume objects hold the DDP wrapper, not the module it wraps).
     """
     tag = job["tag"]
     _capture_stderr(Path(out, f"stderr_{tag}_rank{rank}.txt"))
     try:
         warnings.simplefilter("always", WorldSizeChangeWarning)
         join_group(rank, world, init_file)
-        trainer = DDPTrainer()
+        trainer = WrappedDDPTrainer() if job.get("wrapped") else DDPTrainer()
         points = None
         if job.get("points"):
             points = ResumePoints(job["points"][0], every_steps=job["points"][1], when_busy="wait")

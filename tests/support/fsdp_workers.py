@@ -51,6 +51,31 @@ class FSDPTrainer(RankTrainer):
         }
 
 
+class CheckpointedTrainer(FSDPTrainer):
+    """Each Linear wrapped as torchtitan wraps a block: ``checkpoint_wrapper``, then (in
+    :class:`CompiledTrainer`) ``torch.compile`` replacing it, then ``fully_shard``."""
+
+    compile_blocks = False
+
+    def _distribute(self, module: nn.Module) -> nn.Module:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for index, layer in enumerate(module):
+            if isinstance(layer, nn.Linear):
+                block = checkpoint_wrapper(layer)
+                if self.compile_blocks:
+                    block = torch.compile(block)
+                fully_shard(block, mesh=mesh)
+                module[index] = block
+        fully_shard(module, mesh=mesh)
+        return module
+
+
+class CompiledTrainer(CheckpointedTrainer):
+    compile_blocks = True
+
+
 def _local(value: Any) -> Any:
     """This rank's shard of a DTensor (a plain tensor as it is), cloned; containers walked."""
     if isinstance(value, DTensor):
@@ -62,6 +87,24 @@ def _local(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_local(item) for item in value]
     return value
+
+
+def by_parameter_order(trainer: FSDPTrainer) -> dict[str, Any]:
+    """This rank's shards of the weights and gradients by parameter order (which no wrapper
+    changes, unlike the names), the optimizer state (keyed by that order) and the rest of
+    the trainer's state, copied."""
+    params = list(trainer.model.parameters())
+    return _local(
+        {
+            "weights": list(params),
+            "gradients": [p.grad for p in params],
+            "optimizer": trainer.optimizer.state_dict(),
+            "scheduler": trainer.scheduler.state_dict(),
+            "loader": trainer.loader.state_dict(),
+            "steps": trainer.completed_steps,
+            "rng": random_state(),
+        }
+    )
 
 
 def _full(value: Any) -> Any:

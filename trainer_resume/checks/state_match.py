@@ -8,7 +8,9 @@ neither the old run nor the new one, so every mismatch is found first.
 
 What is compared, per kind of object:
 
-- ``torch.nn.Module``: the key sets, and each tensor's shape and dtype;
+- ``torch.nn.Module``: the key sets, under canonical names (a compiled, DDP- or
+  checkpoint-wrapped module is matched by the unwrapped module's names, see
+  :mod:`trainer_resume._module_names`), and each tensor's shape and dtype;
 - ``torch.optim.Optimizer``: the number of parameter groups, the number of
   parameters in each, and each saved per-parameter tensor against the live state
   of that parameter (or, for a fresh optimizer, against the parameter's shape);
@@ -27,12 +29,11 @@ from typing import Any
 
 import torch
 
+from .._module_names import ModuleNames, describe_key_difference, match_names
 from ..amp import validate_grad_scaler_state
 from ..errors import ResumeError, ResumeStateMismatchError
 
 __all__ = ["check_module_state", "check_object_states", "check_optimizer_state"]
-
-_MAX_NAMED = 3  # keys listed in one message; the rest are counted
 
 
 def check_object_states(
@@ -49,7 +50,7 @@ def check_object_states(
         where = f"object {name!r} ({type(obj).__name__})"
         saved = states[name]
         if isinstance(obj, torch.nn.Module):
-            _check_module(where, saved, obj.state_dict())
+            _check_module(where, saved, obj)
         elif isinstance(obj, torch.optim.Optimizer):
             _check_optimizer(where, saved, obj)
         elif isinstance(obj, scalers):
@@ -71,23 +72,14 @@ def check_object_states(
 
 
 def check_module_state(
-    where: str, saved: Any, live: Mapping[str, Any], *, strict: bool = True
+    where: str, saved: Any, module: torch.nn.Module, *, strict: bool = True
 ) -> None:
-    """Raise ``ResumeStateMismatchError`` unless ``saved`` loads into a module whose
-    ``state_dict()`` is ``live`` without a change of key set (``strict``), shape or dtype.
+    """Raise ``ResumeStateMismatchError`` unless ``saved`` loads into ``module`` (through
+    ``live_state``) without a change of key set (``strict``), shape or dtype.
 
     ``strict=False``: as ``load_state_dict(strict=False)``, only the tensors both hold.
     """
-    if strict:
-        _check_module(where, saved, live)
-        return
-    if not isinstance(saved, Mapping):
-        raise ResumeStateMismatchError(
-            f"{where}: the checkpoint holds a {type(saved).__name__}, not a state dict"
-        )
-    for key, value in live.items():
-        if key in saved:
-            _check_tensor(f"{where}: {key!r}", saved[key], value)
+    _check_module(where, saved, module, strict=strict)
 
 
 def check_optimizer_state(where: str, saved: Any, optimizer: torch.optim.Optimizer) -> None:
@@ -96,22 +88,24 @@ def check_optimizer_state(where: str, saved: Any, optimizer: torch.optim.Optimiz
     _check_optimizer(where, saved, optimizer)
 
 
-def _check_module(where: str, saved: Any, live: Mapping[str, Any]) -> None:
+def _check_module(where: str, saved: Any, module: torch.nn.Module, *, strict: bool = True) -> None:
     if not isinstance(saved, Mapping):
         raise ResumeStateMismatchError(
             f"{where}: the checkpoint holds a {type(saved).__name__}, not a state dict"
         )
-    missing = [key for key in live if key not in saved]
-    unexpected = [key for key in saved if key not in live]
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing from the checkpoint: {_names(missing)}")
-        if unexpected:
-            parts.append(f"not in this model: {_names(unexpected)}")
-        raise ResumeStateMismatchError(f"{where}: " + "; ".join(parts))
-    for key, value in live.items():
-        _check_tensor(f"{where}: {key!r}", saved[key], value)
+    names = ModuleNames(module)
+    live = {names.canonical(key): value for key, value in module.state_dict().items()}
+    matched = match_names(saved, live)
+    if strict:
+        found = set(matched.values())
+        missing = [key for key in live if key not in found]
+        unexpected = [key for key in saved if key not in matched]
+        if missing or unexpected:
+            raise ResumeStateMismatchError(
+                f"{where}: {describe_key_difference(unexpected, missing)}"
+            )
+    for key, target in matched.items():
+        _check_tensor(f"{where}: {target!r}", saved[key], live[target])
 
 
 def _check_optimizer(where: str, saved: Any, optimizer: torch.optim.Optimizer) -> None:
@@ -201,8 +195,3 @@ def _check_tensor(where: str, saved: Any, live: Any) -> None:
         raise ResumeStateMismatchError(
             f"{where} has dtype {saved.dtype} in the checkpoint, {live.dtype} here"
         )
-
-
-def _names(keys: list[Any]) -> str:
-    shown = ", ".join(repr(key) for key in keys[:_MAX_NAMED])
-    return shown if len(keys) <= _MAX_NAMED else f"{shown} and {len(keys) - _MAX_NAMED} more"

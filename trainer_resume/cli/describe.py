@@ -13,6 +13,10 @@ pause files and checkpoints (ours, verified, or plain), finished markers, other
   ``epoch`` when known;
 - ``rng``: ``{"saved": false}`` or what was saved, for how many processes;
 - ``config_signature`` (or ``None``).
+
+An object whose state is a module's ``state_dict`` (of a pause file, or a Lightning
+file's ``state_dict``) also has ``keys`` (their number) and ``first_keys`` (the first
+:data:`FIRST_KEYS`, in the file's order): the names a ``load_state_dict`` will need.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 import torch
 
+from .._module_names import is_module_state
 from ..checkpoint_files import (
     CHECKPOINT,
     FINISHED,
@@ -52,17 +57,20 @@ from ..state import (
 )
 
 __all__ = [
+    "FIRST_KEYS",
     "NOT_VERIFIED",
     "SHARDED_MANIFEST",
     "describe_directory",
     "describe_file",
     "loader_position",
     "manifest_summary",
+    "module_keys",
     "pause_summary",
     "rng_summary",
 ]
 
 NOT_VERIFIED = "not verified: no trainer-resume header"
+FIRST_KEYS = 3  # a module's first keys an object's description lists
 
 DIRECTORY = "directory"
 SHARDED_MANIFEST = "sharded manifest"
@@ -143,8 +151,14 @@ def pause_summary(content: Mapping[str, Any]) -> dict[str, Any]:
     seen: set[int] = set()
     described: dict[str, Any] = {}
     for name in [*objects, *(n for n in shared if n not in objects)]:
-        count, size = tensor_totals(regular.get(name) if name in shared else objects[name], seen)
-        described[str(name)] = {"tensors": count, "bytes": size, "shared": name in shared}
+        state = regular.get(name) if name in shared else objects[name]
+        count, size = tensor_totals(state, seen)
+        described[str(name)] = {
+            "tensors": count,
+            "bytes": size,
+            "shared": name in shared,
+            **module_keys(state),
+        }
     summary: dict[str, Any] = {
         "format": content.get("format"),
         "module_version": content.get("module_version"),
@@ -174,6 +188,13 @@ def pause_summary(content: Mapping[str, Any]) -> dict[str, Any]:
     if "config" in content:
         summary["config"] = content["config"]
     return summary
+
+
+def module_keys(state: Any) -> dict[str, Any]:
+    """``keys`` and ``first_keys`` of a module's ``state_dict``; nothing for other states."""
+    if not is_module_state(state):
+        return {}
+    return {"keys": len(state), "first_keys": [str(key) for key in list(state)[:FIRST_KEYS]]}
 
 
 def loader_position(state: Any) -> dict[str, Any]:
@@ -314,7 +335,12 @@ def _lightning(content: Mapping[str, Any]) -> dict[str, Any]:
     entry = content.get(PAUSE_KEY) if isinstance(content.get(PAUSE_KEY), Mapping) else {}
     objects: dict[str, Any] = {}
     count, size = tensor_totals(content.get("state_dict"))
-    objects["state_dict"] = {"tensors": count, "bytes": size, "shared": False}
+    objects["state_dict"] = {
+        "tensors": count,
+        "bytes": size,
+        "shared": False,
+        **module_keys(content.get("state_dict")),
+    }
     for key, label in (("optimizer_states", "optimizer"), ("lr_schedulers", "lr_scheduler")):
         for number, state in enumerate(content.get(key) or []):
             count, size = tensor_totals(state)

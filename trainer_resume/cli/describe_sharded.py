@@ -14,7 +14,13 @@ from typing import Any
 
 from ..checkpoint_files import read_checkpoint_file
 from ..sharded.manifest import GENERATION, MANIFEST_NAME
-from .describe import SHARDED_MANIFEST, describe_file, manifest_summary, pause_summary
+from .describe import (
+    FIRST_KEYS,
+    SHARDED_MANIFEST,
+    describe_file,
+    manifest_summary,
+    pause_summary,
+)
 
 __all__ = ["SHARDED_DIRECTORY", "SHARDED_MANIFEST", "describe_sharded", "is_sharded_pause"]
 
@@ -59,6 +65,16 @@ def describe_sharded(path: str, *, key: bytes | None) -> dict[str, Any]:
         if name in described["objects"]:
             # Its tensors are in the DCP shards, whose digests were checked but not loaded.
             described["objects"][name] = {"tensors": None, "bytes": None, "shared": False}
+    for name in pause.manifest["models"]:
+        # A model's names are in DCP's index (canonical, as get_model_state_dict gives them).
+        prefix = f"models.{name}."
+        keys = [
+            key[len(prefix) :]
+            for key in pause.metadata.state_dict_metadata
+            if key.startswith(prefix)
+        ]
+        if name in described["objects"] and keys:
+            described["objects"][name].update(keys=len(keys), first_keys=keys[:FIRST_KEYS])
     summary.update(described)
     summary["world_size"] = pause.manifest["world_size"]
     return summary

@@ -192,6 +192,16 @@ def _print_objects(summary: dict[str, Any], out: TextIO) -> None:
             f"({regular['tensors']} tensors, {format_bytes(regular['bytes'])})",
             file=out,
         )
+    modules = [(name, e) for name, e in summary["objects"].items() if "keys" in e]
+    if modules:
+        print("\nmodule keys", file=out)
+        for name, e in modules:
+            first = ", ".join(repr(key) for key in e["first_keys"])
+            more = e["keys"] - len(e["first_keys"])
+            print(
+                f"  {name}: {e['keys']} keys: {first}{f' and {more} more' if more else ''}",
+                file=out,
+            )
 
 
 def _entry_type(entry: dict[str, Any]) -> str:

@@ -286,11 +286,22 @@ class TrainingResumeMixin:
         guard = guard_of(self, "request_pause()")
         record_pause_request(self, guard, path)
 
-    def pause_if_requested(self) -> bool:
+    def pause_if_requested(self, *, epoch_end_done: bool = False) -> bool:
         """Write a pending pause request now, between steps (e.g. in a loop that waits or evaluates).
 
+        Where the last step delivered a returned loader's last batch of its epoch, the
+        loop's epoch-end work (a per-epoch ``scheduler.step()``, validation) may still
+        be due: as at the end of that step, the pause (and a resume point due) is then
+        handed on to the next step boundary, and ``False`` is returned with the request
+        still pending. A loop that calls this after its epoch-end work says so with
+        ``epoch_end_done=True``, and the pause is written here.
+
+        Args:
+            epoch_end_done: The loop's work after an epoch's last batch is done.
+
         Returns:
-            True when a pause was written (the trainer is now paused).
+            True when a pause was written (the trainer is now paused); False when none
+            was pending, or when it was handed on to the next step boundary.
 
         Raises:
             Same as :meth:`pause`.
@@ -298,7 +309,7 @@ class TrainingResumeMixin:
         guard = guard_of(self, "pause_if_requested()")
         with guard.exclusive():
             require_step_boundary(guard, "pause_if_requested")
-            return land_requested_pause(self, guard)
+            return land_requested_pause(self, guard, epoch_end_done=epoch_end_done)
 
     def checkpoint(self) -> ResumePoint:
         """Take a resume point now, into the ``ResumePoints`` directory, and return its handle.

@@ -22,7 +22,8 @@ length and no collective under DDP: each rank saves its own gradients, also unde
 Saved layout, by resume-object name (see :class:`~trainer_resume.state.PauseCheckpoint`):
 
 - a ``torch.nn.Module``: ``{parameter name: tensor or None}``, in
-  ``named_parameters()`` order;
+  ``named_parameters()`` order, under canonical names (those of the unwrapped module,
+  see :mod:`trainer_resume._module_names`; a file with the wrappers' names is read too);
 - a ``torch.optim.Optimizer``: ``[[tensor or None per parameter] per group]``.
 
 Adapters (Accelerate, the HF Trainer) reuse :func:`collect_gradients`,
@@ -36,6 +37,7 @@ from typing import Any
 
 import torch
 
+from .._module_names import canonical_parameters, describe_key_difference, match_names
 from ..errors import ResumeStateMismatchError
 from ..state import GRADIENTS_KEY
 from ._gradient_liveness import forget_parameters, spent_parameters
@@ -69,7 +71,7 @@ def gradient_parameters(
         if name in skipped:
             continue
         if isinstance(obj, torch.nn.Module):
-            groups = [list(obj.named_parameters())]
+            groups = [canonical_parameters(obj)]
             kind = "module"
         elif isinstance(obj, torch.optim.Optimizer):
             groups = [
@@ -153,9 +155,11 @@ def check_gradients(
         entry = saved[name]
         if kind == "module":
             names = [label for label, _ in groups[0]]
+            entry = _canonical_entry(entry, names)
             if not isinstance(entry, Mapping) or list(entry) != names:
                 raise ResumeStateMismatchError(
                     f"{where}: the checkpoint names other parameters than this module's"
+                    + _name_difference(entry, names)
                 )
             pairs = [(f"parameter {label!r}", entry[label], param) for label, param in groups[0]]
         else:
@@ -205,6 +209,8 @@ def restore_gradients(
     restored: list[torch.Tensor] = []
     for name, kind, groups in gradient_parameters(objects, skipped):
         entry = saved.get(name) if saved is not None else None
+        if kind == "module":
+            entry = _canonical_entry(entry, [label for label, _ in groups[0]])
         for index, group in enumerate(groups):
             for label, param in group:
                 restored.append(param)
@@ -225,3 +231,26 @@ def restore_gradients(
                 param.grad = value
     # What the loop did to the replaced gradients says nothing of the restored ones.
     forget_parameters(restored)
+
+
+def _canonical_entry(entry: Any, names: list[str]) -> Any:
+    """A module's saved gradients keyed by the canonical ``names`` (an earlier release saved
+    them under the wrappers' names); anything that does not match all of them as it is."""
+    if not isinstance(entry, Mapping) or list(entry) == names:
+        return entry
+    matched = match_names(entry, set(names))
+    if len(matched) != len(entry):
+        return entry
+    return {matched[label]: grad for label, grad in entry.items()}
+
+
+def _name_difference(entry: Any, names: list[str]) -> str:
+    if not isinstance(entry, Mapping):
+        return ""
+    saved = [str(label) for label in entry]
+    difference = describe_key_difference(
+        [label for label in saved if label not in names],
+        [label for label in names if label not in entry],
+        here="this module",
+    )
+    return f" ({difference})" if difference else " (the same names in another order)"

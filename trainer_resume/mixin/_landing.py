@@ -4,7 +4,9 @@
 :func:`pause_at_step_boundary`, writes it after an outermost ``@training_step`` or in
 ``pause_if_requested()``, and takes a resume point that is due there. Where a loader's
 epoch just ended, both are handed on once, to the next boundary, so that the loop's
-epoch-end work is saved; under a process group the ranks agree on both.
+epoch-end work is saved: also from ``pause_if_requested()``, which cannot tell whether
+the loop calls it before that work or after it, unless the loop says it is after
+(``epoch_end_done=True``). Under a process group the ranks agree on both.
 """
 
 from __future__ import annotations
@@ -35,25 +37,27 @@ def record_pause_request(trainer: TrainingResumeMixin, guard: StepGuard, path: S
         warn_request_without_step(type(trainer).__name__, "request_pause() from another thread")
 
 
-def land_requested_pause(trainer: TrainingResumeMixin, guard: StepGuard) -> bool:
+def land_requested_pause(
+    trainer: TrainingResumeMixin, guard: StepGuard, *, epoch_end_done: bool = False
+) -> bool:
     """The body of ``pause_if_requested()`` (under the lock, between steps)."""
     guard.landings += 1
     if guard.requested_path is None and not _distributed.is_distributed():
         return False
-    return pause_at_step_boundary(trainer, step_end=False)
+    return pause_at_step_boundary(trainer, epoch_end_done=epoch_end_done)
 
 
-def pause_at_step_boundary(trainer: TrainingResumeMixin, *, step_end: bool = True) -> bool:
+def pause_at_step_boundary(trainer: TrainingResumeMixin, *, epoch_end_done: bool = False) -> bool:
     """Take a due resume point and write the pending pause request, if any (under the lock, between steps).
 
-    ``step_end``: called at the end of a ``@training_step`` (not from
-    ``pause_if_requested()``, which the loop calls where it wants the pause): there,
-    a boundary where a loader's epoch just ended hands the pause and a due resume
-    point to the next boundary, once, so that the loop's epoch-end work is saved.
+    A boundary where a loader's epoch just ended hands the pause and a due resume point
+    to the next boundary, once, so that the loop's epoch-end work is saved; unless
+    ``epoch_end_done``: ``pause_if_requested(epoch_end_done=True)``, which the loop
+    calls after that work.
     """
     guard: StepGuard = trainer.__dict__[GUARD_ATTRIBUTE]
     boundary = guard.boundary
-    epoch_ended = step_end and boundary is not None and boundary.epoch_ended
+    epoch_ended = not epoch_end_done and boundary is not None and boundary.epoch_ended
     failure = None
     if guard.points is not None:
         failure = guard.points.at_step_boundary(

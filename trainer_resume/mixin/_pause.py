@@ -12,13 +12,14 @@ sharded model.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import distributed as _distributed
 from .._atomic import make_parent_directory
+from .._module_names import canonical_state
 from ..checks.pause_state import check_saveable, to_cpu
 from ..errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
 from ..sharded.detect import (
@@ -120,13 +121,17 @@ def pause_checkpoint(
         if name in sharded.names:  # written by every rank for its shards, see write_pause
             object_states[name] = dict(SHARDED_STATE)
             continue
-        # A shared key references the regular snapshot: no second state_dict() call,
-        # and torch.save writes the object once because it is the same object.
-        object_states[name] = (
-            regular[name]
-            if regular is not None and name in shared
-            else copy(obj.state_dict(), memo)
-        )
+        module = isinstance(obj, torch.nn.Module)
+        if regular is not None and name in shared:
+            # A shared key references the regular snapshot: no second state_dict() call,
+            # and torch.save writes the object once because it is the same object.
+            if module and isinstance(regular[name], Mapping):
+                regular[name] = canonical_state(obj, regular[name])
+            object_states[name] = regular[name]
+        else:
+            # A module's state under the unwrapped module's names: it resumes into the
+            # module compiled or not, wrapped by DDP or not (see _module_names).
+            object_states[name] = copy(canonical_state(obj) if module else obj.state_dict(), memo)
     checkpoint: PauseCheckpoint = {
         "format": PAUSE_FORMAT,
         "module_version": settings.version,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import distributed as _distributed
+from .._module_names import live_state
 from ..amp import restore_grad_scaler_state
 from ..checks.hook_results import is_library_loader
 from ..errors import TrainerLockedError
@@ -114,7 +115,10 @@ def _restore(
         for name, obj in objects.items():
             if name not in scalers and name not in sharded:
                 stage = f"object {name!r}"
-                obj.load_state_dict(states[name])
+                state = states[name]
+                if isinstance(obj, torch.nn.Module):  # saved under canonical names
+                    state = live_state(state, obj)
+                obj.load_state_dict(state)
         # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.
         for name in scalers:
             stage = f"GradScaler {name!r}"

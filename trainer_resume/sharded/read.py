@@ -35,7 +35,13 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from .. import distributed as _distributed
-from ..checks.pause_state import check_layout, check_names
+from .._module_names import (
+    ModuleNames,
+    canonical_parameters,
+    describe_key_difference,
+    match_names,
+)
+from ..checks.pause_state import check_layout
 from ..checks.weights_only import refusal_reason
 from ..durable import load_checkpoint
 from ..errors import (
@@ -204,12 +210,16 @@ class ShardedPause:
 
     def _check_model_shapes(self, objects: Mapping[str, Any]) -> None:
         # DCP would find a differing model only while loading, after the first change.
+        # DCP's names are canonical (get_model_state_dict): the live names are compared
+        # as canonical names too, however the model's blocks are compiled or wrapped.
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         saved = self.metadata.state_dict_metadata
         for model in self.manifest["models"]:
-            names = {key for key, _ in objects[model].named_parameters()}
-            unknown = sorted(set(_saved_gradients(saved, model)) - names)
+            names = {key for key, _ in canonical_parameters(objects[model])}
+            gradients = _saved_gradients(saved, model)
+            matched = match_names(gradients, names)
+            unknown = [key for key in gradients if key not in matched]
             if unknown:
                 raise ResumeStateMismatchError(
                     f"{self.location}: sharded model {model!r} has gradients saved for "
@@ -222,13 +232,19 @@ class ShardedPause:
                 for key, entry in saved.items()
                 if key.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
             }
+            canonical = ModuleNames(objects[model]).canonical
             live = {
-                key: value
+                canonical(key): value
                 for key, value in objects[model].state_dict().items()
                 if isinstance(value, torch.Tensor)
             }
             where = f"{self.location}: sharded model {model!r}"
-            check_names(where, tensors, live)
+            if set(tensors) != set(live):
+                difference = describe_key_difference(
+                    [key for key in tensors if key not in live],
+                    [key for key in live if key not in tensors],
+                )
+                raise ResumeStateMismatchError(f"{where}: {difference}")
             for key, value in live.items():
                 entry = tensors[key]
                 if tuple(entry.size) != tuple(value.shape) or entry.properties.dtype != value.dtype:
@@ -315,23 +331,34 @@ class ShardedPause:
                 set_model_state_dict(objects[name], staged["models"][name])
         gradients = staged.get(GRADIENTS_KEY, {})
         for name in self.manifest["models"]:
-            read = gradients.get(name, {})
-            for key, param in objects[name].named_parameters():
+            parameters = canonical_parameters(objects[name])
+            read = _by_parameter(gradients.get(name, {}), parameters)
+            for key, param in parameters:
                 param.grad = read.get(key)
 
     def _saved_gradient_buffers(self, objects: Mapping[str, Any]) -> dict[str, Any]:
         # A buffer of each parameter's layout (a DTensor sharded as it) for each gradient saved.
+        # Keyed as saved: DCP reads each gradient by its saved name.
         saved = self.metadata.state_dict_metadata
         buffers: dict[str, Any] = {}
         for model in self.manifest["models"]:
-            with_gradient = set(_saved_gradients(saved, model))
-            for key, param in objects[model].named_parameters():
-                if key in with_gradient:
-                    buffers.setdefault(model, {})[key] = torch.empty_like(param.detach())
+            parameters = dict(canonical_parameters(objects[model]))
+            for key, name in match_names(_saved_gradients(saved, model), parameters).items():
+                param = parameters[name]
+                buffers.setdefault(model, {})[key] = torch.empty_like(param.detach())
         return buffers
 
     def _sharded(self) -> ShardedObjects:
         return ShardedObjects({m: list(o) for m, o in self.manifest["models"].items()})
+
+
+def _by_parameter(
+    read: Mapping[str, Any], parameters: list[tuple[str, torch.nn.Parameter]]
+) -> dict[str, Any]:
+    """Gradients read under their saved names, keyed by the canonical parameter names (a pause
+    of an earlier release saved them under the wrappers' names)."""
+    names = {key for key, _ in parameters}
+    return {name: read[key] for key, name in match_names(read, names).items()}
 
 
 def _saved_gradients(metadata: Mapping[str, Any], model: str) -> list[str]:

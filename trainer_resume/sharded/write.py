@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from .. import distributed as _distributed
 from .._atomic import fsync_directory
+from .._module_names import canonical_parameters
 from ..durable import save_checkpoint
 from ..errors import CheckpointWriteError
 from ..state import (
@@ -58,7 +59,9 @@ def dcp_state(objects: Mapping[str, Any], sharded: ShardedObjects) -> dict[str, 
     them in place on resume. The sharded parameters' gradients, where present (inside
     a gradient-accumulation window, or with ``zero_grad()`` at a window's start), are
     under ``"gradients"``: model name -> parameter name -> its ``.grad`` (a DTensor
-    sharded as the parameter).
+    sharded as the parameter). Every name is canonical, as ``get_model_state_dict``
+    names the parameters (no ``_orig_mod.``, ``module.`` or
+    ``_checkpoint_wrapped_module.``).
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
@@ -73,7 +76,7 @@ def dcp_state(objects: Mapping[str, Any], sharded: ShardedObjects) -> dict[str, 
             )
         else:
             models[name] = get_model_state_dict(model)
-        grads = {key: p.grad for key, p in model.named_parameters() if p.grad is not None}
+        grads = {key: p.grad for key, p in canonical_parameters(model) if p.grad is not None}
         if grads:
             gradients[name] = grads
     state = {"models": models, "optimizers": optimizers}

@@ -27,6 +27,7 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from ..._atomic import make_parent_directory
+from ..._module_names import canonical_state, live_state
 from ..._signals import (
     DEFAULT_PAUSE_SIGNALS,
     Handler,
@@ -300,6 +301,8 @@ class ResumeCallback(Callback):
         check_module_fits(checkpoint, pl_module, source)
         if trainer.strategy.lightning_restore_optimizer:
             check_optimizers_fit(checkpoint, pl_module, trainer.optimizers, source)
+        # Pause files hold canonical names: Lightning loads them under the live ones.
+        checkpoint["state_dict"] = live_state(checkpoint["state_dict"], pl_module)
         self._checked = checkpoint
         self._snapshot = ModuleSnapshot(pl_module)
 
@@ -570,6 +573,11 @@ class ResumeCallback(Callback):
             self._writing_pause = False
             self._pause_point = saved
         finish_batch_in_checkpoint(checkpoint, point)
+        # Under the unwrapped modules' names: a compiled or wrapped submodule resumes
+        # into the module compiled or not (see trainer_resume._module_names).
+        checkpoint["state_dict"] = canonical_state(
+            trainer.lightning_module, checkpoint["state_dict"]
+        )
         return checkpoint
 
     def _write_pause(self, trainer: pl.Trainer) -> None:

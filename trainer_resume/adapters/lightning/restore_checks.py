@@ -8,8 +8,8 @@ optimizers and ``on_fit_start`` ran, the loops, optimizers and schedulers. A
 refusal in a callback's ``on_load_checkpoint`` comes after the module changed.
 
 So the checks run in the checkpoint IO (``PauseFileReader``, installed by
-``ResumeCallback``): every tensor of the module (keys, shapes, dtypes, as
-``strict_loading`` asks) and, since the optimizers do not exist yet with the
+``ResumeCallback``): every tensor of the module (keys under canonical names, shapes,
+dtypes, as ``strict_loading`` asks) and, since the optimizers do not exist yet with the
 default strategies, the number of parameters each saved optimizer covers. The
 optimizers are checked exactly once they exist (``on_fit_start``, before
 Lightning loads them); should that refuse, the module is put back from the
@@ -44,7 +44,7 @@ def check_module_fits(
     check_module_state(
         f"{source}: {type(pl_module).__name__}",
         state,
-        pl_module.state_dict(),
+        pl_module,
         strict=bool(getattr(pl_module, "strict_loading", True)),
     )
 

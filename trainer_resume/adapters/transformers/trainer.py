@@ -328,7 +328,8 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         if landing == "epoch":
             loader.end_epoch()
         self._step_completed()
-        self.pause_if_requested()  # one the boundary handed on to after the epoch's end
+        # One the boundary handed on to after the epoch's end, whose work is done now.
+        self.pause_if_requested(epoch_end_done=True)
         if self.paused:
             self.control.should_training_stop = True
 
