@@ -101,7 +101,8 @@ def _report(
 ) -> str:
     count = len(differences)
     lines = [
-        f"{location} differs from this run's config at {count} path{'s' if count != 1 else ''}:"
+        f"{location}: the paused run's config differs from this run's at {count} "
+        f"path{'s' if count != 1 else ''}:"
     ]
     lines.extend(f"  {_line(found, current)}" for found in differences[:_SHOWN])
     if count > _SHOWN:
