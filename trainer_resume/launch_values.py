@@ -21,12 +21,13 @@ resolved value: a relaunch is refused, never silently accepted).
 
 from __future__ import annotations
 
+import inspect
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import Container, DictConfig, ListConfig, OmegaConf
+from omegaconf import Container, DictConfig, OmegaConf
 
 __all__ = ["LAUNCH_RESOLVERS", "LaunchValues", "launch_values"]
 
@@ -79,12 +80,17 @@ def launch_values(config: Container) -> LaunchValues:
     """
     found = LaunchValues()
     try:
-        raw = OmegaConf.to_container(config, resolve=False)
-    except Exception:  # noqa: BLE001 - nothing found: every value is signed resolved
-        return found
+        _find(config, found)
+    except Exception:  # noqa: BLE001 - see the module docstring: no launch values then
+        found.rendered.clear()
+    finally:
+        _RENDERING.texts = None
+    return found
+
+
+def _find(config: Container, found: LaunchValues) -> None:
+    raw = OmegaConf.to_container(config, resolve=False)
     nodes = list(_interpolations(config, raw, ()))
-    if not nodes:
-        return found
     texts = _Texts({segments: text for segments, _, _, text in nodes})
     top_hydra = isinstance(raw, dict) and HYDRA_NODE in raw
     for segments, container, key, text in nodes:
@@ -93,21 +99,24 @@ def launch_values(config: Container) -> LaunchValues:
     for segments, _, _, text in nodes:
         _store(raw, segments, _rewritten(text, segments, calls, top_hydra))
     if not calls:
-        return found
+        return
     if not OmegaConf.has_resolver(_RESOLVER):
-        OmegaConf.register_new_resolver(_RESOLVER, _launch_call, replace=True)
+        _register(_RESOLVER, _launch_call)
     _RENDERING.texts = calls
-    try:
-        copy = OmegaConf.create(raw)
-        for segments, container, key, _ in nodes:
-            value = _rendered(copy, segments)
-            if value is not None:
-                found.rendered[(id(container), key)] = value
-    except Exception:  # noqa: BLE001 - see the module docstring: no launch values then
-        found.rendered.clear()
-    finally:
-        _RENDERING.texts = None
-    return found
+    copy = OmegaConf.create(raw)
+    for segments, container, key, _ in nodes:
+        value = _rendered(copy, segments)
+        if value is not None:
+            found.rendered[(id(container), key)] = value
+
+
+def _register(name: str, resolver: Any) -> None:
+    # omegaconf 2.4 renamed register_new_resolver (now deprecated) to register_resolver,
+    # a name that before 2.4 registered resolvers of the old kind (arguments as strings).
+    register = OmegaConf.register_resolver
+    if "replace" not in inspect.signature(register).parameters:
+        register = OmegaConf.register_new_resolver
+    register(name, resolver, replace=True)
 
 
 def _interpolations(
@@ -116,7 +125,7 @@ def _interpolations(
     """Every interpolated node below ``container``: its path, parent, key and text."""
     if isinstance(container, DictConfig):
         keys: list[Any] = list(container.keys())
-    elif isinstance(container, ListConfig):
+    elif isinstance(container, Sequence):  # ListConfig (and TupleConfig)
         keys = list(range(len(container)))
     else:
         return

@@ -54,7 +54,7 @@ from pathlib import PurePath
 from typing import Any
 
 import torch
-from omegaconf import Container, DictConfig, ListConfig, OmegaConf
+from omegaconf import Container, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from .launch_values import HYDRA_NODE, LaunchValues, launch_values
@@ -457,7 +457,7 @@ class _Walk:
             return self._mapping(
                 list(value.keys()), self._item_of(value, path), path, exclude, True, type_name
             )
-        if isinstance(value, ListConfig):
+        if isinstance(value, Container) and isinstance(value, Sequence):  # ListConfig, TupleConfig
             read = self._item_of(value, path)
             return [
                 self._value(read(index), f"{path}[{index}]", {}, True)
