@@ -8,14 +8,12 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
+from trainer_resume.config_paths import config_paths, covering_paths, ignorable_path
 from trainer_resume.signature import (
     Difference,
     canonical_config,
     config_differences,
-    config_paths,
     config_signature,
-    covering_paths,
-    ignorable_path,
     sign_config,
 )
 

@@ -42,14 +42,12 @@ so the signature, it had before launch values were recognised.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import enum
 import hashlib
 import json
 import math
-import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
@@ -57,6 +55,7 @@ import torch
 from omegaconf import Container, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from .config_paths import config_paths, join, path_trie
 from .launch_values import HYDRA_NODE, LaunchValues, launch_values
 
 __all__ = [
@@ -66,9 +65,7 @@ __all__ = [
     "canonical_config",
     "config_difference",
     "config_differences",
-    "config_paths",
     "config_signature",
-    "covering_paths",
     "is_launch_value",
     "show",
     "sign_config",
@@ -91,7 +88,6 @@ _ROOT = "<root>"
 # Deeper configs are refused: the walks here recurse, and Python's recursion limit
 # must not turn a deep (or maliciously nested) config into a RecursionError.
 MAX_CONFIG_DEPTH = 100
-_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*\Z")
 _DEFAULT_EXCLUDE = ("load",)
 
 _ACCEPTED = (
@@ -134,7 +130,7 @@ def canonical_config(config: Any, *, exclude: Collection[str] = _DEFAULT_EXCLUDE
             itself or nests mappings and lists deeper than ``MAX_CONFIG_DEPTH`` (100)
             levels (the message names the path), or an ``exclude`` path is malformed.
     """
-    return _Walk(_trie(exclude, "exclude"), launch=True).canonical(config)
+    return _Walk(path_trie(exclude, "exclude"), launch=True).canonical(config)
 
 
 def config_signature(config: Any, *, exclude: Collection[str] = _DEFAULT_EXCLUDE) -> str:
@@ -230,13 +226,13 @@ def sign_config(
     """
     declared = config_paths(ignore, name="config_ignore")
     exclude = tuple(dict.fromkeys([*config_paths(always, name="exclude"), *declared]))
-    walk = _Walk(_trie(exclude, "exclude"), launch=True)
+    walk = _Walk(path_trie(exclude, "exclude"), launch=True)
     canonical = walk.canonical(config)
     signature = _digest(canonical)
     legacy = None
     if walk.launch_found:
         try:
-            earlier = _Walk(_trie(exclude, "exclude"), launch=False).canonical(config)
+            earlier = _Walk(path_trie(exclude, "exclude"), launch=False).canonical(config)
         except (TypeError, ValueError):  # e.g. ${hydra:...} outside a Hydra app
             earlier = None
         else:
@@ -244,127 +240,9 @@ def sign_config(
     return SignedConfig(canonical, signature, declared, exclude, walk.sources, legacy)
 
 
-def config_paths(paths: Collection[str], *, name: str = "config_ignore") -> tuple[str, ...]:
-    """Check dotted config paths; return each printed as differences print it, sorted.
-
-    A path is mapping keys (or dataclass fields) joined by dots (``"paths.output_dir"``);
-    a key that is not a plain name goes in brackets, quoted (``"['a.b'].c"``). A string
-    without a dot or a bracket is one key, whatever its characters. A path cannot go
-    through a list (a list is left out whole).
-
-    Raises:
-        TypeError: ``paths`` is a str or not a collection of str.
-        ValueError: a path is malformed or indexes a list.
-    """
-    if isinstance(paths, str) or not isinstance(paths, Iterable):
-        raise TypeError(f"{name} must be a collection of dotted paths, got {paths!r}")
-    printed = set()
-    for path in paths:
-        if not isinstance(path, str):
-            raise TypeError(f"{name} holds a non-str path {path!r}")
-        printed.add(_print(_segments(path, name)))
-    return tuple(sorted(printed))
-
-
-def covering_paths(paths: Collection[str], covered: Collection[str]) -> list[str]:
-    """The paths of ``covered`` that no path of ``paths`` leaves out (itself or an ancestor)."""
-    trie = _trie(paths, "paths")
-    missing = []
-    for path in covered:
-        node: Any = trie
-        for key in _segments(path, "paths"):
-            node = node.get(key, {}) if isinstance(node, dict) else node
-        if node is not True:
-            missing.append(path)
-    return missing
-
-
-def ignorable_path(path: str) -> str | None:
-    """The part of a difference's path that ``config_ignore`` can name: up to its first list index.
-
-    ``"callbacks[1].patience"`` -> ``"callbacks"``; ``None`` for the root or a top-level
-    list item.
-    """
-    for token in _BRACKET_TOKEN.finditer(path):
-        if token.group(1):  # a list index
-            return path[: token.start()] or None
-    return path or None
-
-
 def _digest(canonical: Any) -> str:
     payload = f"{SIGNATURE_FORMAT}\n{_encode(canonical)}"
     return hashlib.sha256(payload.encode("ascii")).hexdigest()
-
-
-# ------------------------------------------------------------------- paths
-
-# A list index (group 1) or a quoted key in brackets, in a printed path.
-_BRACKET_TOKEN = re.compile(r"(\[\d+\])|\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]")
-_BRACKETED = re.compile(r"\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]]*)\]")
-_DOTTED = re.compile(r"[^.\[\]]+")
-
-
-def _segments(path: str, name: str) -> tuple[str, ...]:
-    if "." not in path and "[" not in path:
-        return (path,)
-    segments: list[str] = []
-    position = 0
-    while position < len(path):
-        if path[position] == "[":
-            match = _BRACKETED.match(path, position)
-            inner = match.group(1) if match else ""
-            if not match or inner[:1] not in ("'", '"'):
-                raise ValueError(
-                    f"{name} path {path!r}: a bracket must hold a quoted key ({path!r} "
-                    "may index a list: a path cannot go through a list, leave the list out whole)"
-                )
-            segments.append(ast.literal_eval(inner))
-            position = match.end()
-        else:
-            if segments:
-                if path[position] != ".":
-                    raise ValueError(f"{name} path {path!r} is malformed at {path[position:]!r}")
-                position += 1
-            match = _DOTTED.match(path, position)
-            if not match:
-                raise ValueError(f"{name} path {path!r} has an empty key")
-            segments.append(match.group(0))
-            position = match.end()
-    return tuple(segments)
-
-
-def _print(segments: Sequence[str]) -> str:
-    path = ""
-    for key in segments:
-        path = _join(path, key)
-    return path
-
-
-def _trie(paths: Collection[str], name: str) -> dict[str, Any]:
-    """Nested keys of the paths; ``True`` where a path ends (its subtree left out)."""
-    if isinstance(paths, str) or not isinstance(paths, Iterable):
-        raise TypeError(
-            f"{name} must be a collection of top-level keys or dotted paths, got {paths!r}"
-        )
-    trie: dict[str, Any] = {}
-    for path in paths:
-        if not isinstance(path, str):
-            raise TypeError(f"{name} holds a non-str key {path!r}")
-        *parents, last = _segments(path, name)
-        node: Any = trie
-        for key in parents:
-            node = node.setdefault(key, {})
-            if node is True:
-                break
-        else:
-            node[last] = True
-    return trie
-
-
-def _join(path: str, key: str) -> str:
-    if _PLAIN_KEY.match(key):
-        return f"{path}.{key}" if path else key
-    return f"{path}[{key!r}]"
 
 
 def _where(path: str) -> str:
@@ -486,7 +364,7 @@ class _Walk:
 
     def _item_of(self, container: Container, path: str) -> Callable[[Any], Any]:
         def read(key: Any) -> Any:
-            where = _join(path, key) if isinstance(container, DictConfig) else f"{path}[{key}]"
+            where = join(path, key) if isinstance(container, DictConfig) else f"{path}[{key}]"
             chain = self._found.chains.get((id(container), key))
             if chain is not None:
                 self.sources[where] = chain
@@ -525,7 +403,7 @@ class _Walk:
         exclude = exclude if isinstance(exclude, dict) else {}
         fields = {
             str.__str__(key): self._value(
-                get(key), _join(path, key), exclude.get(key, {}), in_omegaconf
+                get(key), join(path, key), exclude.get(key, {}), in_omegaconf
             )
             for key in keys
             if exclude.get(key) is not True
@@ -684,14 +562,14 @@ def _differences(a: Any, b: Any, path: str, found: list[Difference], limit: int 
         return
     for key in a:
         if key not in b:
-            found.append(Difference(_join(path, key), "only_a", a[key], None))
+            found.append(Difference(join(path, key), "only_a", a[key], None))
     for key in b:
         if key not in a:
-            found.append(Difference(_join(path, key), "only_b", None, b[key]))
+            found.append(Difference(join(path, key), "only_b", None, b[key]))
     shared = [key for key in a if key in b]
     if shared != [key for key in b if key in a]:
         found.append(Difference(path, "order", list(a), list(b)))
     for key in shared:
-        _differences(a[key], b[key], _join(path, key), found, limit)
+        _differences(a[key], b[key], join(path, key), found, limit)
     if limit is not None:
         del found[limit:]

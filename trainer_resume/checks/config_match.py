@@ -22,16 +22,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..config_paths import config_paths, covering_paths, ignorable_path
 from ..errors import CheckpointFormatError, ConfigSignatureMismatchError
 from ..signature import (
     Difference,
     SignedConfig,
     canonical_config,
     config_differences,
-    config_paths,
     config_signature,
-    covering_paths,
-    ignorable_path,
     is_launch_value,
     show,
 )
