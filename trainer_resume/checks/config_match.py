@@ -73,7 +73,7 @@ def check_config(entry: Mapping[str, Any], current: SignedConfig, location: str)
             f"{', '.join(uncovered)}, so they cannot be compared; pass at least the paused run's paths"
         )
     signature = entry.get("config_signature")
-    if signature in (current.signature, current.legacy_signature):
+    if isinstance(signature, str) and signature in (current.signature, current.legacy_signature):
         return
     saved = entry.get("config")
     if saved is None:
