@@ -234,7 +234,7 @@ def sign_config(
         try:
             earlier = _Walk(path_trie(exclude, "exclude"), launch=False).canonical(config)
         except (TypeError, ValueError):  # e.g. ${hydra:...} outside a Hydra app
-            earlier = None
+            pass
         else:
             legacy = _digest(earlier)
     return SignedConfig(canonical, signature, declared, exclude, walk.sources, legacy)

@@ -101,11 +101,19 @@ def output_dirs(lines: list[str]) -> list[str]:
 
 def reference(app: str, root: Path, *overrides: str) -> dict[str, Any]:
     """The uninterrupted run, in this process, from the config Hydra composes."""
-    from hydra import compose, initialize_config_dir
-
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
+    threads = torch.get_num_threads()  # the apps train on one thread; later tests must not
+    try:
+        return _reference(app, root, overrides)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference(app: str, root: Path, overrides: tuple[str, ...]) -> dict[str, Any]:
+    from hydra import compose, initialize_config_dir
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PROJECT_ROOT", str(root))
         patch.setenv("DATA_DIR", str(root / "data"))
