@@ -109,9 +109,9 @@ def main() -> None:
         resumable=True,
     )
 
-    # (1) The callback: pauses on SIGTERM/SIGUSR1 and signs the config (run_dir may move).
-    signed = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "run_dir"])
-    resume = ResumeCallback(run_dir / "pause.ckpt", config=signed)
+    # (1) The callback: pauses on SIGTERM/SIGUSR1 and signs the config; run_dir only says
+    # where files go, so it is left out (it may move between a pause and the resume).
+    resume = ResumeCallback(run_dir / "pause.ckpt", config=cfg, config_ignore=["run_dir"])
     if resume.finished:  # run again after it completed (a requeued job): nothing to do
         print(f"the run in {run_dir} is finished; weights in {run_dir / 'final_weights.pt'}")
         return

@@ -116,7 +116,9 @@ def test_resume_under_a_changed_config_is_refused_naming_the_path(tmp_path):
     changed["optimizer"]["lr"] = 0.01
     other = ExampleTrainer(changed)
     try:
-        with pytest.raises(ConfigSignatureMismatchError, match=r"optimizer\.lr: 0\.003 vs 0\.01"):
+        with pytest.raises(
+            ConfigSignatureMismatchError, match=r"optimizer\.lr: 0\.003 in the paused run, 0\.01"
+        ):
             other.resume(tmp_path / "pause.ckpt")
     finally:
         other.close()

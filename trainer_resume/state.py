@@ -428,10 +428,9 @@ class PauseCheckpoint(TypedDict):
 
     format: str  # PAUSE_FORMAT
     module_version: str
-    config_signature: str  # config_signature(config), "load" excluded
-    config: NotRequired[
-        Any
-    ]  # canonical_config(config): names the first differing path on a mismatch
+    config_signature: str  # config_signature(config), "load" and config_ignore excluded
+    config: NotRequired[Any]  # the canonical form: names the differing paths on a mismatch
+    config_ignore: NotRequired[list[str]]  # the paths left out (absent in older files: none)
     completed_steps: int
     regular: NotRequired[dict[str, Any] | None]  # CPU snapshot of _regular_checkpoint(), or None
     shared_keys: NotRequired[list[str]]  # resume objects whose state is regular[name]
@@ -468,6 +467,7 @@ class LightningPauseState(TypedDict):
     world_size: int
     config_signature: str | None
     config: Any  # canonical form of the config (plain data), or None
+    config_ignore: NotRequired[list[str]]  # the paths left out (absent in older files: none)
     rng: list[RandomState]  # main-process RNG of each global rank, by rank
     # Left to the resumed fit: the validation due after the paused batch, and the
     # epoch end when the paused batch is its epoch's last (absent: neither).

@@ -71,6 +71,7 @@ class CompatTrainer(TrainingResumeMixin):
         *,
         resume_points: ResumePoints | None = None,
         distribute: Callable[[nn.Module], None] | None = None,
+        config: Any = CONFIG,
     ) -> None:
         torch.manual_seed(0)
         random.seed(0)
@@ -97,7 +98,7 @@ class CompatTrainer(TrainingResumeMixin):
         torch.manual_seed(100 + rank)  # each rank's own dropout masks
         random.seed(100 + rank)
         np.random.seed(100 + rank)
-        self._initialize_training_resume(CONFIG, version=VERSION, resume_points=resume_points)
+        self._initialize_training_resume(config, version=VERSION, resume_points=resume_points)
 
     def _resume_objects(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
@@ -164,9 +165,9 @@ def _local(value: Any) -> Any:
 # ----------------------------------------------------------------------- the files
 
 
-def write_single_pause(path: Path) -> None:
-    """A pause file after ``PAUSE_STEP`` steps."""
-    trainer = CompatTrainer()
+def write_single_pause(path: Path, config: Any = CONFIG) -> None:
+    """A pause file after ``PAUSE_STEP`` steps, signing ``config``."""
+    trainer = CompatTrainer(config=config)
     trainer.run_to(PAUSE_STEP)
     trainer.pause(path)
     trainer.loader.close()
@@ -181,10 +182,12 @@ def write_resume_points(directory: Path) -> None:
     trainer.loader.close()
 
 
-def fit_lightning(directory: Path, *, pause_at: int | None = None, resume: bool = False) -> Any:
+def fit_lightning(
+    directory: Path, *, pause_at: int | None = None, resume: bool = False, config: Any = CONFIG
+) -> Any:
     """A Lightning fit of the same model to ``STEPS`` (or until a pause after step
     ``pause_at``) with its pause file ``directory / "pause.ckpt"``, resumed from that file
-    if ``resume``; returns its outcome, like ``CompatTrainer.outcome``."""
+    if ``resume``, ``config`` signed; returns its outcome, like ``CompatTrainer.outcome``."""
     import pytorch_lightning as pl
 
     from trainer_resume.adapters.lightning import ResumeCallback
@@ -228,7 +231,7 @@ def fit_lightning(directory: Path, *, pause_at: int | None = None, resume: bool 
         ),
         resumable=True,
     )
-    callback = ResumeCallback(directory / "pause.ckpt", signals=(), config=CONFIG)
+    callback = ResumeCallback(directory / "pause.ckpt", signals=(), config=config)
     trainer = pl.Trainer(
         max_steps=STEPS,
         accelerator="cpu",

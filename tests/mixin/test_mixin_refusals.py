@@ -84,7 +84,10 @@ def test_changed_config_value_is_refused_naming_the_path(good_file):
     trainer = TinyTrainer(tiny_config(lr=0.2))
     trainer.train_step()
     assert_refused_unchanged(
-        trainer, good_file, ConfigSignatureMismatchError, match=r"lr: 0\.1 vs 0\.2"
+        trainer,
+        good_file,
+        ConfigSignatureMismatchError,
+        match=r"lr: 0\.1 in the paused run, 0\.2 in this run",
     )
 
 
@@ -94,7 +97,7 @@ def test_same_values_with_reordered_keys_are_a_signature_mismatch_naming_the_pat
     trainer = TinyTrainer(reordered)
     trainer.train_step()
     error = assert_refused_unchanged(trainer, good_file, ConfigSignatureMismatchError)
-    assert error.code == 323 and "key order differs" in error.detail
+    assert error.code == 323 and "<root>: keys in the order [" in error.detail
 
 
 def test_changed_load_entry_is_accepted(good_file):
@@ -225,4 +228,46 @@ def test_mismatch_with_a_file_without_its_config_names_both_signatures(good_file
     older = rewritten(good_file, lambda c: c.pop("config"))
     trainer = TinyTrainer(tiny_config(lr=0.2))
     error = assert_refused_unchanged(trainer, older, ConfigSignatureMismatchError)
-    assert error.detail.startswith("signature ")
+    assert error.detail.startswith(f"{older}: config signature ")
+
+
+# --- config_ignore -------------------------------------------------------------------
+
+
+def test_a_pause_records_the_config_ignore_paths_and_a_resume_may_change_those_keys(tmp_path):
+    ignore = ("logger",)
+    reference = TinyTrainer(tiny_config(logger={"level": "info"}), config_ignore=ignore)
+    for _ in range(5):
+        reference.train_step()
+    expected = reference.state()
+    source = TinyTrainer(tiny_config(logger={"level": "info"}), config_ignore=ignore)
+    for _ in range(3):
+        source.train_step()
+    source.pause(tmp_path / "pause.ckpt")
+    assert load_checkpoint(tmp_path / "pause.ckpt")["config_ignore"] == ["logger"]
+    resumed = TinyTrainer(tiny_config(logger={"level": "debug", "tag": 1}), config_ignore=ignore)
+    resumed.resume(tmp_path / "pause.ckpt")
+    for _ in range(2):
+        resumed.train_step()
+    difference = first_difference(expected, resumed.state())
+    assert difference is None, difference.describe()
+
+
+def test_a_resume_ignoring_fewer_paths_than_the_pause_is_refused_unchanged(tmp_path):
+    source = TinyTrainer(tiny_config(logger={"level": "info"}), config_ignore=("logger",))
+    source.train_step()
+    source.pause(tmp_path / "pause.ckpt")
+    trainer = TinyTrainer(tiny_config(logger={"level": "info"}))
+    trainer.train_step()
+    error = assert_refused_unchanged(trainer, tmp_path / "pause.ckpt", ConfigSignatureMismatchError)
+    assert "was paused with config_ignore=['logger'] and this run passes config_ignore=[]" in (
+        error.detail
+    )
+
+
+@pytest.mark.parametrize(
+    "config_ignore, error", [("logger", TypeError), (["layers[0]"], ValueError), ([3], TypeError)]
+)
+def test_a_malformed_config_ignore_is_refused_when_the_trainer_is_built(config_ignore, error):
+    with pytest.raises(error, match="config_ignore"):
+        TinyTrainer(config_ignore=config_ignore)

@@ -25,15 +25,25 @@ def child_command(
     return [sys.executable, "-m", child, mode, str(out), *args]
 
 
-def _environment() -> dict[str, str]:
+def _environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=path)
+    return dict(
+        os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=path, **(extra or {})
+    )
 
 
 def run(
-    command: list[str], log: Path, *, timeout: float = TIMEOUT_S
+    command: list[str],
+    log: Path,
+    *,
+    timeout: float = TIMEOUT_S,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run to completion; stdout is returned, stderr goes to ``log``."""
+    """Run to completion; stdout is returned, stderr goes to ``log``.
+
+    ``env`` adds variables to the child's environment; ``cwd`` is its working directory.
+    """
     with open(log, "w") as errors:
         return subprocess.run(
             command,
@@ -41,14 +51,27 @@ def run(
             stderr=errors,
             text=True,
             timeout=timeout,
-            env=_environment(),
+            env=_environment(env),
+            cwd=cwd,
         )
 
 
 def run_and_signal(
-    command: list[str], log: Path, *, line: str, signum: int, timeout: float = TIMEOUT_S
+    command: list[str],
+    log: Path,
+    *,
+    line: str,
+    signum: int,
+    timeout: float = TIMEOUT_S,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    times: int = 1,
 ) -> tuple[int, list[str]]:
     """Run ``command``, send ``signum`` when it prints ``line``, wait for it to exit.
+
+    With ``times`` > 1, the signal goes at each of the first ``times`` prints of ``line``
+    (one per job of a sweep that runs its jobs one after another); ``env`` and ``cwd``
+    as :func:`run`.
 
     Returns:
         The exit status (negative: killed by that signal) and the stdout lines.
@@ -59,14 +82,14 @@ def run_and_signal(
     """
     deadline = time.monotonic() + timeout
     lines: list[str] = []
-    sent = False
+    sent = 0
     with open(log, "w") as errors:
         # Binary stdout read with os.read on the descriptor, never through a buffered
         # reader: readline() may pull several lines into its buffer at once, and select()
         # would then wait on an empty pipe while the awaited line sits unread in that
         # buffer until the child gives up and exits.
         process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=errors, env=_environment()
+            command, stdout=subprocess.PIPE, stderr=errors, env=_environment(env), cwd=cwd
         )
         try:
             assert process.stdout is not None
@@ -88,9 +111,9 @@ def run_and_signal(
                 *complete, partial = (partial + chunk).split(b"\n")
                 for raw in complete:
                     lines.append(raw.decode(errors="replace"))
-                    if not sent and lines[-1] == line:
+                    if sent < times and lines[-1] == line:
                         process.send_signal(signum)
-                        sent = True
+                        sent += 1
             if partial:
                 lines.append(partial.decode(errors="replace"))
             status = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
@@ -98,8 +121,10 @@ def run_and_signal(
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=30)
-    if not sent:
-        raise AssertionError(f"{line!r} never appeared; {describe_exit(status, lines, log)}")
+    if sent < times:
+        raise AssertionError(
+            f"{line!r} appeared {sent} of {times} times; {describe_exit(status, lines, log)}"
+        )
     return status, lines
 
 

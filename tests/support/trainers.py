@@ -34,6 +34,7 @@ class TinyTrainer(TrainingResumeMixin):
         *,
         version: str = "1.0",
         key: bytes | None = None,
+        config_ignore: tuple[str, ...] = (),
     ):
         self.config = tiny_config() if config is None else config
         width, outputs = self.config["width"], self.config["outputs"]
@@ -51,7 +52,9 @@ class TinyTrainer(TrainingResumeMixin):
         ]
         self.position = 0
         self.closed = False
-        self._initialize_training_resume(self.config, version=version, key=key)
+        self._initialize_training_resume(
+            self.config, version=version, key=key, config_ignore=config_ignore
+        )
 
     def _resume_objects(self):
         return {"model": self.model, "optimizer": self.optimizer}

@@ -13,7 +13,7 @@ behind the guards live in the private modules beside it (see ARCHITECTURE.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, ClassVar, Protocol
 
 from ..durable import load_checkpoint, save_checkpoint
@@ -62,6 +62,7 @@ class TrainingResumeMixin:
         key: bytes | None = None,
         resume_points: ResumePoints | None = None,
         excluded_attributes: Iterable[str] = (),
+        config_ignore: Collection[str] = (),
     ) -> None:
         """Sign ``config`` (its ``load`` entry excluded) and record the module version.
 
@@ -82,10 +83,18 @@ class TrainingResumeMixin:
             excluded_attributes: Names of attributes holding stateful objects that
                 are deliberately not saved (a validation loader, a metrics
                 object): the first step does not warn about them.
+            config_ignore: Dotted paths of keys that describe the run rather than
+                the training (``"logger"``, ``"paths.output_dir"``), left out of the
+                signature with their subtrees. A pause records them; a resume must
+                pass at least those. Values from Hydra's ``${hydra:...}`` and
+                ``${now:...}`` need no entry: they are signed as written
+                (docs/trainer.md, "Configs").
 
         Raises:
-            TypeError, ValueError: ``version`` is not a non-empty str, or ``key`` is
-                not bytes of at least 16 (checked here, not at the first pause).
+            TypeError, ValueError: ``version`` is not a non-empty str, ``key`` is
+                not bytes of at least 16 (checked here, not at the first pause), or
+                ``config`` has no canonical form or ``config_ignore`` holds a
+                malformed path.
         """
         initialize(
             self,
@@ -94,6 +103,7 @@ class TrainingResumeMixin:
             key=key,
             resume_points=resume_points,
             excluded_attributes=excluded_attributes,
+            config_ignore=config_ignore,
             base=TrainingResumeMixin,
         )
 

@@ -137,6 +137,7 @@ def pause_checkpoint(
         "module_version": settings.version,
         "config_signature": settings.signature,
         "config": settings.canonical,
+        "config_ignore": list(settings.config.ignore),
         "completed_steps": guard.completed_steps,
         "regular": regular,
         "shared_keys": shared,

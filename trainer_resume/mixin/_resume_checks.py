@@ -15,17 +15,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import distributed as _distributed
+from ..checks.config_match import check_config
 from ..checks.hook_results import is_library_loader
 from ..checks.pause_state import check_layout, check_names, check_random_state, object_states
 from ..checks.state_match import check_object_states
 from ..errors import (
-    ConfigSignatureMismatchError,
     ResumeStateMismatchError,
     UnsupportedResumeConfigurationError,
     VersionMismatchError,
 )
 from ..sharded.detect import sharded_objects
-from ..signature import config_difference
 from ..state import GRADIENTS_KEY, PauseCheckpoint
 from ._boundary import rng_device
 from ._gradients import check_gradients
@@ -90,13 +89,7 @@ def check_pause_checkpoint(
         raise VersionMismatchError(
             f"{location} was written by version {checkpoint['module_version']!r}, this trainer is {settings.version!r}"
         )
-    if checkpoint["config_signature"] != settings.signature:
-        saved = checkpoint.get("config")
-        difference = config_difference(saved, settings.canonical) if saved is not None else None
-        raise ConfigSignatureMismatchError(
-            difference
-            or f"signature {checkpoint['config_signature'][:16]}... != {settings.signature[:16]}..."
-        )
+    check_config(checkpoint, settings.config, location)
     states = object_states(checkpoint)
     loaders = trainer._resume_loaders()
     objects = trainer._resume_objects()

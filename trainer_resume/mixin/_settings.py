@@ -1,14 +1,16 @@
 """What a trainer's pauses carry of its setup: the module version, the signed config, the key.
 
-Recorded once by ``_initialize_training_resume``; a pause writes the version and the
-config's signature, ``resume()`` refuses a file of another version or config, and the
-key signs and verifies every file the trainer writes or reads.
+Recorded once by ``_initialize_training_resume``; a pause writes the version, the
+config's signature, its canonical form and its ``config_ignore`` paths, ``resume()``
+refuses a file of another version or config, and the key signs and verifies every
+file the trainer writes or reads.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..signature import SignedConfig
 from ._step_guard import guard_of
 
 __all__ = ["SETTINGS_ATTRIBUTE", "Settings", "settings_of"]
@@ -17,15 +19,22 @@ SETTINGS_ATTRIBUTE = "_training_resume_settings"
 
 
 class Settings:
-    """The module version, the config's signature and canonical form, the signing key."""
+    """The module version, the signed config, the signing key."""
 
-    __slots__ = ("canonical", "key", "signature", "version")
+    __slots__ = ("config", "key", "version")
 
-    def __init__(self, version: str, signature: str, canonical: Any, key: bytes | None) -> None:
+    def __init__(self, version: str, config: SignedConfig, key: bytes | None) -> None:
         self.version = version
-        self.signature = signature
-        self.canonical = canonical
+        self.config = config
         self.key = key
+
+    @property
+    def signature(self) -> str:
+        return self.config.signature
+
+    @property
+    def canonical(self) -> Any:
+        return self.config.canonical
 
 
 def settings_of(trainer: Any, action: str) -> Settings:

@@ -9,13 +9,13 @@ first step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..durable import validate_key
 from ..resume_points import ResumePoints
 from ..sharded.detect import refuse_unreduced_gradients, sharded_objects
-from ..signature import canonical_config, config_signature
+from ..signature import sign_config
 from ._boundary import record_boundary
 from ._gradient_liveness import track_gradients
 from ._hook_audit import audit_trainer
@@ -38,6 +38,7 @@ def initialize(
     key: bytes | None,
     resume_points: ResumePoints | None,
     excluded_attributes: Iterable[str],
+    config_ignore: Collection[str],
     base: type,
 ) -> None:
     """The body of ``_initialize_training_resume`` (arguments and errors as documented there).
@@ -53,11 +54,10 @@ def initialize(
         raise TypeError(f"excluded_attributes must be attribute names, got {excluded_attributes!r}")
     if resume_points is not None and not isinstance(resume_points, ResumePoints):
         raise TypeError(f"resume_points must be a ResumePoints, got {type(resume_points).__name__}")
-    canonical = canonical_config(config)
     # From here on every optimizer step is seen, so a pause can tell spent gradients.
     track_gradients()
     trainer.__dict__[SETTINGS_ATTRIBUTE] = Settings(
-        version, config_signature(config), canonical, key
+        version, sign_config(config, ignore=config_ignore), key
     )
     if GUARD_ATTRIBUTE not in trainer.__dict__:
         trainer.__dict__[GUARD_ATTRIBUTE] = StepGuard(pause_at_step_boundary)

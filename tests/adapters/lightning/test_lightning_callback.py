@@ -143,6 +143,27 @@ def test_resume_with_a_different_config_is_refused_before_any_training_step(
     assert model is not None and model.training_steps == 0
 
 
+def test_a_resume_that_ignores_the_changed_key_fits_on_and_its_pause_records_the_paths(
+    paused_run: Path, tmp_path: Path
+) -> None:
+    shutil.copy(paused_run, tmp_path / "pause.ckpt")
+    changed = {**child.CONFIG, "note": "a key the paused run did not have"}
+    resume = ResumeCallback(tmp_path / "pause.ckpt", config=changed, config_ignore=["note"])
+    _fit(tmp_path, config=changed, ckpt_path=tmp_path / "pause.ckpt", resume=resume, pause_at=4)
+    assert resume.paused_at_step == 4
+    assert load_checkpoint(tmp_path / "pause.ckpt")["trainer_resume"]["config_ignore"] == ["note"]
+    with pytest.raises(ConfigSignatureMismatchError) as caught:
+        _fit(tmp_path, config=changed, ckpt_path=tmp_path / "pause.ckpt")
+    assert "was paused with config_ignore=['note'] and this run passes config_ignore=[]" in (
+        caught.value.detail
+    )
+
+
+def test_config_ignore_without_a_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="config_ignore names keys of config"):
+        ResumeCallback(tmp_path / "pause.ckpt", config_ignore=["logger"])
+
+
 def _truncate(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])

@@ -91,7 +91,8 @@ SMALL = variant(batches=6)
 
 def _train(folder: Path, *callbacks: TrainerCallback, **options: Any) -> Any:
     settings = options.pop("settings", SMALL)
-    trainer = build(folder, settings, trainer_options={"callbacks": list(callbacks)}, **options)
+    trainer_options = {**options.pop("trainer_options", {}), "callbacks": list(callbacks)}
+    trainer = build(folder, settings, trainer_options=trainer_options, **options)
     for callback in callbacks:
         if isinstance(callback, _PauseAt):
             callback.trainer = trainer
@@ -180,7 +181,21 @@ def test_a_resume_with_other_training_arguments_is_refused_naming_the_argument(
     with pytest.raises(ConfigSignatureMismatchError) as caught:
         _train(tmp_path, learning_rate=1e-3)
     assert caught.value.code == 323
-    assert caught.value.detail == "training_arguments.learning_rate: 0.002 vs 0.001"
+    assert (
+        "\n  training_arguments.learning_rate: 0.002 in the paused run, 0.001 in this run\n"
+        in caught.value.detail
+    )
+
+
+def test_a_resume_may_change_the_config_keys_its_config_ignore_names(
+    tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    def options(note: str) -> dict[str, Any]:
+        return {"config": {"note": note}, "config_ignore": ["config.note"]}
+
+    paused = _train(tmp_path, _PauseAt(3), trainer_options=options("first launch"))
+    resumed = _train(tmp_path, trainer_options=options("second launch"))
+    _assert_continues(reference, paused, resumed)
 
 
 def test_after_a_crash_train_continues_from_the_newest_resume_point(

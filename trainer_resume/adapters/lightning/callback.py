@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -37,6 +37,7 @@ from ..._signals import (
 )
 from ...checkpoint_files.hparams import hyperparameter_entries, plain_hyperparameters
 from ...checkpoint_files.lightning import LIGHTNING_PAUSE_FORMAT, PAUSE_KEY
+from ...checks.config_match import check_config
 from ...errors import (
     CheckpointFormatError,
     CheckpointWriteError,
@@ -48,7 +49,7 @@ from ...errors import (
 )
 from ...finished import mark_finished, refuse_if_finished, run_finished
 from ...rng import random_state, restore_random_state, validate_random_state
-from ...signature import canonical_config, config_difference, config_signature
+from ...signature import sign_config
 from ...state import LightningPauseState, RandomState
 from .fit_loaders import check_train_loaders, end_loader_epochs
 from .io import DurableCheckpointIO, PauseFileReader, RunFiles, check_loadable
@@ -114,13 +115,19 @@ class ResumeCallback(Callback):
         config: The run's config (dict, OmegaConf config, dataclass...). Its
             order-sensitive signature is stored in the pause file, and resuming with
             a different config fails with ``ConfigSignatureMismatchError`` before any
-            training step.
+            training step. Values from Hydra's ``${hydra:...}`` and ``${now:...}``
+            (a run directory) are signed as written, so the same command resumes.
+        config_ignore: Dotted paths of ``config`` keys that describe the run rather
+            than the training (``"logger"``, ``"paths.output_dir"``), left out of
+            the signature with their subtrees. The pause file records them; a resume
+            must pass at least those.
         strict: Refuse, when ``fit`` starts, a training loader whose position cannot
             be saved (``UnsupportedResumeConfigurationError``, 332). ``False`` warns
             that the resume will not be exact instead.
 
     Raises:
-        TypeError, ValueError: ``config`` holds values that have no canonical form.
+        TypeError, ValueError: ``config`` holds values that have no canonical form,
+            ``config_ignore`` holds a malformed path or is given without a config.
     """
 
     def __init__(
@@ -129,6 +136,7 @@ class ResumeCallback(Callback):
         *,
         signals: Iterable[int] = DEFAULT_SIGNALS,
         config: Any = None,
+        config_ignore: Collection[str] = (),
         strict: bool = True,
     ) -> None:
         super().__init__()
@@ -137,8 +145,9 @@ class ResumeCallback(Callback):
         self.path = os.fspath(path)
         self.strict = strict
         self.signals = tuple(signal.Signals(number) for number in signals)
-        self._config = canonical_config(config) if config is not None else None
-        self._signature = config_signature(self._config) if config is not None else None
+        self._config = sign_config(config, ignore=config_ignore) if config is not None else None
+        if self._config is None and config_ignore:
+            raise ValueError("config_ignore names keys of config: pass config=... too")
         # Plain attribute stores only: a signal handler may run between any two bytecodes.
         self._request: str | None = None
         self._paused_at: int | None = None
@@ -528,8 +537,9 @@ class ResumeCallback(Callback):
                 "format": LIGHTNING_PAUSE_FORMAT,
                 "global_step": int(trainer.global_step),
                 "world_size": int(trainer.world_size),
-                "config_signature": self._signature,
-                "config": self._config,
+                "config_signature": self._config.signature if self._config is not None else None,
+                "config": self._config.canonical if self._config is not None else None,
+                "config_ignore": list(self._config.ignore) if self._config is not None else [],
                 "rng": _gather_by_rank(trainer, random_state(_cuda_device(pl_module))),
                 "pending_validation": point.validation,
                 "pending_epoch_end": point.epoch_end,
@@ -618,18 +628,17 @@ class ResumeCallback(Callback):
 
     def _check_config(self, entry: Mapping[str, Any], source: str) -> None:
         saved = entry.get("config_signature")
-        if saved == self._signature:
+        if saved is None and self._config is None:
             return
         if saved is None:
             detail = "the paused run had no config, this run has one"
-        elif self._signature is None:
+        elif self._config is None:
             detail = (
                 "the paused run had a config; pass the same config to ResumeCallback(config=...)"
             )
         else:
-            detail = (
-                config_difference(entry.get("config"), self._config) or "config signatures differ"
-            )
+            check_config(entry, self._config, source)
+            return
         raise ConfigSignatureMismatchError(f"{source}: {detail}")
 
     def _rng_of_this_rank(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
@@ -54,7 +54,8 @@ __all__ = ["ResumableTrainer"]
 # progress shows, never a computation or a random draw: a resume may change them (a run
 # folder may move). Not the workers: the training loader's batches do not depend on
 # them, but an evaluation loader's collator then draws in its workers instead of from
-# the main process's generators.
+# the main process's generators. Left out of the signed config as a `config_ignore`
+# path is, but always (a pause file does not list them).
 _UNSIGNED_ARGUMENTS = (
     "output_dir",
     "run_name",
@@ -130,7 +131,12 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         config: Your own settings to hold the resume to (a dict, dataclass or
             OmegaConf config), besides the ``TrainingArguments`` (which are held
             always, except ``output_dir``, ``run_name``, the loaders' pinning and
-            prefetch and the progress bars).
+            prefetch and the progress bars). Signed as
+            ``{"training_arguments": ..., "config": config}``.
+        config_ignore: Dotted paths into that signed mapping left out with their
+            subtrees: ``"config.logger"`` for a key of ``config``,
+            ``"training_arguments.report_to"`` for an argument. A pause records
+            them; a resume must pass at least those.
         version: The version of your training code; a pause file of another is refused.
         key: Sign pause files with this key (bytes, at least 16) and refuse unsigned ones.
         resume_points: Take periodic resume points (``ResumePoints``) besides the pause
@@ -144,6 +150,7 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         *args: Any,
         pause_path: StrPath,
         config: Any = None,
+        config_ignore: Collection[str] = (),
         version: str = "1",
         key: bytes | None = None,
         resume_points: ResumePoints | None = None,
@@ -181,6 +188,7 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
             key=key,
             resume_points=resume_points,
             excluded_attributes=_NOT_SAVED,
+            config_ignore=config_ignore,
         )
 
     # ------------------------------------------------------------------ train
