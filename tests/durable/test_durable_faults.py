@@ -22,9 +22,30 @@ from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import CheckpointNotDurableError, CheckpointWriteError
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="needs fork, signals and rlimits")
-# The writer children are forked from the test process: starting a fresh interpreter
-# (torch import) for each of 30+ kills would cost a minute.
-fork_warnings = pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+
+
+def run_in_fresh_interpreter(target: Callable[..., None], *args: Any, timeout: float) -> Any:
+    """``target(*args, report)`` in a spawned process; what it sent through ``report``.
+
+    A child forked from the test process would inherit the locks of the test runner's
+    own threads (and of whatever earlier tests in this process left running), which are
+    no part of what is tested: a child started from a fresh interpreter, or forked by
+    one, inherits only what the library itself started.
+    """
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=target, args=(*args, send))
+    child.start()
+    try:
+        assert receive.poll(timeout), f"the child reported nothing within {timeout} s"
+        outcome = receive.recv()
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join(10)
+    assert child.exitcode == 0, f"the child exited with {child.exitcode}"
+    return outcome
 
 
 def versioned_state(version: int, *, numel: int = 64) -> dict[str, Any]:
@@ -230,7 +251,6 @@ def test_stale_temp_of_dead_writer_is_removed_by_next_save_and_others_are_kept(
 def _save_under_file_size_limit(path: str, limit: int, report: Any) -> None:
     import resource
 
-    torch.set_num_threads(1)  # a forked child must not enter the parent's thread pool
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     try:
@@ -246,22 +266,11 @@ def _save_under_file_size_limit(path: str, limit: int, report: Any) -> None:
 
 @posix_only
 @pytest.mark.slow
-@fork_warnings
 def test_file_size_limit_hit_mid_write_keeps_previous_file(previous: Path) -> None:
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_save_under_file_size_limit, args=(str(previous), 1 << 20, send))
-    child.start()
-    try:
-        assert receive.poll(60), "child reported nothing"
-        outcome = receive.recv()
-    finally:
-        child.join(30)
-        if child.is_alive():
-            child.kill()
-            child.join(10)
+    outcome = run_in_fresh_interpreter(
+        _save_under_file_size_limit, str(previous), 1 << 20, timeout=120
+    )
     assert outcome[:3] == ("CheckpointWriteError", 327, errno.EFBIG), outcome
-    assert child.exitcode == 0
     assert_previous_intact_and_retry_succeeds(previous)
 
 
@@ -274,10 +283,15 @@ def _overwrite_forever(path: str, first_version: int, completed: Any) -> None:
         version += 1
 
 
-@posix_only
-@pytest.mark.slow
-@fork_warnings
-def test_writer_killed_at_random_moments_always_leaves_one_complete_version(tmp_path: Path) -> None:
+def _kill_writers_at_random_moments(folder: str, report: Any) -> None:
+    """Start and SIGKILL a writer 32 times; report how many kills landed mid-write."""
+    try:
+        report.send(("done", _kill_writers(Path(folder))))
+    except BaseException as exc:  # reported, so the test shows what happened instead
+        report.send(("failed", repr(exc)))
+
+
+def _kill_writers(tmp_path: Path) -> int:
     path = tmp_path / "ckpt.pt"
     save_checkpoint(versioned_state(0, numel=1 << 18), path)
     context = multiprocessing.get_context("fork")
@@ -312,9 +326,19 @@ def test_writer_killed_at_random_moments_always_leaves_one_complete_version(tmp_
         assert_state_equal(loaded, versioned_state(loaded["version"], numel=1 << 18))
         kills_mid_write += bool(temp_files(tmp_path))
         on_disk = loaded["version"]
-    assert kills_mid_write >= 1, "no kill landed during a write; the test proved nothing"
     save_checkpoint(versioned_state(on_disk + 1), path)
     assert temp_files(tmp_path) == []
+    return kills_mid_write
+
+
+@posix_only
+@pytest.mark.slow
+def test_writer_killed_at_random_moments_always_leaves_one_complete_version(tmp_path: Path) -> None:
+    # The writers are forked (a fresh interpreter for each of 32 kills would cost a
+    # minute), by a spawned process rather than by the test process.
+    outcome = run_in_fresh_interpreter(_kill_writers_at_random_moments, str(tmp_path), timeout=300)
+    assert outcome[0] == "done", outcome[1]
+    assert outcome[1] >= 1, "no kill landed during a write; the test proved nothing"
 
 
 # The parent saves and loads a large file (blake3's thread pool and the digest helper
