@@ -17,6 +17,11 @@ workers this way; do the same for your own subprocesses (or plain DataLoaders:
 ``with pause_signals_blocked(): batches = iter(loader)``). A process started so
 is stopped by ``SIGKILL``, not by ``SIGTERM``.
 
+Such a process would outlive a trainer killed with ``SIGKILL``, so it is tied to it
+too: on Linux a child forked inside the block, and a DataLoader worker started by
+:func:`worker_start` under any start method, dies with this process (see
+``_parent_death``).
+
 That includes multiprocessing's own clean-up: at interpreter exit it sends
 ``SIGTERM`` to every daemon child still running (a DataLoader iterator still alive
 at exit keeps its workers) and then joins them, which would wait forever for a
@@ -38,6 +43,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
+from ._parent_death import DieWithParent, children_die_with_this_process, tie
 from ._signals import DEFAULT_PAUSE_SIGNALS, armed_signals
 from .errors import PauseSignalWarning
 
@@ -104,7 +110,8 @@ def pause_signals_blocked(context: Any = None) -> Iterator[None]:
     children_before = set(multiprocessing.active_children())
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, pause_signals())
     try:
-        yield
+        with children_die_with_this_process():
+            yield
     finally:
         _SHIELDED.update(set(multiprocessing.active_children()) - children_before)
         if server_before is None and method == "forkserver":
@@ -115,10 +122,28 @@ def pause_signals_blocked(context: Any = None) -> Iterator[None]:
 
 
 def worker_start(loader: Any) -> AbstractContextManager[None]:
-    """The block to create a DataLoader's iterator in (its workers start there)."""
+    """The block to create a DataLoader's iterator in (its workers start there): they
+    keep the pause signals blocked and die with this process."""
     if not getattr(loader, "num_workers", 0):
         return nullcontext()
-    return pause_signals_blocked(getattr(loader, "multiprocessing_context", None))
+    return _worker_start(loader, getattr(loader, "multiprocessing_context", None))
+
+
+@contextmanager
+def _worker_start(loader: Any, context: Any) -> Iterator[None]:
+    method = _start_method(context)
+    # A forked worker is tied by the fork hook; one that starts a new interpreter ties
+    # itself first thing in its worker_init_fn, which DataLoader reads when iter() starts.
+    bond = None if method == "fork" else tie(direct=method != "forkserver")
+    init_fn = loader.worker_init_fn
+    if bond is not None:
+        loader.worker_init_fn = DieWithParent(bond, init_fn)
+    try:
+        with pause_signals_blocked(context):
+            yield
+    finally:
+        if bond is not None:
+            loader.worker_init_fn = init_fn
 
 
 def _start_method(context: Any) -> str | None:

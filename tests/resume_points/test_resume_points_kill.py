@@ -17,7 +17,7 @@ from support.point_trainers import CRASH_STEPS, crash_config, train_with_points
 from support.trainers import TinyTrainer
 
 from trainer_resume import load_checkpoint
-from trainer_resume.resume_points._lock import LOCK_NAME
+from trainer_resume.resume_points._lock import GUARD_NAME, LOCK_NAME
 from trainer_resume.resume_points.files import latest_checkpoint, list_points, point_name
 
 pytestmark = [
@@ -106,10 +106,11 @@ def test_run_killed_20_times_at_random_moments_ends_bit_identical_to_an_uninterr
     for index, state in reference.optimizer.state_dict()["state"].items():
         for name, value in state.items():
             assert torch.equal(final["optimizer"]["state"][index][name], value), (index, name)
-    # The last writer's lock file stays (its run did not finish); nothing else hidden.
-    assert not [e for e in os.listdir(points) if e.startswith(".") and e != LOCK_NAME], (
-        "temp files left behind"
-    )
+    # The last writer's lock file stays (its run did not finish), and the guard of a
+    # writer killed while it took the lock; nothing else hidden.
+    assert not [
+        e for e in os.listdir(points) if e.startswith(".") and e not in (LOCK_NAME, GUARD_NAME)
+    ], "temp files left behind"
 
 
 def test_interpreter_exit_waits_for_the_point_being_written(tmp_path):

@@ -4,12 +4,31 @@ Two runs taking points into one directory (a requeued job started while its
 predecessor still runs) would remove each other's points and interleave two
 histories. The process that writes points holds an exclusive lock on
 ``<directory>/.trainer-resume.lock`` (``flock``; ``msvcrt.locking`` on Windows) for
-as long as it lives, and writes its pid, host and start time into the file, so
-that a second writer is refused with a message naming the first.
+as long as it lives, and writes its name into the file (pid, host and start time,
+and on Linux its boot and pid namespace: see ``_processes``), so that a second writer
+is refused with a message naming the first.
 
-The kernel releases the lock when its process ends, however it ends: a writer
-that was killed leaves nothing to clean up. On a network file system a lock of a
-machine that died is released by the server once that machine's lease expires
+No other process holds the lock. The descriptor is closed on ``exec`` and, in an
+``os.register_at_fork`` hook, in every child forked from the writer (DataLoader
+workers, DALI's workers, ``multiprocessing``, user code). A child that never ran
+that hook (one stuck inside ``os.fork`` itself, as CPython 3.11 can be) still holds a
+duplicate of the locked descriptor, and with it the ``flock``, after the writer died:
+a lock whose file names a writer that has certainly ended (same host, boot and pid
+namespace; its pid gone, a zombie or reused) is taken over at once: its file is
+removed and a new one locked. A lock whose writer may still run (or runs on another
+machine) is never taken over.
+
+Taking the lock and taking one over happen under a POSIX lock on a second file,
+``<directory>/.trainer-resume.lock.guard`` (``lockf``, which no child inherits and
+whose holder's death releases it), held for the microseconds of the check: so a
+writer that just locked a file that still names its dead predecessor is never
+mistaken for that predecessor. Its holder removes the guard file before releasing it
+(a process waiting on it then finds it removed and locks a new one), so only a
+process killed in those microseconds leaves it behind, for the next one to use.
+
+Otherwise the kernel releases the lock when its process ends, however it ends: a
+writer that was killed leaves nothing to clean up. On a network file system a lock of
+a machine that died is released by the server once that machine's lease expires
 (NFSv4: about 90 s). Readers (``resume_latest``) take no lock.
 
 Several ``ResumePoints`` of one process share the process's lock: the lock tells
@@ -24,16 +43,20 @@ import errno
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
+from .._processes import ended, this_process
 from ..errors import CheckpointWriteError, ResumePointsInUseError
 
-__all__ = ["LOCK_NAME", "hold_writer_lock", "release_writer_lock"]
+__all__ = ["GUARD_NAME", "LOCK_NAME", "hold_writer_lock", "release_writer_lock"]
 
 LOCK_NAME = ".trainer-resume.lock"
+GUARD_NAME = LOCK_NAME + ".guard"
 
 _log = logging.getLogger("trainer_resume")
 _LOCKS_UNSUPPORTED = {
@@ -42,6 +65,13 @@ _LOCKS_UNSUPPORTED = {
     errno.ENOTSUP,
     getattr(errno, "EOPNOTSUPP", errno.ENOTSUP),
 }
+# The guard is held for microseconds; this bounds the wait behind a holder that stopped
+# (SIGSTOP, a hung network file system) without ever giving up on a busy one too soon.
+_GUARD_WAIT_S = 30.0
+_GUARD_POLL_S = 0.005
+# Each round either locks, refuses, or removes a dead writer's file; a new file is
+# locked on the next round unless another process was quicker (then it is refused).
+_ROUNDS = 4
 # A directory's lock in this process: its locked file's descriptor, and the ids of
 # the live objects that took it.
 _Held = tuple[int, set[int]]
@@ -53,11 +83,13 @@ _guard = threading.RLock()
 def hold_writer_lock(directory: str, holder: object) -> None:
     """Make this process the directory's one writer for as long as ``holder`` lives.
 
-    A no-op (but for counting ``holder``) when this process holds the lock already.
+    A no-op (but for counting ``holder``) when this process holds the lock already. A
+    lock still held although the writer its file names has certainly ended (a child
+    forked from that writer holds a duplicate of its descriptor) is taken over.
 
     Raises:
-        ResumePointsInUseError: another live process holds the lock (named with its
-            pid, host and start time as it recorded them).
+        ResumePointsInUseError: another process that may be running holds the lock
+            (named with its pid, host and start time as it recorded them).
         CheckpointWriteError: the lock file cannot be created or locked (the cause
             chained). On a file system without locks the points are written unguarded,
             with a logged warning.
@@ -75,32 +107,123 @@ def hold_writer_lock(directory: str, holder: object) -> None:
 def _locked(directory: str, key: str) -> int:
     """The descriptor of the directory's lock file, locked by this process."""
     path = os.path.join(key, LOCK_NAME)
+    with _directory_guard(directory, key):
+        for _ in range(_ROUNDS):
+            fd = _open(directory, path)
+            try:
+                if _try_lock(fd, path):
+                    if _names_file(path, fd):
+                        _record(directory, path, fd)
+                        return fd
+                    # Removed since it was opened (the run finished, or a dead writer's
+                    # file was replaced): the lock on it guards nothing.
+                    os.close(fd)
+                    continue
+                owner = _owner(fd)
+                if owner is None or not ended(owner):
+                    raise ResumePointsInUseError(
+                        f"{directory} is written by {_described(owner)}; it holds {path}"
+                    )
+                _take_over(path, fd, owner)
+                os.close(fd)
+            except BaseException:
+                _close_quietly(fd)
+                raise
+    raise ResumePointsInUseError(
+        f"{directory}: other processes kept replacing the writer's lock file {path}"
+    )
+
+
+def _open(directory: str, path: str) -> int:
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     except OSError as exc:
         raise CheckpointWriteError(
             f"{directory}: cannot create the writer's lock file {path}: {exc!r}"
         ) from exc
+
+
+def _record(directory: str, path: str, fd: int) -> None:
+    """Write this process's name into the lock file it locked."""
+    record = {**this_process(), "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}
     try:
-        if not _try_lock(fd, path):
-            raise ResumePointsInUseError(
-                f"{directory} is written by {_holder(fd)}; it holds {path}"
-            )
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        }
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, (json.dumps(record) + "\n").encode())
     except OSError as exc:
-        os.close(fd)  # closing drops the lock if it was taken
         raise CheckpointWriteError(f"{directory}: cannot write {path}: {exc!r}") from exc
-    except BaseException:
+
+
+def _take_over(path: str, fd: int, owner: dict[str, Any]) -> None:
+    """Remove the lock file of a writer that has ended (the guard is held)."""
+    _log.warning(
+        "%s: the writer that held it, %s, has ended, but a process it started still holds "
+        "the lock; taking it over",
+        path,
+        _described(owner),
+    )
+    if _names_file(path, fd):
+        _remove_quietly(path)
+
+
+def _names_file(path: str, fd: int) -> bool:
+    """Whether ``path`` is still the file open as ``fd``."""
+    try:
+        named, opened = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+@contextmanager
+def _directory_guard(directory: str, key: str) -> Iterator[None]:
+    """Hold the directory's guard: no other process takes or takes over its lock meanwhile."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no fork, so no duplicate outlives a writer
+        yield
+        return
+    path = os.path.join(key, GUARD_NAME)
+    deadline = time.monotonic() + _GUARD_WAIT_S
+    while True:
+        fd = _open(directory, path)
+        try:
+            taken = _guard_taken(fcntl, fd, path, deadline)
+        except BaseException:
+            os.close(fd)
+            raise
+        if taken and _names_file(path, fd):
+            break
+        os.close(fd)  # releases the POSIX lock, if taken
+        if not taken:
+            raise ResumePointsInUseError(
+                f"{directory}: another process has been taking the writer's lock for "
+                f"{_GUARD_WAIT_S:.0f} s (it holds {path})"
+            )
+        # Its holder removed it: lock the file now at the path.
+    try:
+        yield
+    finally:
+        # Removed before it is released, so the directory keeps only the lock file; a
+        # process waiting on this file finds it removed once it has it, and goes on
+        # with a new one.
+        _remove_quietly(path)
         os.close(fd)
-        raise
-    return fd
+
+
+def _guard_taken(fcntl: Any, fd: int, path: str, deadline: float) -> bool:
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno in _LOCKS_UNSUPPORTED:
+                return True  # no locks here: _try_lock warns that nothing is guarded
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise CheckpointWriteError(f"cannot lock {path}: {exc!r}") from exc
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(_GUARD_POLL_S)
 
 
 def _let_go(key: str, holder: int) -> None:
@@ -122,13 +245,17 @@ def release_writer_lock(directory: str) -> None:
         held = _held.pop(key, None)
     if held is None:
         return
+    # Removed while still held: a process that opened it meanwhile finds it removed
+    # once it has the lock, and locks a new file.
+    _remove_quietly(os.path.join(key, LOCK_NAME))
+    _close_quietly(held[0])  # releases the lock
+
+
+def _remove_quietly(path: str) -> None:
     try:
-        # Removed while still held: a process that opened it meanwhile is refused by
-        # the lock on this file, and a later one creates a new file.
-        os.remove(os.path.join(key, LOCK_NAME))
+        os.remove(path)
     except OSError:
         pass
-    _close_quietly(held[0])  # releases the lock
 
 
 def _close_quietly(fd: int) -> None:
@@ -166,11 +293,34 @@ def _try_lock(fd: int, path: str) -> bool:
     return True
 
 
-def _holder(fd: int) -> str:
+def _owner(fd: int) -> dict[str, Any] | None:
+    """The name the lock file's writer recorded, or None while it is being written."""
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         record = json.loads(os.read(fd, 4096).decode())
-        return f"process {int(record['pid'])} on host {record['host']} (since {record['since']})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _described(owner: dict[str, Any] | None) -> str:
+    try:
+        return f"process {int(owner['pid'])} on host {owner['host']} (since {owner['since']})"  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
         # Locked but not yet (or no longer readable as) a record: still a live writer.
         return "another process (its record is being written)"
+
+
+def _forget_after_fork() -> None:
+    # The child is not the writer: it must not keep the lock alive after the writer
+    # dies. Closing (never unlocking: the lock belongs to the open file, which the
+    # writer still has) drops only the child's duplicate.
+    global _guard
+    for fd, _ in _held.values():
+        _close_quietly(fd)
+    _held.clear()
+    _guard = threading.RLock()  # another thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

@@ -30,6 +30,7 @@ from typing import Any
 from nvidia.dali.external_source import ExternalSource
 from nvidia.dali.pipeline import Pipeline
 
+from ..._parent_death import children_die_with_this_process
 from ...difference import first_difference
 from ...errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
 from ...state import DALIPipelineDescription
@@ -72,7 +73,9 @@ def build_pipelines(
                 f"pipeline_fn must return a DALI Pipeline (a @pipeline_def function), "
                 f"{_name(factory)} returned {type(pipeline).__name__}"
             )
-        with warnings.catch_warnings():
+        # build() starts the workers of parallel external sources (forked by default):
+        # tied to this process, they never outlive it.
+        with warnings.catch_warnings(), children_die_with_this_process():
             # check_pipeline refuses what this warning describes, naming the operator.
             warnings.filterwarnings("ignore", message=_EXTERNAL_SOURCE_WARNING)
             pipeline.build()
