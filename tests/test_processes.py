@@ -12,7 +12,7 @@ import time
 import pytest
 from support.process_names import NAME_SCRIPT, name_of_an_ended_process, named_child
 
-from trainer_resume._processes import ended, this_process
+from trainer_resume.processes.names import ended, this_process
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 

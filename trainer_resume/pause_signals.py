@@ -20,7 +20,7 @@ is stopped by ``SIGKILL``, not by ``SIGTERM``.
 Such a process would outlive a trainer killed with ``SIGKILL``, so it is tied to it
 too: on Linux a child forked inside the block, and a DataLoader worker started by
 :func:`worker_start` under any start method, dies with this process (see
-``_parent_death``).
+``processes.parent_death``).
 
 That includes multiprocessing's own clean-up: at interpreter exit it sends
 ``SIGTERM`` to every daemon child still running (a DataLoader iterator still alive
@@ -43,9 +43,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from ._parent_death import DieWithParent, children_die_with_this_process, tie
 from ._signals import DEFAULT_PAUSE_SIGNALS, armed_signals
 from .errors import PauseSignalWarning
+from .processes.parent_death import DieWithParent, children_die_with_this_process, tie
 
 __all__ = [
     "DEFAULT_PAUSE_SIGNALS",

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from support.lightning_procs import TESTS
 
-from trainer_resume._parent_death import DieWithParent
-from trainer_resume._processes import this_process
 from trainer_resume.loaders import ResumableDataLoader
 from trainer_resume.pause_signals import worker_start
+from trainer_resume.processes.names import this_process
+from trainer_resume.processes.parent_death import DieWithParent
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's"

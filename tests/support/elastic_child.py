@@ -82,7 +82,9 @@ class EpochLoopTrainer(TrainingResumeMixin):
         torch.manual_seed(100 + rank)
         random.seed(100 + rank)
         np.random.seed(100 + rank)
-        self.kill_at: int | None = None
+        self.points = points
+        self.kill_at: int | None = None  # this rank SIGKILLs itself inside that step
+        self.points_durable_at: int | None = None  # every rank waits for the points there
         self.losses: dict[int, float] = {}
         self._initialize_training_resume(CONFIG, version="1", resume_points=points)
 
@@ -98,6 +100,12 @@ class EpochLoopTrainer(TrainingResumeMixin):
         loss = nn.functional.mse_loss(self.model(x), y)
         self.optimizer.zero_grad()
         loss.backward()
+        if self.completed_steps + 1 == self.points_durable_at:
+            # Points are written in the background: the newest one is known only once it
+            # is durable, on the writing rank, before any rank dies.
+            self.points.wait()
+            if dist.is_initialized():
+                dist.barrier()
         if self.completed_steps + 1 == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)  # mid-step: gradients computed, not applied
         self.optimizer.step()
@@ -140,8 +148,10 @@ def main(out: Path, kill: tuple[int, int] | None) -> int:
     trainer.pause_on_signal(out / "points" / "pause.ckpt")
     trainer.resume_latest()
     (out / f"start_{tag}.txt").write_text(str(trainer.completed_steps))
-    if kill is not None and attempt == 0 and kill[0] == rank:
-        trainer.kill_at = kill[1]
+    if kill is not None and attempt == 0:
+        trainer.points_durable_at = kill[1]
+        if kill[0] == rank:
+            trainer.kill_at = kill[1]
     for _ in range(trainer.loader.epoch, EPOCHS):
         batches = iter(trainer.loader)  # this epoch's workers are forked here
         (out / f"pids_{tag}.txt").write_text(" ".join(map(str, [os.getpid(), *_worker_pids()])))

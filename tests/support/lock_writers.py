@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Any
 
-from trainer_resume._processes import this_process
+from trainer_resume.processes.names import this_process
 from trainer_resume.resume_points import _lock
 
 RACERS = 6

@@ -37,9 +37,9 @@ from nvidia.dali import fn, pipeline_def
 
 from support.iterable_streams import CountingStream
 from support.signal_trainers import NoisyDataset
-from trainer_resume._parent_death import die_with_parent, tie
 from trainer_resume.adapters.dali import ResumableDALIIterator
 from trainer_resume.loaders import ResumableDataLoader
+from trainer_resume.processes.parent_death import die_with_parent, tie
 
 
 def dali_sample(info: Any) -> np.ndarray:

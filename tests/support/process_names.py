@@ -1,6 +1,6 @@
-"""Processes that print their own name (``trainer_resume._processes.this_process``).
+"""Processes that print their own name (``trainer_resume.processes.names.this_process``).
 
-The script loads ``_processes.py`` alone (it imports nothing of the package), so a
+The script loads ``processes/names.py`` alone (it imports nothing of the package), so a
 process that prints its name starts in milliseconds, without importing torch.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import trainer_resume
 
-_PROCESSES = Path(trainer_resume.__file__).parent / "_processes.py"
+_PROCESSES = Path(trainer_resume.__file__).parent / "processes" / "names.py"
 NAME_SCRIPT = f"""
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("names", {str(_PROCESSES)!r})

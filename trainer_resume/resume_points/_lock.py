@@ -5,7 +5,7 @@ predecessor still runs) would remove each other's points and interleave two
 histories. The process that writes points holds an exclusive lock on
 ``<directory>/.trainer-resume.lock`` (``flock``; ``msvcrt.locking`` on Windows) for
 as long as it lives, and writes its name into the file (pid, host and start time,
-and on Linux its boot and pid namespace: see ``_processes``), so that a second writer
+and on Linux its boot and pid namespace: see ``processes.names``), so that a second writer
 is refused with a message naming the first.
 
 No other process holds the lock. The descriptor is closed on ``exec`` and, in an
@@ -50,8 +50,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .._processes import ended, this_process
 from ..errors import CheckpointWriteError, ResumePointsInUseError
+from ..processes.names import ended, this_process
 
 __all__ = ["GUARD_NAME", "LOCK_NAME", "hold_writer_lock", "release_writer_lock"]
 

@@ -30,9 +30,9 @@ from typing import Any
 from nvidia.dali.external_source import ExternalSource
 from nvidia.dali.pipeline import Pipeline
 
-from ..._parent_death import children_die_with_this_process
 from ...difference import first_difference
 from ...errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
+from ...processes.parent_death import children_die_with_this_process
 from ...state import DALIPipelineDescription
 
 __all__ = [

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ._processes import ProcessName, ended, this_process
+from .names import ProcessName, ended, this_process
 
 __all__ = ["DieWithParent", "Tie", "children_die_with_this_process", "die_with_parent", "tie"]
 

@@ -1,0 +1,7 @@
+"""The processes a trainer runs beside: who a process is, and its children dying with it.
+
+``names`` tells a process by pid, host and (on Linux) boot, pid namespace and start
+time, and whether a named process has certainly ended (the resume points' lock takes
+over from a dead writer by it); ``parent_death`` ties the processes a trainer starts to
+its life. Neither imports anything else of the package.
+"""
