@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import distributed as _distributed
-from ..checks.hook_results import is_library_loader
+from ..checks.hook_results import is_library_loader, resume_loaders
 from ..checks.pause_state import check_layout, check_names, check_random_state, object_states
 from ..checks.state_match import check_object_states
 from ..errors import (
@@ -98,7 +98,7 @@ def check_pause_checkpoint(
             or f"signature {checkpoint['config_signature'][:16]}... != {settings.signature[:16]}..."
         )
     states = object_states(checkpoint)
-    loaders = trainer._resume_loaders()
+    loaders = resume_loaders(trainer)
     objects = trainer._resume_objects()
     check_hook_results(trainer)
     check_names("objects (_resume_objects())", states, objects)
