@@ -104,10 +104,12 @@ def register_loader_view(view: LoaderView) -> None:
     ``view(loader)`` returns, for a wrapper its framework made around a library loader
     that it iterates without changing the batches (other than moving them to a device),
     an object with that loader's ``state_dict()``, ``validate_state_dict()``,
-    ``load_state_dict()`` and ``epoch_ended``; ``None`` for any other loader. The first
-    view that answers is used wherever the library reads the loaders
-    ``_resume_loaders()`` returns (:func:`resume_loaders`). Registering the same
-    function twice has no effect.
+    ``load_state_dict()`` and ``epoch_ended``, and ``loader``, the loader inside; ``None``
+    for any other loader. The first view that answers is used wherever the library
+    reads the loaders ``_resume_loaders()`` returns (:func:`resume_loaders`). Where the
+    wrapper keeps part of the position itself, the view's ``wrapper_keeps`` says what
+    (else it is empty or absent), and returning the loader inside instead of the
+    wrapper is refused. Registering the same function twice has no effect.
     """
     if not callable(view):
         raise TypeError(f"a loader view must be callable, got {type(view).__name__}")
@@ -195,17 +197,22 @@ def check_resume_loaders(
     refuse a framework's wrapper the trainer holds over a returned loader's dataset.
 
     The wrapper (``accelerator.prepare(loader)``) is then what the loop iterates: the
-    returned loader never moves, so its saved position would restart the epoch.
+    returned loader never moves, so its saved position would restart the epoch. A
+    wrapper read through a view whose loader inside is returned instead is refused too
+    where the wrapper keeps part of the position (the view's ``wrapper_keeps``).
 
     Raises:
         UnsupportedResumeConfigurationError: as :func:`check_loader`, or naming the
-            wrapper, the loader it shadows and the fix a hint gives (332).
+            wrapper, the loader it shadows and the fix (332).
     """
     for name, loader in loaders.items():
         check_loader(name, loader, owner, holders)
     returned = {id(loader) for loader in loaders.values()}
     for label, value in holders.items():
-        hint = None if id(value) in returned else _hint(value)
+        if id(value) in returned:
+            continue
+        _refuse_inner_loader(label, value, loaders, owner)
+        hint = _hint(value)
         if hint is None:
             continue
         dataset = getattr(value, "dataset", None)
@@ -216,6 +223,20 @@ def check_resume_loaders(
                     f"{name!r} that {owner}._resume_loaders() returns: the loop's batches come from "
                     f"the wrapper, whose position is not saved, and {name!r} never moves; {hint}"
                 )
+
+
+def _refuse_inner_loader(label: str, value: Any, loaders: Mapping[str, Any], owner: str) -> None:
+    seen = loader_view(value)
+    keeps = getattr(seen, "wrapper_keeps", None) if seen is not value else None
+    if not keeps:
+        return
+    for name, loader in loaders.items():
+        if loader is getattr(seen, "loader", None):
+            raise UnsupportedResumeConfigurationError(
+                f"{owner}.{label} ({_type_name(value)}) is the loader the loop iterates, and "
+                f"{name!r} that {owner}._resume_loaders() returns is the loader inside it: "
+                f"{keeps}; return {owner}.{label} itself"
+            )
 
 
 def check_loader(name: str, loader: Any, owner: str, holders: Mapping[str, Any]) -> None:

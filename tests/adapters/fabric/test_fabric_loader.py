@@ -10,8 +10,15 @@ from typing import Any
 import pytest
 import torch
 from lightning_fabric import Fabric
+from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning_fabric.wrappers import _FabricDataLoader
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    TensorDataset,
+    WeightedRandomSampler,
+)
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from trainer_resume import TrainingResumeMixin, training_step
@@ -214,4 +221,43 @@ def test_setup_dataloaders_refuses_what_it_cannot_set_up(fabric):
         "the loader's InfiniteRandomSampler is sharded for rank 1 of 2, but this is process 0 of "
         "1; build it after fabric.launch() (it then shards by Fabric's process group) or pass "
         "num_replicas=1, rank=0"
+    )
+
+
+class InnerReturned(Trainer):
+    """The loader inside Fabric's wrapper returned, while the loop iterates the wrapper."""
+
+    def _resume_loaders(self) -> dict[str, Any]:
+        return {"train": self.loader._dataloader}
+
+
+def test_the_loader_inside_fabrics_wrapper_returned_instead_of_it_is_refused_where_fabric_numbers_epochs():
+    trainer = InnerReturned(distributed())
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        trainer.step(next(iter(trainer.loader)))
+    assert caught.value.detail == (
+        "InnerReturned.loader (lightning_fabric.wrappers._FabricDataLoader) is the loader the loop "
+        "iterates, and 'train' that InnerReturned._resume_loaders() returns is the loader inside "
+        "it: Fabric numbers the epochs of its DistributedSampler by the wrapper's count of "
+        "iterations, which only the wrapper's own resume brings back; return InnerReturned.loader "
+        "itself"
+    )
+    # Without a sampler Fabric numbers, the loader inside resumes as well as the wrapper.
+    accepted = InnerReturned(_FabricDataLoader(ResumableDataLoader(DATA, 2, resumable=True)))
+    accepted.step(next(iter(accepted.loader)))
+
+
+def test_a_sampler_lightning_wrapped_to_share_it_is_refused_naming_how_to_share_it_instead():
+    # What fabric.setup_dataloaders makes of a WeightedRandomSampler under a distributed strategy.
+    weighted = WeightedRandomSampler(torch.ones(12), 12)
+    wrapped = DistributedSamplerWrapper(weighted, num_replicas=2, rank=0)
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        ResumableDataLoader(DATA, batch_size=2, sampler=wrapped, resumable=True)
+    assert (
+        "sampler DistributedSamplerWrapper cannot be repositioned (subclasses of the supported "
+        "samplers neither, unless stateful: their orders could not be recomputed): Lightning "
+        "wrapped your sampler to share it among processes; pass use_distributed_sampler=False (to "
+        "the Trainer, or to fabric.setup_dataloaders) with a sampler sharded by rank, or set the "
+        "loader up with trainer_resume.adapters.fabric.setup_dataloaders(fabric, loader); or give "
+        "it state_dict()" in caught.value.detail
     )

@@ -17,7 +17,7 @@ Importing it makes a Fabric loop's objects resume objects as ``fabric`` hands th
 The ``_FabricModule`` ``fabric.setup`` returns saves its state and gradients under the
 model's own names whether or not this is imported (``_module_names``).
 
-Requires ``pytorch-lightning`` 2.5.3 or later (tested with 2.6.6, :data:`RELEASES`). The
+Requires ``pytorch-lightning`` 2.5.3 or later (tested with 2.5.3 to 2.6.6, :data:`RELEASES`). The
 adapter reads Fabric internals, every one named in :data:`INTERNALS` and checked when it
 is imported: a release without one of them (or with another shape of it) is refused with
 ``FrameworkReleaseError`` (352) naming it; a newer release than the tested ones warns once
@@ -78,13 +78,12 @@ INTERNALS = (
 
 check_release(FABRIC, adapter="fabric", extra="lightning", internals=INTERNALS)
 
-from .loaders import FabricLoaderView, loader_epoch  # noqa: E402  (registers the loader view)
+from .loaders import loader_epoch  # noqa: E402  (registers the loader view)
 from .objects import resume_objects  # noqa: E402  (registers the GradScaler check)
 from .setup import setup_dataloaders  # noqa: E402
 
 # The names docs/fabric.md documents.
 __all__ = [
-    "FabricLoaderView",
     "INTERNALS",
     "RELEASES",
     "loader_epoch",

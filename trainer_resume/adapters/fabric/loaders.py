@@ -16,8 +16,8 @@ A ``DistributedSampler``'s epoch comes back with the loader's state; any other s
 whose epoch Fabric would set is refused, as is a wrapper around a loader whose position
 cannot be saved (the refusal names the loader to wrap).
 
-Fabric internals used (``lightning_fabric`` 2.6): ``_FabricDataLoader._dataloader`` and
-``_num_iter_calls`` (set on resume) and what ``_FabricDataLoader.__iter__`` does with them.
+Fabric internals used (``lightning_fabric`` 2.5.3 to 2.6): ``_FabricDataLoader._dataloader``
+and ``_num_iter_calls`` (set on resume) and what ``_FabricDataLoader.__iter__`` does with them.
 """
 
 from __future__ import annotations
@@ -61,6 +61,17 @@ class FabricLoaderView:
         """The inner loader just delivered its epoch's last batch (``ResumableDataLoader.epoch_ended``)."""
         return self.loader.epoch_ended
 
+    @property
+    def wrapper_keeps(self) -> str | None:
+        """What Fabric's wrapper keeps of the position, if anything: returning the loader
+        inside it instead is refused."""
+        if not _epoch_set_parts(self.loader):
+            return None
+        return (
+            "Fabric numbers the epochs of its DistributedSampler by the wrapper's count of "
+            "iterations, which only the wrapper's own resume brings back"
+        )
+
     def close(self) -> None:
         """Stop the inner loader's workers (``ResumableDataLoader.close``)."""
         self.loader.close()
@@ -76,10 +87,12 @@ class FabricLoaderView:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Move the inner loader to ``state``'s position, and Fabric's iteration count to its epoch.
 
-        Fabric numbers a sampler's epochs by its iterations of the loader, one per epoch:
-        the next one is the loaded epoch (part-way: the same one again), as the
-        uninterrupted run numbered it. A ``DistributedSampler`` that was given another
-        epoch is refused by the inner loader when the resumed epoch starts.
+        Fabric numbers a sampler's epochs by its iterations of the loader: a loop that
+        iterates it once per epoch (as Fabric's do) gave epoch ``e`` the number ``e``, so
+        the next iteration, of the loaded epoch (part-way: the same one again), gets the
+        number the uninterrupted run gave it. A part-way epoch whose recorded number
+        differs (a loop that iterated the loader more often) is refused by the inner
+        loader when the resumed epoch starts (``LoaderStateError``, 333).
         """
         self.loader.load_state_dict(state)
         self.wrapper._num_iter_calls = self.loader.epoch

@@ -9,7 +9,7 @@ trainer that returns objects set up by such a Fabric without it is refused when 
 starts (a check registered with ``checks.hook_results``), where it would otherwise resume
 with a fresh loss scale.
 
-Fabric internals used (``lightning_fabric`` 2.6): ``_FabricModule._strategy``,
+Fabric internals used (``lightning_fabric`` 2.5.3 to 2.6): ``_FabricModule._strategy``,
 ``_FabricOptimizer._strategy``, ``Strategy.precision`` and ``MixedPrecision.scaler``.
 """
 
