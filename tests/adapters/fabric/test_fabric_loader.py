@@ -261,3 +261,18 @@ def test_a_sampler_lightning_wrapped_to_share_it_is_refused_naming_how_to_share_
         "loader up with trainer_resume.adapters.fabric.setup_dataloaders(fabric, loader); or give "
         "it state_dict()" in caught.value.detail
     )
+
+
+class HoldsBoth(Trainer):
+    """Keeps the loader it gave Fabric, as well as the one Fabric returned."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.data = ResumableDataLoader(DATA, batch_size=2, resumable=True)
+        super().__init__(fabric.setup_dataloaders(self.data))
+
+
+def test_the_loader_fabric_wraps_kept_beside_it_is_not_taken_for_unsaved_state(fabric, recwarn):
+    trainer = HoldsBoth(fabric)
+    for batch in trainer.loader:
+        trainer.step(batch)
+    assert not [item for item in recwarn if "has state that no hook returns" in str(item.message)]
