@@ -1,9 +1,11 @@
 """Canonical module names: a module's state saved under the names of the unwrapped module.
 
 ``torch.compile`` puts ``_orig_mod.`` in front of every name of the module it compiles,
-``DistributedDataParallel`` and ``DataParallel`` put ``module.``, and activation
-checkpointing's ``checkpoint_wrapper`` puts ``_checkpoint_wrapped_module.`` into the
-parameter names of the block it wraps, wherever that block sits. A state saved under
+``DistributedDataParallel`` and ``DataParallel`` put ``module.``, Lightning Fabric's
+``_FabricModule`` (what ``fabric.setup`` returns) puts ``_forward_module.`` in front of its
+parameter names, and activation checkpointing's ``checkpoint_wrapper`` puts
+``_checkpoint_wrapped_module.`` into the parameter names of the block it wraps, wherever
+that block sits. A state saved under
 those names would load only into a module wrapped the same way. So the library saves
 module state (and gradients) under canonical names, those of the unwrapped module, as
 ``torch.distributed.checkpoint.state_dict.get_model_state_dict`` names them, and maps
@@ -11,12 +13,15 @@ them onto the live module however it is wrapped when it loads.
 
 The canonical name of a live name is found by walking the live module: a path part is
 left out where it is a wrapper's own attribute (a compiled module's ``_orig_mod``, a
-DDP or DataParallel's ``module``, ``_checkpoint_wrapped_module`` anywhere), so a
-submodule of the user's that happens to be called ``module`` keeps its name.
+DDP or DataParallel's ``module``, a ``_FabricModule``'s ``_forward_module`` and
+``_original_module``, ``_checkpoint_wrapped_module`` anywhere), so a submodule of the
+user's that happens to be called ``module`` keeps its name. Fabric's wrapper is recognised
+through ``sys.modules``: this module never imports Lightning.
 
 Files written before these names (under the wrappers' names) are read too
 (:func:`match_names`): ``_orig_mod`` and ``_checkpoint_wrapped_module`` are never the
-names of a user's submodules and are left out wherever they occur; a ``module.`` in
+names of a user's submodules and are left out wherever they occur (so is
+``_forward_module``, which gradients saved from a ``_FabricModule`` carried); a ``module.`` in
 front of every name (a wrapper at the root) is left out where the names then match
 more of the live module's.
 """
@@ -45,7 +50,12 @@ __all__ = [
 _COMPILED = "_orig_mod"  # torch.compile's OptimizedModule
 _PARALLEL = "module"  # DistributedDataParallel, DataParallel
 _CHECKPOINTED = "_checkpoint_wrapped_module"  # checkpoint_wrapper, also inside a path
-_ALWAYS_WRAPPERS = frozenset((_COMPILED, _CHECKPOINTED))  # never a user's submodule name
+# Lightning Fabric's _FabricModule: the module it runs forward through (the model, or the
+# strategy's wrapper of it) and the model itself (the same module on one device).
+_FABRIC_FORWARD, _FABRIC_ORIGINAL = "_forward_module", "_original_module"
+_FABRIC_WRAPPERS = "lightning_fabric.wrappers"
+# Never a user's submodule name.
+_ALWAYS_WRAPPERS = frozenset((_COMPILED, _CHECKPOINTED, _FABRIC_FORWARD))
 _MAX_NAMED = 3  # keys listed in one message; the rest are counted
 
 
@@ -56,12 +66,21 @@ def _is_compiled(module: nn.Module) -> bool:
     return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
 
 
+def _is_fabric_module(module: nn.Module) -> bool:
+    # Only Fabric's own code makes one, so it is imported already where one exists.
+    wrappers = sys.modules.get(_FABRIC_WRAPPERS)
+    fabric_module = getattr(wrappers, "_FabricModule", None)
+    return isinstance(fabric_module, type) and isinstance(module, fabric_module)
+
+
 def _wrapped_attribute(parent: nn.Module, child: str) -> bool:
     """Whether ``parent``'s submodule ``child`` is a wrapper's wrapped module (no name of its own)."""
     if child == _CHECKPOINTED:
         return True
     if child == _PARALLEL:
         return isinstance(parent, (nn.parallel.DistributedDataParallel, nn.DataParallel))
+    if child in (_FABRIC_FORWARD, _FABRIC_ORIGINAL):
+        return _is_fabric_module(parent)
     return child == _COMPILED and _is_compiled(parent)
 
 

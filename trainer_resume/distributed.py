@@ -421,7 +421,9 @@ def _check_redistributable(
                 f"{world_size}: loader {loader!r} reads a DistributedSampler, which orders each epoch "
                 f"by the number of ranks, so its position means nothing with another number; resume "
                 f"with {saved_world} rank(s), or read one global stream that re-shards sample-exactly "
-                "(InfiniteRandomSampler or build_batch_sampler, see docs/distributed.md)"
+                "(InfiniteRandomSampler, build_batch_sampler or ShardedBatchSampler, which "
+                "trainer_resume.adapters.fabric.setup_dataloaders and "
+                "trainer_resume.adapters.accelerate.prepare_loader build; see docs/distributed.md)"
             )
     # What every new rank takes from rank 0 must have been the same on every saved rank.
     for name, what in (

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from .checks.hook_results import loader_view
 from .difference import Difference, first_difference, max_abs_difference
 from .errors import TrainingPausedError
 from .rng import random_state, restore_random_state
@@ -269,7 +270,7 @@ def _close(trainer: Any) -> None:
     close = getattr(trainer, "close", None)
     if callable(close):
         close()
-    for loader in loaders.values():
+    for loader in map(loader_view, loaders.values()):  # a framework's wrapper: the loader inside
         if callable(getattr(loader, "close", None)):
             loader.close()
 

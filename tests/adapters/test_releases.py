@@ -19,6 +19,7 @@ import pytorch_lightning
 import torch
 from accelerate.accelerator import Accelerator
 from accelerate.state import GradientState
+from lightning_fabric.wrappers import _FabricDataLoader
 from nvidia.dali.external_source import ExternalSource
 from nvidia.dali.pipeline import Pipeline
 from pytorch_lightning.loops.fit_loop import _FitLoop
@@ -30,6 +31,7 @@ from trainer_resume import FrameworkReleaseError, UntestedReleaseWarning
 from trainer_resume.adapters import _release
 from trainer_resume.adapters import accelerate as accelerate_adapter
 from trainer_resume.adapters import dali as dali_adapter
+from trainer_resume.adapters import fabric as fabric_adapter
 from trainer_resume.adapters import lightning as lightning_adapter
 from trainer_resume.adapters import transformers as transformers_adapter
 from trainer_resume.testing import first_difference
@@ -42,6 +44,7 @@ ADAPTERS = {
     "accelerate": (accelerate_adapter, "accelerate"),
     "transformers": (transformers_adapter, "transformers"),
     "lightning": (lightning_adapter, "lightning"),
+    "fabric": (fabric_adapter, "lightning"),
     "dali": (dali_adapter, "dali"),
 }
 # adapter: an internal it reads, as (owner, attribute), deleted to fake a release without it
@@ -49,6 +52,7 @@ MISSING = {
     "accelerate": (GradientState, "_add_dataloader"),
     "transformers": (Trainer, "_maybe_log_save_evaluate"),
     "lightning": (_TrainingEpochLoop, "_should_accumulate"),
+    "fabric": (_FabricDataLoader, "__iter__"),
     "dali": (Pipeline, "_pipes"),
 }
 
@@ -277,12 +281,19 @@ def test_each_extra_requires_its_frameworks_floor_and_caps_no_release(extra, fra
     ]
 
 
+def test_the_lightning_extra_installs_the_fabric_adapters_framework_at_its_floor():
+    # Lightning Fabric comes with pytorch-lightning: one requirement serves both adapters.
+    fabric = _release.FABRIC
+    assert _requirements("lightning") == [f"{fabric.distribution}>={fabric.floor}"]
+
+
 @pytest.mark.parametrize(
     "adapter, page",
     [
         ("accelerate", "accelerate.md"),
         ("transformers", "transformers.md"),
         ("lightning", "lightning.md"),
+        ("fabric", "fabric.md"),
         ("dali", "dali.md"),
     ],
 )

@@ -1,5 +1,5 @@
-"""The public names of the sharded package and the Lightning and transformers adapters are
-names the docs use."""
+"""The public names of the sharded package and the Lightning, Fabric and transformers adapters
+are names the docs use."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ DOCS = "\n".join(
     [
         "trainer_resume.sharded",
         "trainer_resume.adapters.lightning",
+        "trainer_resume.adapters.fabric",
         "trainer_resume.adapters.transformers",
     ],
 )

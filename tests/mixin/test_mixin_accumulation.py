@@ -135,8 +135,9 @@ def test_two_ranks_resume_every_window_position_and_point_as_the_uninterrupted_r
         "paused with 2 rank(s) and cannot be resumed with 1: loader 'train' reads a "
         "DistributedSampler, which orders each epoch by the number of ranks, so its position "
         "means nothing with another number; resume with 2 rank(s), or read one global stream "
-        "that re-shards sample-exactly (InfiniteRandomSampler or build_batch_sampler, see "
-        "docs/distributed.md)"
+        "that re-shards sample-exactly (InfiniteRandomSampler, build_batch_sampler or "
+        "ShardedBatchSampler, which trainer_resume.adapters.fabric.setup_dataloaders and "
+        "trainer_resume.adapters.accelerate.prepare_loader build; see docs/distributed.md)"
     )
 
 

@@ -35,6 +35,7 @@ from ..errors import FrameworkReleaseError, UntestedReleaseWarning
 __all__ = [
     "ACCELERATE",
     "DALI",
+    "FABRIC",
     "LIGHTNING",
     "TRANSFORMERS",
     "Attribute",
@@ -93,6 +94,8 @@ LIGHTNING = Framework(
         "the double iteration on resume (2.5.3)"
     ),
 )
+# Lightning Fabric, the lightning_fabric package pytorch-lightning installs (of its release).
+FABRIC = Framework("lightning_fabric", "pytorch-lightning", floor="2.5.3", tested="2.6.6")
 DALI = Framework("nvidia.dali", "nvidia-dali-cuda120", floor="2.4.0", tested="2.4.0")
 
 # (package, release) pairs already warned about: once per process.

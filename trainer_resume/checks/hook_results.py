@@ -19,12 +19,18 @@ object ``_resume_objects()`` returns must have ``state_dict()`` and
 Anything else is refused with ``UnsupportedResumeConfigurationError`` (332) naming
 the object, its type, the wrapper that replaced a resumable loader (when the
 trainer still holds that loader) and the fix. An adapter whose framework wraps
-loaders adds its own fix with :func:`register_loader_hint`. :func:`check_loader`
-is the one rule for a loader; later rules about loaders from elsewhere extend it.
+loaders adds its own fix with :func:`register_loader_hint`; one whose framework wraps
+a library loader without changing its batches (Lightning Fabric's
+``setup_dataloaders``) has the wrapper read through the loader it wraps with
+:func:`register_loader_view`, and the library works with the returned loaders as
+:func:`resume_loaders` gives them. A framework's wrapper met before its adapter was
+imported is refused with the import as the fix. :func:`check_loader` is the one rule
+for a loader; later rules about loaders from elsewhere extend it.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -34,17 +40,38 @@ from .weights_only import refused_entry
 
 __all__ = [
     "LoaderHint",
+    "LoaderView",
+    "ObjectsCheck",
     "check_loader",
     "check_resume_loaders",
     "check_resume_objects",
     "is_library_loader",
+    "loader_view",
     "register_loader_hint",
+    "register_loader_view",
+    "register_objects_check",
+    "resume_loaders",
 ]
 
 # Says how to make ``loader`` resumable when it is a wrapper its framework made, else None.
 LoaderHint = Callable[[Any], "str | None"]
+# ``loader`` read through the library loader it wraps (an object with that loader's
+# methods), when it is a wrapper its framework made around one, else None.
+LoaderView = Callable[[Any], Any]
+# What is wrong with the resume objects as a whole (an object of a framework returned
+# without another one its state depends on), as the end of a refusal, else None.
+ObjectsCheck = Callable[[Mapping[str, Any]], "str | None"]
 
 _HINTS: list[LoaderHint] = []
+_VIEWS: list[LoaderView] = []
+_OBJECTS_CHECKS: list[ObjectsCheck] = []
+
+# Frameworks whose loader wrappers an adapter reads (or names the fix for), by the
+# wrapper's top-level package: a wrapper met before the adapter is imported names it.
+_ADAPTERS = {
+    "accelerate": "trainer_resume.adapters.accelerate",
+    "lightning_fabric": "trainer_resume.adapters.fabric",
+}
 
 _FIX = (
     "return a trainer_resume.loaders.ResumableDataLoader(..., resumable=True) (the DataLoader "
@@ -71,6 +98,60 @@ def register_loader_hint(hint: LoaderHint) -> None:
         _HINTS.append(hint)
 
 
+def register_loader_view(view: LoaderView) -> None:
+    """Have a framework's loader wrapper read through the library loader it wraps.
+
+    ``view(loader)`` returns, for a wrapper its framework made around a library loader
+    that it iterates without changing the batches (other than moving them to a device),
+    an object with that loader's ``state_dict()``, ``validate_state_dict()``,
+    ``load_state_dict()`` and ``epoch_ended``, and ``loader``, the loader inside; ``None``
+    for any other loader. The first view that answers is used wherever the library
+    reads the loaders ``_resume_loaders()`` returns (:func:`resume_loaders`). Where the
+    wrapper keeps part of the position itself, the view's ``wrapper_keeps`` says what
+    (else it is empty or absent), and returning the loader inside instead of the
+    wrapper is refused. Registering the same function twice has no effect.
+    """
+    if not callable(view):
+        raise TypeError(f"a loader view must be callable, got {type(view).__name__}")
+    if view not in _VIEWS:
+        _VIEWS.append(view)
+
+
+def register_objects_check(check: ObjectsCheck) -> None:
+    """Add a check of everything ``_resume_objects()`` returns, run when training starts.
+
+    ``check(objects)`` returns what is wrong, completing ``"<Trainer>._resume_objects() "``
+    (``"returns 'model', set up by ..., but not its GradScaler; return it too"``), or
+    ``None``; the first answer is refused (332). For adapters whose framework keeps part
+    of an object's state elsewhere. Registering the same function twice has no effect.
+    """
+    if not callable(check):
+        raise TypeError(f"an objects check must be callable, got {type(check).__name__}")
+    if check not in _OBJECTS_CHECKS:
+        _OBJECTS_CHECKS.append(check)
+
+
+def loader_view(loader: Any) -> Any:
+    """``loader`` as the library reads it: a registered view of a framework's wrapper, else itself."""
+    for view in _VIEWS:
+        seen = view(loader)
+        if seen is not None:
+            return seen
+    return loader
+
+
+def resume_loaders(trainer: Any) -> Mapping[str, Any]:
+    """What ``trainer._resume_loaders()`` returns, each loader as :func:`loader_view` reads it.
+
+    The one way the library reads a trainer's loaders: its checks, the step
+    boundaries, pauses and resumes all see a framework's wrapper as its view.
+    """
+    loaders = trainer._resume_loaders()
+    if not _VIEWS:
+        return loaders
+    return {name: loader_view(loader) for name, loader in loaders.items()}
+
+
 def is_library_loader(loader: Any) -> bool:
     """A loader of this library: it checks a state before loading it (``validate_state_dict``)."""
     return callable(getattr(loader, "validate_state_dict", None))
@@ -88,10 +169,12 @@ def _type_name(value: Any) -> str:
 
 
 def check_resume_objects(objects: Mapping[str, Any], owner: str) -> None:
-    """Refuse a resume object without ``state_dict()`` / ``load_state_dict()``.
+    """Refuse a resume object without ``state_dict()`` / ``load_state_dict()``, and objects
+    a registered check refuses (:func:`register_objects_check`).
 
     Raises:
-        UnsupportedResumeConfigurationError: naming the object and its type (332).
+        UnsupportedResumeConfigurationError: naming the object and its type, or what the
+            check found (332).
     """
     for name, obj in objects.items():
         if not _has_state_methods(obj):
@@ -101,6 +184,10 @@ def check_resume_objects(objects: Mapping[str, Any], owner: str) -> None:
                 "both (model, optimizer, scheduler, GradScaler) and keep plain values in "
                 "_resume_extra_state()"
             )
+    for check in _OBJECTS_CHECKS:
+        problem = check(objects)
+        if problem:
+            raise UnsupportedResumeConfigurationError(f"{owner}._resume_objects() {problem}")
 
 
 def check_resume_loaders(
@@ -110,17 +197,22 @@ def check_resume_loaders(
     refuse a framework's wrapper the trainer holds over a returned loader's dataset.
 
     The wrapper (``accelerator.prepare(loader)``) is then what the loop iterates: the
-    returned loader never moves, so its saved position would restart the epoch.
+    returned loader never moves, so its saved position would restart the epoch. A
+    wrapper read through a view whose loader inside is returned instead is refused too
+    where the wrapper keeps part of the position (the view's ``wrapper_keeps``).
 
     Raises:
         UnsupportedResumeConfigurationError: as :func:`check_loader`, or naming the
-            wrapper, the loader it shadows and the fix a hint gives (332).
+            wrapper, the loader it shadows and the fix (332).
     """
     for name, loader in loaders.items():
         check_loader(name, loader, owner, holders)
     returned = {id(loader) for loader in loaders.values()}
     for label, value in holders.items():
-        hint = None if id(value) in returned else _hint(value)
+        if id(value) in returned:
+            continue
+        _refuse_inner_loader(label, value, loaders, owner)
+        hint = _hint(value)
         if hint is None:
             continue
         dataset = getattr(value, "dataset", None)
@@ -131,6 +223,20 @@ def check_resume_loaders(
                     f"{name!r} that {owner}._resume_loaders() returns: the loop's batches come from "
                     f"the wrapper, whose position is not saved, and {name!r} never moves; {hint}"
                 )
+
+
+def _refuse_inner_loader(label: str, value: Any, loaders: Mapping[str, Any], owner: str) -> None:
+    seen = loader_view(value)
+    keeps = getattr(seen, "wrapper_keeps", None) if seen is not value else None
+    if not keeps:
+        return
+    for name, loader in loaders.items():
+        if loader is getattr(seen, "loader", None):
+            raise UnsupportedResumeConfigurationError(
+                f"{owner}.{label} ({_type_name(value)}) is the loader the loop iterates, and "
+                f"{name!r} that {owner}._resume_loaders() returns is the loader inside it: "
+                f"{keeps}; return {owner}.{label} itself"
+            )
 
 
 def check_loader(name: str, loader: Any, owner: str, holders: Mapping[str, Any]) -> None:
@@ -197,14 +303,26 @@ def _refuse_stateless(
         if replaced is not None
         else ""
     )
+    fix = _hint(loader) or _adapter_fix(loader) or _FIX
     error = UnsupportedResumeConfigurationError(
-        f"{where}, whose position cannot be saved ({reason}){wrapper}; {_hint(loader) or _FIX}"
+        f"{where}, whose position cannot be saved ({reason}){wrapper}; {fix}"
     )
     raise error from cause
 
 
 def _hint(loader: Any) -> str | None:
     return next((text for text in (hint(loader) for hint in _HINTS) if text), None)
+
+
+def _adapter_fix(loader: Any) -> str | None:
+    package = type(loader).__module__.partition(".")[0]
+    adapter = _ADAPTERS.get(package)
+    if adapter is None or adapter in sys.modules:
+        return None
+    return (
+        f"it is {package}'s own loader: import {adapter} before training starts, which accepts "
+        f"what it can resume of {package}'s loaders and names the fix for the rest"
+    )
 
 
 def _replaced_loader(loader: Any, holders: Mapping[str, Any]) -> tuple[str, Any] | None:

@@ -143,7 +143,24 @@ def check_resumable_configuration(
         return
     raise UnsupportedResumeConfigurationError(
         f"sampler {type(sampler).__name__} cannot be repositioned (subclasses of the supported "
-        f"samplers neither, unless stateful: their orders could not be recomputed): {_SUPPORTED}"
+        f"samplers neither, unless stateful: their orders could not be recomputed): "
+        f"{_lightning_fix(sampler)}{_SUPPORTED}"
+    )
+
+
+def _lightning_fix(sampler: Any) -> str:
+    # Lightning (its Trainer, or Fabric's setup_dataloaders) rebuilds a loader around its
+    # own wrapper of any sampler but RandomSampler and SequentialSampler to share it.
+    kind = type(sampler)
+    if kind.__name__ != "DistributedSamplerWrapper" or not kind.__module__.startswith(
+        ("lightning_fabric.", "pytorch_lightning.")
+    ):
+        return ""
+    return (
+        "Lightning wrapped your sampler to share it among processes; pass "
+        "use_distributed_sampler=False (to the Trainer, or to fabric.setup_dataloaders) with a "
+        "sampler sharded by rank, or set the loader up with "
+        "trainer_resume.adapters.fabric.setup_dataloaders(fabric, loader); or "
     )
 
 

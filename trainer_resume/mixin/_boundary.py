@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..checks.hook_results import resume_loaders
 from ..rng import random_state
 from ..state import RandomState, cpu_state
 
@@ -63,12 +64,12 @@ def record_boundary(trainer: Any, guard: Any) -> None:
     """Record the trainer's loader positions as the last step boundary.
 
     Args:
-        trainer: The trainer (its ``_resume_loaders()`` hook is called).
+        trainer: The trainer (its loaders read through ``resume_loaders``).
         guard: Its ``StepGuard``; ``guard.boundary`` is replaced.
     """
     states: dict[str, Any] | None
     try:
-        loaders = trainer._resume_loaders()
+        loaders = resume_loaders(trainer)
         states = {name: cpu_state(loader.state_dict()) for name, loader in loaders.items()}
         # After state_dict(): over an IterableDataset it reads on to know a pass ended.
         ended = any(loader_epoch_ended(loader) for loader in loaders.values())
@@ -99,7 +100,7 @@ def boundary_loader_states(trainer: Any, guard: Any) -> dict[str, Any]:
     if boundary is not None and boundary.loaders is not None:
         return boundary.loaders
     return {
-        name: cpu_state(loader.state_dict()) for name, loader in trainer._resume_loaders().items()
+        name: cpu_state(loader.state_dict()) for name, loader in resume_loaders(trainer).items()
     }
 
 

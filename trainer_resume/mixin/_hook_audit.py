@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from blake3 import blake3
 
+from ..checks.hook_results import loader_view
 from ..errors import UnsavedStateWarning
 
 __all__ = [
@@ -54,7 +55,9 @@ def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> Audit | 
     """
     try:
         objects = list(trainer._resume_objects().values())
-        loaders = list(trainer._resume_loaders().values())
+        returned = list(trainer._resume_loaders().values())
+        # A framework's wrapper read through a view saves the loader inside it.
+        loaders = returned + [getattr(loader_view(loader), "loader", loader) for loader in returned]
     except Exception:  # noqa: BLE001 - pause() calls the same hooks and reports their errors
         return None
     covered = _reachable(objects, loaders)

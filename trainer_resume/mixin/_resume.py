@@ -19,7 +19,7 @@ import torch
 from .. import distributed as _distributed
 from .._module_names import live_state
 from ..amp import restore_grad_scaler_state
-from ..checks.hook_results import is_library_loader
+from ..checks.hook_results import is_library_loader, resume_loaders
 from ..errors import TrainerLockedError
 from ..finished import refuse_if_finished
 from ..rng import restore_random_state
@@ -123,7 +123,7 @@ def _restore(
         for name in scalers:
             stage = f"GradScaler {name!r}"
             restore_grad_scaler_state(objects[name], states[name], optimizers)
-        for name, loader in trainer._resume_loaders().items():
+        for name, loader in resume_loaders(trainer).items():
             if is_library_loader(loader):  # the others were restored first
                 stage = f"loader {name!r}"
                 loader.load_state_dict(checkpoint["loaders"][name])

@@ -16,7 +16,7 @@ import torch
 
 from .. import distributed as _distributed
 from ..checks.config_match import check_config
-from ..checks.hook_results import is_library_loader
+from ..checks.hook_results import is_library_loader, resume_loaders
 from ..checks.pause_state import check_layout, check_names, check_random_state, object_states
 from ..checks.state_match import check_object_states
 from ..errors import (
@@ -91,7 +91,7 @@ def check_pause_checkpoint(
         )
     check_config(checkpoint, settings.config, location)
     states = object_states(checkpoint)
-    loaders = trainer._resume_loaders()
+    loaders = resume_loaders(trainer)
     objects = trainer._resume_objects()
     check_hook_results(trainer)
     check_names("objects (_resume_objects())", states, objects)

@@ -17,7 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import distributed as _distributed
-from ..checks.hook_results import check_resume_loaders, check_resume_objects, is_library_loader
+from ..checks.hook_results import (
+    check_resume_loaders,
+    check_resume_objects,
+    is_library_loader,
+    resume_loaders,
+)
 from ..errors import LoaderStateError, TrainerLockedError
 
 __all__ = ["check_at_training_start", "check_hook_results", "restore_foreign_loaders"]
@@ -33,7 +38,7 @@ def check_hook_results(trainer: Any) -> None:
     """
     name = type(trainer).__name__
     check_resume_objects(trainer._resume_objects(), name)
-    check_resume_loaders(trainer._resume_loaders(), name, vars(trainer))
+    check_resume_loaders(resume_loaders(trainer), name, vars(trainer))
 
 
 def check_at_training_start(trainer: Any) -> None:
@@ -69,7 +74,7 @@ def restore_foreign_loaders(
     """
     error: Exception | None = None
     loaded: list[tuple[str, Any, Any]] = []
-    for name, loader in trainer._resume_loaders().items():
+    for name, loader in resume_loaders(trainer).items():
         if is_library_loader(loader):
             continue
         try:

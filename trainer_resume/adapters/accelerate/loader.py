@@ -27,12 +27,11 @@ from typing import Any
 
 import torch
 from accelerate.utils import broadcast_object_list, send_to_device
-from torch.utils.data import BatchSampler
 
-from ...errors import ResumableModeRequiredError, UnsupportedResumeConfigurationError
-from ...loaders import ResumableDataLoader, ShardedBatchSampler
-from ...loaders.sharded_batches import SHARDABLE_SAMPLERS
+from ...errors import ResumableModeRequiredError
+from ...loaders import ResumableDataLoader
 from ...state import LoaderState
+from .._shared_loader import shared_loader
 from .settings import check_accelerator
 
 __all__ = ["PreparedLoader", "prepare_loader"]
@@ -150,80 +149,6 @@ class PreparedLoader:
         self.loader.load_state_dict(state)
 
 
-def _shares_by_itself(loader: ResumableDataLoader) -> Any:
-    """The part of ``loader`` that already shards it over ranks (it has ``num_replicas``), if any."""
-    batch_sampler = loader.batch_sampler
-    for part in (batch_sampler, loader.sampler, getattr(batch_sampler, "sampler", None)):
-        if part is not None and hasattr(part, "num_replicas") and hasattr(part, "rank"):
-            return part
-    return None
-
-
-def _sharable(loader: ResumableDataLoader) -> bool:
-    batch_sampler = loader.batch_sampler
-    return type(batch_sampler) is BatchSampler and type(batch_sampler.sampler) in SHARDABLE_SAMPLERS
-
-
-def _rebuilt(loader: ResumableDataLoader, replicas: int, rank: int) -> ResumableDataLoader:
-    """``loader`` with its batch sampler shared among ``replicas`` ranks, every other argument kept."""
-    sharded = ResumableDataLoader(
-        loader.dataset,
-        batch_sampler=ShardedBatchSampler(loader.batch_sampler, num_replicas=replicas, rank=rank),
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        # Draws the new loader's augmentation seed, replaced below by the original's:
-        # neither the caller's generator nor torch's default one is drawn from.
-        generator=torch.Generator().manual_seed(loader.augmentation_seed),
-        prefetch_factor=loader.prefetch_factor,
-        persistent_workers=loader.persistent_workers,
-        pin_memory_device=loader.pin_memory_device,
-        in_order=loader.in_order,
-        resumable=True,
-        augmentation_seeding=loader.augmentation_seeding,
-    )
-    state = sharded.state_dict()
-    state["augmentation_seed"] = loader.augmentation_seed
-    sharded.load_state_dict(state)
-    return sharded
-
-
-def _shared_loader(loader: ResumableDataLoader, replicas: int, rank: int) -> ResumableDataLoader:
-    if _sharable(loader):
-        return _rebuilt(loader, replicas, rank)
-    part = _shares_by_itself(loader)
-    if part is not None:
-        if (part.num_replicas, part.rank) != (replicas, rank):
-            raise UnsupportedResumeConfigurationError(
-                f"the loader's {type(part).__name__} is sharded for rank {part.rank} of "
-                f"{part.num_replicas}, but this is process {rank} of {replicas}; build it after "
-                "the Accelerator (it then shards by the Accelerator's process group) or pass "
-                f"num_replicas={replicas}, rank={rank}"
-            )
-        return loader
-    if replicas == 1:
-        return loader  # nothing to share: prepare leaves a loader in one process alone
-    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
-        what = (
-            "an IterableDataset, whose batches Accelerate dispatches from the main process "
-            "(not reproduced)"
-        )
-    else:
-        what = f"a {type(loader.batch_sampler or loader.sampler).__name__}"
-        if loader.batch_sampler is not None and hasattr(loader.batch_sampler, "sampler"):
-            what += f" over a {type(loader.batch_sampler.sampler).__name__}"
-    raise UnsupportedResumeConfigurationError(
-        f"prepare_loader shares a loader among {replicas} processes when it reads torch's "
-        "BatchSampler over SequentialSampler, RandomSampler, SubsetRandomSampler or "
-        f"WeightedRandomSampler (shuffle=True/False with a batch_size), but it reads {what}; "
-        "use one of those, or a sampler already sharded by rank (InfiniteRandomSampler, "
-        "build_batch_sampler, ShardedBatchSampler or DistributedSampler)"
-    )
-
-
 def prepare_loader(accelerator: Any, loader: ResumableDataLoader) -> PreparedLoader:
     """Prepare a resumable loader for ``accelerator`` as ``accelerator.prepare`` prepares a ``DataLoader``.
 
@@ -281,7 +206,14 @@ def prepare_loader(accelerator: Any, loader: ResumableDataLoader) -> PreparedLoa
             "it, and load saved states into the prepared loader"
         )
     replicas, rank = accelerator.num_processes, accelerator.process_index
-    shared = _shared_loader(loader, replicas, rank)
+    shared = shared_loader(
+        loader,
+        replicas,
+        rank,
+        function="prepare_loader",
+        built_after="the Accelerator (it then shards by the Accelerator's process group)",
+        iterable_refusal="whose batches Accelerate dispatches from the main process (not reproduced)",
+    )
     if replicas > 1:
         state: list[Any] = [shared.state_dict() if rank == 0 else None]
         broadcast_object_list(state, from_process=0)
