@@ -44,6 +44,7 @@ from .errors import (
 )
 from .rng import derive_seed, random_state, restore_random_state, seed_cpu_generators
 from .state import (
+    DDP_WINDOW_KEY,
     GRADIENTS_KEY,
     DistributedPauseState,
     PauseCheckpoint,
@@ -243,6 +244,8 @@ def gather_pause(checkpoint: PauseCheckpoint) -> PauseCheckpoint | None:
     }
     if checkpoint.get(GRADIENTS_KEY) is not None:  # each rank's own, also under no_sync
         state[GRADIENTS_KEY] = checkpoint[GRADIENTS_KEY]
+    if checkpoint.get(DDP_WINDOW_KEY) is not None:  # each rank's reducer marks its own
+        state[DDP_WINDOW_KEY] = checkpoint[DDP_WINDOW_KEY]
     mine = (checkpoint["completed_steps"], state)
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, mine)
@@ -327,6 +330,8 @@ def _ranks(
             )
         if not isinstance(state.get(GRADIENTS_KEY, {}), dict):
             raise CheckpointFormatError(f"{location}: rank {index}'s gradients are not a dict")
+        if not isinstance(state.get(DDP_WINDOW_KEY, {}), dict):
+            raise CheckpointFormatError(f"{location}: rank {index}'s DDP window is not a dict")
     if not isinstance(base, int):
         raise CheckpointFormatError(f"{location}: {DISTRIBUTED_KEY!r} lacks an int rng_base_seed")
     return size, ranks, base
@@ -374,10 +379,10 @@ def rank_view(
             mine["extra"],
             mine["rng"],
         )
-        _set_gradients(view, mine.get(GRADIENTS_KEY))
+        _set_gradients(view, mine)
         return view
     _check_redistributable(ranks, saved_world, world_size, location)
-    _set_gradients(view, ranks[0].get(GRADIENTS_KEY))
+    _set_gradients(view, ranks[0])
     steps = checkpoint["completed_steps"]
     new_steps = converted_steps(steps, saved_world, world_size)
     seed_base = base if base is not None else _single_base(ranks[0]["rng"])
@@ -404,11 +409,13 @@ def _ordered_by_world_size(state: Any) -> bool:
     return isinstance(settings, Mapping) and settings.get("sampler") == "DistributedSampler"
 
 
-def _set_gradients(view: dict[str, Any], gradients: Any) -> None:
-    if gradients is None:
-        view.pop(GRADIENTS_KEY, None)
-    else:
-        view[GRADIENTS_KEY] = gradients
+def _set_gradients(view: dict[str, Any], rank: Mapping[str, Any]) -> None:
+    # A rank's gradients and its DDP window record, where it has them.
+    for key in (GRADIENTS_KEY, DDP_WINDOW_KEY):
+        if rank.get(key) is None:
+            view.pop(key, None)
+        else:
+            view[key] = rank[key]
 
 
 def _check_redistributable(
@@ -430,12 +437,13 @@ def _check_redistributable(
         ("loaders", "loader positions"),
         ("extra", "extra states"),
         (GRADIENTS_KEY, "accumulated gradients"),
+        (DDP_WINDOW_KEY, "DDP window records"),
     ):
         for index, other in enumerate(ranks[1:], start=1):
             difference = first_difference(other.get(name), ranks[0].get(name))
             if difference is None:
                 continue
-            if name == GRADIENTS_KEY:
+            if name in (GRADIENTS_KEY, DDP_WINDOW_KEY):
                 reason = (
                     "it was paused inside a gradient-accumulation window, where each rank holds "
                     "the partial sum of its own micro-batches"

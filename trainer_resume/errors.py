@@ -187,6 +187,15 @@ class FrameworkReleaseError(ResumeError, ImportError):
     message = "the installed framework release lacks what its trainer-resume adapter relies on"
 
 
+class DDPWindowError(ResumeError):
+    """DistributedDataParallel's record of an open accumulation window (the parameters its
+    reducer found used under ``no_sync``) cannot be carried into this run; the detail names
+    the wrapper's setting or what the trainer must hold, and the fix."""
+
+    code = 359
+    message = "a DistributedDataParallel accumulation window cannot be resumed exactly here"
+
+
 # ----------------------------------------------------------------------- warnings
 
 

@@ -43,6 +43,8 @@ __all__ = [
     "FinishedMarker",
     "PAUSE_FORMAT",
     "GRADIENTS_KEY",
+    "DDP_WINDOW_KEY",
+    "DDPWindowState",
     "SAMPLER_FORMAT",
     "BATCH_SAMPLER_FORMAT",
     "EPOCH_SAMPLER_FORMAT",
@@ -60,6 +62,9 @@ __all__ = [
 PAUSE_FORMAT = "trainer_resume.pause/1"
 # The pause-file entry of the gradients carried between steps (see mixin/_gradients.py).
 GRADIENTS_KEY = "gradients"
+# The pause-file entry of DistributedDataParallel's open accumulation windows (see
+# mixin/_ddp_window.py).
+DDP_WINDOW_KEY = "ddp_window"
 SHARDED_FORMAT = "trainer_resume.sharded/1"
 # The "format" entries of the loader states below.
 SAMPLER_FORMAT = "trainer_resume.sampler/1"
@@ -395,6 +400,15 @@ class DALIIteratorState(TypedDict):
     rank: int
 
 
+class DDPWindowState(TypedDict):
+    """A DistributedDataParallel accumulation window open at a pause (one module's share)."""
+
+    static_graph: bool  # the wrapper's static_graph (torch keeps no per-window record then)
+    # Canonical names of the parameters the reducer found used in the window so far, in
+    # the module's parameter order (find_unused_parameters=True; empty with static_graph).
+    used: list[str]
+
+
 class RankPauseState(TypedDict):
     """What differs between ranks at a pause."""
 
@@ -403,6 +417,8 @@ class RankPauseState(TypedDict):
     rng: RandomState
     # This rank's gradients when one the next step may read was set (mixin/_gradients.py).
     gradients: NotRequired[dict[str, Any]]
+    # This rank's DDP accumulation windows when one was open (mixin/_ddp_window.py).
+    ddp_window: NotRequired[dict[str, DDPWindowState]]
 
 
 class DistributedPauseState(TypedDict):
@@ -444,6 +460,9 @@ class PauseCheckpoint(TypedDict):
     # optimizer: [[tensor or None] per group]); present only when one the next step may
     # read was set (see mixin/_gradients.py).
     gradients: NotRequired[dict[str, Any]]
+    # object name -> the DDP accumulation window its parameters were in, when one was
+    # open (see mixin/_ddp_window.py).
+    ddp_window: NotRequired[dict[str, DDPWindowState]]
     distributed: NotRequired[DistributedPauseState]
 
 

@@ -29,8 +29,9 @@ from ..sharded.detect import (
     refuse_unreduced_gradients,
     sharded_objects,
 )
-from ..state import GRADIENTS_KEY, PAUSE_FORMAT, PauseCheckpoint, StrPath
+from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, PAUSE_FORMAT, PauseCheckpoint, StrPath
 from ._boundary import boundary_loader_states, boundary_random_state
+from ._ddp_window import collect_windows, watch_windows
 from ._gradients import collect_gradients
 from ._settings import settings_of
 from ._step_guard import StepGuard
@@ -53,6 +54,7 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) -> N
     try:
         if guard.start_check is not None:  # before the first step, as that step would
             check_hook_results(trainer)
+            watch_windows(trainer)
             guard.start_check = None
         guard.check_pause_allowed()
         sharded = sharded_objects(trainer._resume_objects())
@@ -152,6 +154,10 @@ def pause_checkpoint(
     gradients = collect_gradients(objects, copy, memo, skipped=set(sharded.names))
     if gradients is not None:
         checkpoint[GRADIENTS_KEY] = gradients
+    # So does DDP's record of the parameters it found used in an open window.
+    windows = collect_windows(trainer, objects)
+    if windows is not None:
+        checkpoint[DDP_WINDOW_KEY] = windows
     refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)
     return checkpoint

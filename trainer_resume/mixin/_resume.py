@@ -24,8 +24,9 @@ from ..errors import TrainerLockedError
 from ..finished import refuse_if_finished
 from ..rng import restore_random_state
 from ..sharded.manifest import is_pause_directory
-from ..state import GRADIENTS_KEY, PauseCheckpoint, StrPath
+from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, PauseCheckpoint, StrPath
 from ._boundary import record_boundary, rng_device
+from ._ddp_window import restore_windows
 from ._gradients import restore_gradients
 from ._hook_audit import name_stale_iterators, stale_iterators
 from ._resume_checks import GRAD_SCALERS, check_pause_checkpoint, check_sharded, rank_checkpoint
@@ -135,6 +136,9 @@ def _restore(
         name_stale_iterators(trainer, iterators)
         stage = "gradients"
         restore_gradients(checkpoint.get(GRADIENTS_KEY), objects, set(sharded))
+        # After the gradients: DDP's reducer marks a parameter used only where one is set.
+        stage = "DistributedDataParallel window"
+        restore_windows(checkpoint.get(DDP_WINDOW_KEY), trainer, objects, location)
         # Last: rebuilding loaders and iterators may draw from the global generators.
         stage = "random state"
         restore_random_state(checkpoint["rng"], rng_device())

@@ -25,8 +25,9 @@ from ..errors import (
     VersionMismatchError,
 )
 from ..sharded.detect import sharded_objects
-from ..state import GRADIENTS_KEY, PauseCheckpoint
+from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, PauseCheckpoint
 from ._boundary import rng_device
+from ._ddp_window import check_windows
 from ._gradients import check_gradients
 from ._settings import settings_of
 from ._training_start import check_hook_results
@@ -109,6 +110,7 @@ def check_pause_checkpoint(
     unsharded = {name: obj for name, obj in objects.items() if name not in skipped}
     check_object_states(unsharded, states, GRAD_SCALERS)
     check_gradients(checkpoint.get(GRADIENTS_KEY), objects, skipped)
+    check_windows(checkpoint.get(DDP_WINDOW_KEY), trainer, objects, location)
     for name, loader in loaders.items():
         if is_library_loader(loader):  # the others check a state by loading it, first
             loader.validate_state_dict(checkpoint["loaders"][name])

@@ -17,6 +17,7 @@ from ..resume_points import ResumePoints
 from ..sharded.detect import refuse_unreduced_gradients, sharded_objects
 from ..signature import sign_config
 from ._boundary import record_boundary
+from ._ddp_window import watch_windows
 from ._gradient_liveness import track_gradients
 from ._hook_audit import audit_trainer
 from ._landing import pause_at_step_boundary
@@ -77,6 +78,11 @@ def initialize(
         refuse_unreduced_gradients(objects, sharded_objects(objects))
         return audit_trainer(trainer, excluded, base)
 
+    def start(trainer: TrainingResumeMixin) -> None:
+        check_at_training_start(trainer)
+        # Before the first backward: DDP's record of a window is seen from its start.
+        watch_windows(trainer)
+
     guard.audit = first_boundary
-    guard.start_check = check_at_training_start
+    guard.start_check = start
     record_boundary(trainer, guard)
