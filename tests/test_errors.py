@@ -81,6 +81,10 @@ FROZEN_CODES = {
         "FrameworkReleaseError",
         "the installed framework release lacks what its trainer-resume adapter relies on",
     ),
+    359: (
+        "DDPWindowError",
+        "a DistributedDataParallel accumulation window cannot be resumed exactly here",
+    ),
 }
 
 
