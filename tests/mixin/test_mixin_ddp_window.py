@@ -157,3 +157,28 @@ def test_a_static_graph_window_resumes_where_the_next_step_syncs_and_is_refused_
     refused.resume(tmp_path / "mid.ckpt")
     with pytest.raises(DDPWindowError, match=r"^\[359\] .*static_graph=True\), and the first"):
         refused.step()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_wrapper_first_met_at_a_pause_inside_a_window_is_refused_and_seen_from_its_next_sync(
+    tmp_path: Path,
+) -> None:
+    trainer = ddp_window.WindowDDPTrainer()
+    ddp_window.train(trainer, 4)  # the first window, ended
+    trainer.model = DistributedDataParallel(trainer.module, find_unused_parameters=True)
+    ddp_window.train(trainer, 5)
+    with pytest.raises(DDPWindowError) as refused:
+        trainer.pause(tmp_path / "mid.ckpt")
+    assert str(refused.value) == (
+        "[359] a DistributedDataParallel accumulation window cannot be resumed exactly here: the "
+        "DistributedDataParallel wrapper of 'model' was not held by the trainer when training "
+        "started, so the parameters its reducer found used in the window its gradients are in "
+        "were not seen; build the wrapper and hold it in an attribute before the first "
+        "@training_step (it is seen from its next synced backward on, so a pause after the "
+        "window's end is exact)"
+    )
+    assert not (tmp_path / "mid.ckpt").exists() and not trainer.paused
+    ddp_window.train(trainer, 9, tmp_path / "next.ckpt")  # past the window's synced step
+    assert trainer.paused and load_checkpoint(tmp_path / "next.ckpt")["ddp_window"] == {
+        "model": {"static_graph": False, "used": ["b.weight", "b.bias", "c.weight", "c.bias"]}
+    }

@@ -13,7 +13,9 @@ from the uninterrupted run. So:
   tuple or dict attribute, or a module inside one, e.g. under ``torch.compile``) gets a
   hook on each of its parameters' gradient accumulators, the nodes the reducer hooks, and
   a forward hook that tells synced forwards from ``no_sync`` ones. The record is the map:
-  marked where the reducer marks, cleared where the reducer's synced backward ends;
+  marked where the reducer marks, cleared where the reducer's synced backward ends. A
+  wrapper first met at a pause is seen from its next synced backward on; a pause before
+  that, while its parameters hold gradients, is refused (359);
 - a pause saves each rank's record under canonical parameter names while a window is
   open (:func:`collect_windows`);
 - ``resume()`` checks the record against the wrappers the trainer holds before anything
@@ -54,7 +56,9 @@ __all__ = ["DDP_WINDOW_KEY", "check_windows", "collect_windows", "restore_window
 class _Window:
     """What one DDP wrapper's reducer has recorded of the window it is in (see the module)."""
 
-    def __init__(self, ddp: DistributedDataParallel, params: list[nn.Parameter]) -> None:
+    def __init__(
+        self, ddp: DistributedDataParallel, params: list[nn.Parameter], *, seen: bool
+    ) -> None:
         self.lock = threading.Lock()  # hooks run on autograd's threads
         self.static = bool(ddp.static_graph)
         self.params = params  # in the reducer's order: its variable index is the position
@@ -64,6 +68,9 @@ class _Window:
         self.expecting = False  # a synced forward ran: its backward ends in the reducer's finalize
         self.clearing = False  # the end of this synced backward is queued
         self.refusal: str | None = None  # static graph: refuse a no_sync forward (the pause file)
+        # Hooked before the window began (when training started, or in resume()); one first
+        # met at a pause is seen from its next synced backward on.
+        self.seen = seen
 
     def accumulated(self, index: int) -> None:
         with self.lock:
@@ -81,6 +88,7 @@ class _Window:
         with self.lock:
             self.used.clear()
             self.open = self.expecting = self.clearing = False
+            self.seen = True
 
     def forwarded(self, ddp: DistributedDataParallel) -> None:
         if torch.is_grad_enabled() and ddp.require_backward_grad_sync:
@@ -135,13 +143,13 @@ def _detects_unused(ddp: DistributedDataParallel) -> bool:
     return bool(ddp.static_graph or ddp.find_unused_parameters)
 
 
-def _window(ddp: DistributedDataParallel) -> _Window:
-    """The wrapper's record, its hooks installed on first use."""
+def _window(ddp: DistributedDataParallel, *, seen: bool = True) -> _Window:
+    """The wrapper's record, its hooks installed on first use (``seen``: before a window)."""
     with _INSTALL:
         window = _WINDOWS.get(ddp)
         if window is not None:
             return window
-        window = _Window(ddp, _reducer_parameters(ddp))
+        window = _Window(ddp, _reducer_parameters(ddp), seen=seen)
         for index, param in enumerate(window.params):
             node = torch.autograd.graph.get_gradient_edge(param).node
             node.register_hook(_accumulated_hook(window, index))
@@ -219,13 +227,14 @@ def collect_windows(trainer: Any, objects: Mapping[str, Any]) -> dict[str, DDPWi
     owners = _owners(objects)
     saved: dict[str, DDPWindowState] = {}
     for ddp in _wrappers(trainer):
-        window = _WINDOWS.get(ddp)
-        if window is None:
-            continue
+        window = _window(ddp, seen=False)
         with window.lock:
-            if not window.open:
-                continue
+            seen, is_open = window.seen, window.open
             used = {id(window.params[index]) for index in window.used}
+        if not seen:
+            _refuse_unseen(window, owners)
+        if not is_open:
+            continue
         for param in window.params:
             owner = owners.get(id(param))
             if owner is None:  # not saved by any resume object, nor is its gradient
@@ -239,6 +248,19 @@ def collect_windows(trainer: Any, objects: Mapping[str, Any]) -> dict[str, DDPWi
         }
         entry["used"].sort(key=order.__getitem__)
     return saved or None
+
+
+def _refuse_unseen(window: _Window, owners: Mapping[int, tuple[str, str]]) -> None:
+    # A wrapper first met at this pause: the window its gradients may be in began unseen.
+    held = sorted({owners[id(p)][0] for p in window.params if id(p) in owners})
+    if held and any(p.grad is not None for p in window.params if id(p) in owners):
+        raise DDPWindowError(
+            f"the DistributedDataParallel wrapper of {held[0]!r} was not held by the trainer when "
+            "training started, so the parameters its reducer found used in the window its "
+            "gradients are in were not seen; build the wrapper and hold it in an attribute before "
+            "the first @training_step (it is seen from its next synced backward on, so a pause "
+            "after the window's end is exact)"
+        )
 
 
 def _live(
