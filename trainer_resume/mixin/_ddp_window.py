@@ -151,12 +151,20 @@ def _window(ddp: DistributedDataParallel, *, seen: bool = True) -> _Window:
             return window
         window = _Window(ddp, _reducer_parameters(ddp), seen=seen)
         for index, param in enumerate(window.params):
-            node = torch.autograd.graph.get_gradient_edge(param).node
-            node.register_hook(_accumulated_hook(window, index))
+            _accumulator(param).register_hook(_accumulated_hook(window, index))
         ddp.register_forward_pre_hook(_forward_hook(window, before=True))
         ddp.register_forward_hook(_forward_hook(window, before=False))
         _WINDOWS[ddp] = window
         return window
+
+
+def _accumulator(param: nn.Parameter) -> Any:
+    """The parameter's gradient accumulator node (the one the reducer holds and hooks)."""
+    edge = getattr(torch.autograd.graph, "get_gradient_edge", None)
+    if edge is not None:
+        return edge(param).node
+    with torch.enable_grad():  # torch before 2.2
+        return param.view_as(param).grad_fn.next_functions[0][0]
 
 
 def _accumulated_hook(window: _Window, index: int) -> Any:
@@ -317,6 +325,13 @@ def check_windows(saved: Any, trainer: Any, objects: Mapping[str, Any], location
             )
         setting = "static_graph=True" if entry["static_graph"] else "find_unused_parameters=True"
         held = live.get(key)
+        if held is not None and entry["used"] and not hasattr(held[0].reducer, "_autograd_hook"):
+            raise DDPWindowError(
+                f"{location} was paused inside a gradient-accumulation window of {key!r} wrapped by "
+                f"DistributedDataParallel({setting}), and this torch {torch.__version__} has no "
+                "Reducer._autograd_hook to mark the parameters its reducer found used; resume with "
+                "the torch release that paused it, or from a pause at a window's end"
+            )
         if held is None or held[1].static != entry["static_graph"]:
             raise DDPWindowError(
                 f"{location} was paused inside a gradient-accumulation window of "
