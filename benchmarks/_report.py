@@ -22,6 +22,7 @@ RESUME_TIME_TARGET = 1.1  # resume() / (torch.load + load_state_dict), medians
 PAUSE_RSS_TARGET = 1.1  # peak RSS above baseline / state size
 
 Results = Mapping[str, Mapping[str, Any] | None]
+Section = tuple[str, Sequence[str], Sequence[Sequence[str]]]
 
 
 @dataclass(frozen=True)
@@ -458,22 +459,181 @@ def accelerate_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
     return framework_resume_checks(ACCELERATE, data)
 
 
+STEP_STRETCH_US = 5.0  # the stretch: the boundary's own cost over the bare loop, plus the seeding
+
+
+def step_overhead_checks(
+    data: Mapping[str, Any] | None, throughput: Mapping[str, Any] | None = None
+) -> list[TargetCheck]:
+    """``@training_step`` over a ResumableDataLoader / the bare loop over DataLoader, per loader
+    case (median of the per-round ratios <= the case's target, the min-max spread shown), and
+    the stretch: the median overhead <= 5 µs plus the seeding per batch (loader_throughput.json)."""
+    source = "step_overhead.json"
+    target = "per-step cost over a bare loop"
+    if data is None:
+        return [_missing(target, source, "no result from this run")]
+    checks = []
+    try:
+        seeding = None if throughput is None else throughput.get("seeding_us_per_batch")
+        for case, limit in data["targets"].items():
+            entry = data["cases"].get(case)
+            if entry is None:
+                checks.append(_missing(f"{target} <= {limit:.2f}x ({case})", source, "not run"))
+                continue
+            ours, bare = entry["library"], entry["bare"]
+            ratio, ratios = float(ours["median_ratio_to_bare"]), ours["ratios_to_bare"]
+            overhead = float(ours["median_overhead_us"])
+            figures = (
+                f"{ratio:.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f}; "
+                f"{ours['median_us_per_step']:.1f} vs {bare['median_us_per_step']:.1f} µs/step, "
+                f"{overhead:+.1f} µs)"
+            )
+            checks.append(
+                TargetCheck(
+                    f"{target} <= {float(limit):.2f}x ({case})",
+                    _status(ratio <= float(limit)),
+                    figures,
+                    source,
+                )
+            )
+            stretch = f"{target} <= {STEP_STRETCH_US:.0f} µs + seeding ({case}, stretch)"
+            if seeding is None:
+                checks.append(_missing(stretch, source, "no seeding figure (loader_throughput)"))
+            else:
+                limit_us = STEP_STRETCH_US + float(seeding)
+                checks.append(
+                    TargetCheck(
+                        stretch,
+                        _status(overhead <= limit_us),
+                        f"{overhead:+.1f} µs (limit {limit_us:.1f} µs)",
+                        source,
+                    )
+                )
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        return [
+            _missing(target, source, f"unexpected JSON layout ({type(error).__name__}: {error})")
+        ]
+    return checks or [_missing(target, source, "no case measured")]
+
+
+def cold_resume_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
+    """resume() from an evicted file <= 1.10x torch.load + load_state_dict from one evicted the
+    same way (~10M parameters), and at ~100M parameters pause() and resume() >= 0.90 of the
+    plain 16 MiB writes' and reads' bandwidth measured in the same run."""
+    source = "cold_resume.json"
+    small = "cold resume() <= {:.2f}x torch.load + load_state_dict (~10M parameters)"
+    write = "pause() write bandwidth >= {:.2f}x plain writes + fsync (~100M parameters)"
+    read = "cold resume() read bandwidth >= {:.2f}x plain reads (~100M parameters)"
+    if data is None:
+        return [
+            _missing(target.format(limit), source, "no result from this run")
+            for target, limit in ((small, 1.10), (write, 0.90), (read, 0.90))
+        ]
+    checks = []
+    try:
+        limit = float(data["small_target"])
+        entry = data["small"]
+        seconds = entry["seconds"]
+        ratio, ratios = float(entry["median_ratio"]), entry["ratios"]
+        checks.append(
+            TargetCheck(
+                small.format(limit),
+                _status(ratio <= limit),
+                f"{ratio:.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f}; "
+                f"{statistics.median(seconds['resume()']):.3f} s vs "
+                f"{statistics.median(seconds['torch.load']):.3f} s, medians)",
+                source,
+            )
+        )
+        bandwidth = float(data["bandwidth_target"])
+        large = data["large"]
+        if large is None:
+            checks += [
+                _missing(write.format(bandwidth), source, "the large state was skipped"),
+                _missing(read.format(bandwidth), source, "the large state was skipped"),
+            ]
+            return checks
+        rates = large["bytes_per_s"]
+        for target, key, ours, theirs in (
+            (write, "write_ratios", "pause_write", "plain_write"),
+            (read, "read_ratios", "resume_read", "plain_read"),
+        ):
+            ratios = large[key]
+            ratio = statistics.median(ratios)
+            checks.append(
+                TargetCheck(
+                    target.format(bandwidth),
+                    _status(ratio >= bandwidth),
+                    f"{ratio:.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f}; "
+                    f"{statistics.median(rates[ours]) / (1 << 20):,.0f} vs "
+                    f"{statistics.median(rates[theirs]) / (1 << 20):,.0f} MiB/s, medians, "
+                    f"{large['file_bytes'] / (1 << 30):.2f} GiB)",
+                    source,
+                )
+            )
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        return [
+            _missing(
+                "cold resume and bandwidth",
+                source,
+                f"unexpected JSON layout ({type(error).__name__}: {error})",
+            )
+        ]
+    return checks
+
+
+def step_overhead_summary(results: Results) -> list[Section]:
+    """µs per step of every variant of step_overhead.py, per loader case, with the ratios."""
+    data = results.get("step_overhead")
+    if data is None:
+        return []
+    rows = []
+    try:
+        for case, entry in data["cases"].items():
+            for variant, result in entry.items():
+                values, ratios = result["us_per_step"], result["ratios_to_bare"]
+                rows.append(
+                    [
+                        case,
+                        str(variant),
+                        f"{result['median_us_per_step']:.1f}",
+                        f"{min(values):.1f}-{max(values):.1f}",
+                        f"{result['median_ratio_to_bare']:.3f}",
+                        f"{min(ratios):.3f}-{max(ratios):.3f}",
+                    ]
+                )
+        title = (
+            f"Per-step cost (step_overhead.py: {data['steps']} steps after {data['warmup']}, "
+            f"{data['rounds']} interleaved rounds; load average {data.get('load_average_before')})"
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        return [("Per-step cost", ["error"], [[f"unexpected JSON layout: {error}"]])]
+    headers = ["case", "variant", "median µs/step", "min-max", "x bare", "x bare min-max"]
+    return [(title, headers, rows)]
+
+
 def check_targets(results: Results) -> list[TargetCheck]:
     """Every target of the suite, checked from the scripts' JSON (None: no JSON from this run)."""
-    return [
-        *throughput_checks(results.get("loader_throughput")),
-        *cpu_ratio_checks(results.get("loader_throughput")),
-        *seeding_checks(results.get("loader_throughput")),
-        *resume_checks(results.get("loader_resume")),
-        *pause_time_checks(results.get("checkpointing"), results.get("pause")),
-        *resume_time_checks(results.get("checkpointing")),
-        *pause_memory_checks(results.get("checkpointing")),
-        *hf_trainer_checks(results.get("hf_trainer_resume")),
-        *accelerate_checks(results.get("accelerate_resume")),
-    ]
-
-
-Section = tuple[str, Sequence[str], Sequence[Sequence[str]]]
+    return (
+        [
+            *throughput_checks(results.get("loader_throughput")),
+            *cpu_ratio_checks(results.get("loader_throughput")),
+            *seeding_checks(results.get("loader_throughput")),
+            *resume_checks(results.get("loader_resume")),
+            *pause_time_checks(results.get("checkpointing"), results.get("pause")),
+            *resume_time_checks(results.get("checkpointing")),
+            *pause_memory_checks(results.get("checkpointing")),
+            *hf_trainer_checks(results.get("hf_trainer_resume")),
+            *accelerate_checks(results.get("accelerate_resume")),
+        ]
+        + (
+            # only where the suite ran it (a run of other scripts has no per-step figure to miss)
+            step_overhead_checks(results["step_overhead"], results.get("loader_throughput"))
+            if "step_overhead" in results
+            else []
+        )
+        + (cold_resume_checks(results["cold_resume"]) if "cold_resume" in results else [])
+    )
 
 
 def checkpoint_summary(results: Results) -> list[Section]:

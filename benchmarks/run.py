@@ -40,6 +40,7 @@ from benchmarks._report import (
     checkpoint_summary,
     hf_trainer_summary,
     render_results,
+    step_overhead_summary,
     where_loader_time_goes,
     where_pause_time_goes,
     where_resume_time_goes,
@@ -68,11 +69,13 @@ class Benchmark:
 SUITE: tuple[Benchmark, ...] = (
     Benchmark("loader_throughput", "loader_throughput", ("--quick",)),
     Benchmark("loader_resume", "loader_resume", ("--quick",)),
+    Benchmark("step_overhead", "step_overhead", ("--quick",)),
     Benchmark("reuse", "reuse", ("--quick",)),
     # durable_save has no --quick: a 128 MiB state instead of 1 GiB.
     Benchmark("durable_save", "durable_save", ("--size-mib", "128", "--repeats", "3")),
     Benchmark("pause", "pause", ("--quick",)),
     Benchmark("checkpointing", "checkpointing", ("--quick",)),
+    Benchmark("cold_resume", "cold_resume", ("--quick",)),
     Benchmark("sharded_pause", "sharded_pause", ("--quick",)),
     Benchmark("hf_trainer_resume", "hf_trainer_resume", ("--quick",)),
     Benchmark("accelerate_resume", "accelerate_resume", ("--quick",)),
@@ -339,6 +342,7 @@ def write_results(
         checks=checks,
         notes=build_notes(results, checks, runs),
         sections=[
+            *step_overhead_summary(results),
             *checkpoint_summary(results),
             *hf_trainer_summary(results),
             *accelerate_summary(results),

@@ -12,6 +12,7 @@ from benchmarks._report import (
     accelerate_checks,
     accelerate_summary,
     check_targets,
+    cold_resume_checks,
     cpu_ratio_checks,
     hf_trainer_checks,
     hf_trainer_summary,
@@ -21,6 +22,7 @@ from benchmarks._report import (
     resume_checks,
     resume_time_checks,
     seeding_checks,
+    step_overhead_checks,
     throughput_checks,
     where_seeding_time_goes,
     worst_pause_size,
@@ -446,3 +448,85 @@ def test_accelerate_summary_puts_both_resumes_side_by_side() -> None:
         ["adapter", "yes", "none", "0", "0.050", "1.250"],
     ]
     assert accelerate_summary({}) == []
+
+
+def _steps(library_ratios: list[float], bare_us: float = 100.0) -> dict[str, Any]:
+    bare = [bare_us] * len(library_ratios)
+    library = [bare_us * ratio for ratio in library_ratios]
+    ordered = sorted(library_ratios)
+    middle = ordered[len(ordered) // 2]
+    return {
+        "steps": 1500,
+        "warmup": 100,
+        "rounds": len(library_ratios),
+        "targets": {"map, 0 workers": 1.10, "iterable, 2 workers": 1.05},
+        "cases": {
+            "map, 0 workers": {
+                "bare": {
+                    "us_per_step": bare,
+                    "median_us_per_step": bare_us,
+                    "ratios_to_bare": [1.0] * len(bare),
+                    "median_ratio_to_bare": 1.0,
+                    "median_overhead_us": 0.0,
+                },
+                "library": {
+                    "us_per_step": library,
+                    "median_us_per_step": bare_us * middle,
+                    "ratios_to_bare": library_ratios,
+                    "median_ratio_to_bare": middle,
+                    "median_overhead_us": bare_us * (middle - 1.0),
+                },
+            }
+        },
+    }
+
+
+def test_step_overhead_checks_the_median_ratio_per_case_with_its_spread_and_a_case_not_run() -> (
+    None
+):
+    ok, stretch, not_run = step_overhead_checks(
+        _steps([1.02, 1.08, 1.30]), {"seeding_us_per_batch": 4.0}
+    )
+    assert ok.status == PASS and ok.target.endswith("<= 1.10x (map, 0 workers)")
+    assert "1.080x (rounds 1.020-1.300" in ok.measured
+    assert stretch.status == PASS and "+8.0 µs (limit 9.0 µs)" in stretch.measured
+    assert not_run.status == NOT_MEASURED and "iterable, 2 workers" in not_run.target
+    [missed, _, _] = step_overhead_checks(_steps([1.12, 1.15, 1.2]), None)
+    assert missed.status == MISS and "1.150x" in missed.measured
+
+
+def test_step_overhead_is_checked_only_where_the_suite_ran_it() -> None:
+    assert not any("per-step" in check.target for check in check_targets({}))
+    [failed] = [
+        check for check in check_targets({"step_overhead": None}) if "per-step" in check.target
+    ]
+    assert failed.status == NOT_MEASURED
+
+
+def test_cold_resume_checks_the_small_ratio_and_both_bandwidths_against_their_targets() -> None:
+    gib = 1 << 30
+    data = {
+        "small_target": 1.10,
+        "bandwidth_target": 0.90,
+        "small": {
+            "seconds": {"resume()": [0.11, 0.12], "torch.load": [0.1, 0.1]},
+            "ratios": [1.1, 1.2],
+            "median_ratio": 1.15,
+        },
+        "large": {
+            "file_bytes": 2 * gib,
+            "bytes_per_s": {
+                "pause_write": [0.95 * gib],
+                "plain_write": [1.0 * gib],
+                "resume_read": [0.5 * gib],
+                "plain_read": [1.0 * gib],
+            },
+            "write_ratios": [0.95],
+            "read_ratios": [0.5],
+        },
+    }
+    small, write, read = cold_resume_checks(data)
+    assert small.status == MISS and "1.150x (rounds 1.100-1.200" in small.measured
+    assert write.status == PASS and "0.950" in write.measured and "2.00 GiB" in write.measured
+    assert read.status == MISS and "512 vs 1,024 MiB/s" in read.measured
+    assert all(c.status == NOT_MEASURED for c in cold_resume_checks(None))

@@ -167,3 +167,19 @@ def test_a_replaced_numpy_bit_generator_is_found_again_and_the_old_one_is_not_wr
         assert untouched["pos"] == old_state["state"]["pos"]
     finally:
         np.random.set_bit_generator(old)
+
+
+def test_snapshots_are_the_same_only_when_every_generator_state_is_bit_identical() -> None:
+    state = torch.get_rng_state()
+    python, numpy, gauss = bytes(range(8)), bytes(range(16)), bytes(16)
+    first = generators.Snapshot(python, 0.0, numpy, gauss, state)
+    assert generators.same(
+        first, generators.Snapshot(python, 0.0, numpy, gauss, state.numpy().tobytes())
+    )
+    assert not generators.same(
+        first, generators.Snapshot(python, -0.0, numpy, gauss, state)
+    )  # 0.0 == -0.0
+    changed = state.clone()
+    changed[-1] ^= 1
+    assert not generators.same(first, generators.Snapshot(python, 0.0, numpy, gauss, changed))
+    assert not generators.same(first, generators.Snapshot(python, 0.0, bytes(16), gauss, state))

@@ -24,7 +24,7 @@ the same cursor and the rest of an epoch can be shared among another number of r
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -342,6 +342,12 @@ class EpochSource:
             keys.GENERATOR: generator_state,
             keys.SAMPLER_EPOCH: sampler_epoch,
         }  # type: ignore[return-value]
+
+    def position(self) -> Callable[[], EpochSamplerState]:
+        """The delivered position now, its state built later: :meth:`state` holds only
+        integers, a copy of the settings and a generator state nothing changes in place."""
+        state = self.state()
+        return lambda: state
 
     def validate(self, state: Mapping[str, Any]) -> None:
         what = "epoch sampler state"

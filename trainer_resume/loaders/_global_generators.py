@@ -213,6 +213,29 @@ def _tensor(torch_state: Any) -> torch.Tensor:
     return torch_state  # type: ignore[no-any-return]
 
 
+def same(first: Snapshot, second: Snapshot) -> bool:
+    """Whether two snapshots hold exactly the same states (False for the public form)."""
+    if not (
+        type(first.python) is bytes
+        and type(second.python) is bytes
+        and type(first.numpy) is bytes
+        and type(second.numpy) is bytes
+    ):
+        return False
+    return (
+        first.python == second.python
+        and first.numpy == second.numpy
+        and first.numpy_gauss == second.numpy_gauss
+        and _float_bytes(first.gauss_next) == _float_bytes(second.gauss_next)
+        and torch.equal(_tensor(first.torch), _tensor(second.torch))
+    )
+
+
+def _float_bytes(value: float | None) -> bytes | None:
+    # Bit for bit: 0.0 == -0.0, yet the generators would go on differently.
+    return None if value is None else struct.pack("d", value)
+
+
 def capture() -> Snapshot:
     """The global generators' states now (the caller holds ``rng.hold_generators()``)."""
     place = _LAYOUT[0] if _LAYOUT else layout()

@@ -29,6 +29,9 @@ class IterableIterator(ResumableIterator):
         super().__init__(stream, inner, deque(), epoch)
         self._source: IterableSource = stream.source  # type: ignore[assignment]
         self._ahead: Any = _NOTHING  # a batch item read by look_ahead(), not delivered yet
+        # Per worker, the generator states its last batch that carried them carried (a
+        # worker sends UNCHANGED for the same states again; see _iterable).
+        self._generators: dict[int, Any] = {}
 
     def look_ahead(self) -> None:
         """Read on to the next batch, so a pass that has ended is known to have ended.
@@ -52,6 +55,11 @@ class IterableIterator(ResumableIterator):
         while True:
             tag, worker, payload, states = self._pull()
             if tag == BATCH:
+                generators = states[3]
+                if type(generators) is str:  # UNCHANGED
+                    states = (*states[:3], self._generators[worker])
+                elif generators is not None:
+                    self._generators[worker] = generators
                 return worker, payload, states
             if tag == END:
                 self._source.end_worker(worker, states)

@@ -23,7 +23,7 @@ copies then hold exactly what was delivered, never what was prefetched.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import LoaderStateError, UnsupportedResumeConfigurationError
@@ -252,26 +252,28 @@ class IterableSource:
     # --- state -----------------------------------------------------------------------
 
     def state(self) -> IterableDatasetState:
-        return {
-            keys.FORMAT: keys.ITERABLE_DATASET_FORMAT,
-            keys.SETTINGS: dict(self._settings),
-            keys.EPOCH: self._epoch,
-            keys.OFFSET: self._offset,
-            keys.DELIVERED: self._delivered,
-            keys.NEXT_WORKER: self._next_worker,
-            keys.WORKERS: [
-                {
-                    keys.DATASET_STATE: copy.deepcopy(record.dataset_state),
-                    keys.ITERATOR_STATE: copy.deepcopy(record.iterator_state),
-                    keys.GENERATORS: (
-                        state_of(record.generators) if record.generators is not None else None
-                    ),
-                    keys.BATCHES: record.batches,
-                    keys.ENDED: record.ended,
-                }
-                for record in self._records
-            ],
-        }  # type: ignore[return-value]
+        return self.position()()
+
+    def position(self) -> Callable[[], IterableDatasetState]:
+        """The delivered position now, its state built later (also from another thread).
+
+        Only references are taken now: a record's fields are replaced, never changed in
+        place (a delivered batch brings new states), so what they refer to stays as it
+        was delivered; the state copies them when it is built.
+        """
+        settings = dict(self._settings)
+        counts = (self._epoch, self._offset, self._delivered, self._next_worker)
+        records = [
+            (
+                record.dataset_state,
+                record.iterator_state,
+                record.generators,
+                record.batches,
+                record.ended,
+            )
+            for record in self._records
+        ]
+        return lambda: _state(settings, counts, records)
 
     def validate(self, state: Mapping[str, Any]) -> None:
         what = "iterable dataset state"
@@ -373,6 +375,32 @@ class IterableSource:
 
 def _nothing() -> None:
     pass
+
+
+def _state(
+    settings: IterableDatasetSettings,
+    counts: tuple[int, int, int, int],
+    records: list[tuple[Any, Any, Snapshot | None, int, bool]],
+) -> IterableDatasetState:
+    epoch, offset, delivered, next_worker = counts
+    return {
+        keys.FORMAT: keys.ITERABLE_DATASET_FORMAT,
+        keys.SETTINGS: dict(settings),
+        keys.EPOCH: epoch,
+        keys.OFFSET: offset,
+        keys.DELIVERED: delivered,
+        keys.NEXT_WORKER: next_worker,
+        keys.WORKERS: [
+            {
+                keys.DATASET_STATE: copy.deepcopy(dataset_state),
+                keys.ITERATOR_STATE: copy.deepcopy(iterator_state),
+                keys.GENERATORS: state_of(generators) if generators is not None else None,
+                keys.BATCHES: batches,
+                keys.ENDED: ended,
+            }
+            for dataset_state, iterator_state, generators, batches, ended in records
+        ],
+    }  # type: ignore[return-value]
 
 
 def _reading(library: Any) -> str:

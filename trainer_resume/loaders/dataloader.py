@@ -17,7 +17,7 @@ from ..errors import (
 )
 from ..pause_signals import worker_start
 from ..rng import derive_seed
-from ..state import LoaderState
+from ..state import LoaderState, cpu_state
 from . import _state_keys as keys
 from ._batching import ResumableBatchSampler
 from ._configuration import check_resumable_configuration, source_of
@@ -512,6 +512,27 @@ class ResumableDataLoader(DataLoader):
         self._settle()
         return self._collect_state(stream)
 
+    def deferred_state_dict(self) -> Callable[[], LoaderState]:
+        """What :meth:`state_dict` returns now, built when the returned function is called.
+
+        Only the delivered position is recorded now (integers and references to what
+        the delivered batches left); the function builds the state from it, as an
+        independent CPU copy (``cpu_state``), however far the loader has read by then,
+        also from another thread, and as often as it is called. A trainer records this
+        at every step boundary and builds the state only when a pause or resume point
+        is taken there.
+
+        Raises:
+            Same as :meth:`state_dict`, raised here.
+        """
+        if type(self).state_dict is not ResumableDataLoader.state_dict:
+            state = cpu_state(self.state_dict())  # a subclass's own state: taken now
+            return lambda: cpu_state(state)
+        stream = self._require_stream("deferred_state_dict")
+        stream.require_committable()
+        self._settle()
+        return self._defer_state(stream)
+
     def validate_state_dict(self, state: Mapping[str, Any]) -> None:
         """Check ``state`` completely against this loader; changes nothing.
 
@@ -585,10 +606,28 @@ class ResumableDataLoader(DataLoader):
 
     def _collect_state(self, stream: Stream) -> LoaderState:
         """Hook: the delivered position as a :class:`LoaderState`."""
-        sampler_state = stream.source.state()
+        return self._loader_state(stream, stream.augmentation_seed, stream.source.state())
+
+    def _defer_state(self, stream: Stream) -> Callable[[], LoaderState]:
+        """Hook: the delivered position now, as a function that builds its :class:`LoaderState`
+        (a CPU copy) later."""
+        if type(self)._collect_state is not ResumableDataLoader._collect_state:
+            state = cpu_state(self._collect_state(stream))  # a subclass's own state: taken now
+            return lambda: cpu_state(state)
+        source = stream.source
+        position = getattr(source, "position", None)
+        if position is not None:
+            sampler_state = position()
+        else:  # a sampler's own state: copied now (a few integers)
+            taken = cpu_state(source.state())
+            sampler_state = lambda: taken  # noqa: E731
+        seed = stream.augmentation_seed
+        return lambda: cpu_state(self._loader_state(stream, seed, sampler_state()))
+
+    def _loader_state(self, stream: Stream, seed: int, sampler_state: Any) -> LoaderState:
         return {
             keys.FORMAT: keys.LOADER_FORMAT,
-            keys.AUGMENTATION_SEED: stream.augmentation_seed,
+            keys.AUGMENTATION_SEED: seed,
             keys.AUGMENTATION_SEEDING: self.augmentation_seeding,
             keys.BATCH_SIZE: self.batch_size,
             keys.DELIVERED_BATCHES: stream.source.delivered_batches(sampler_state),

@@ -13,8 +13,11 @@ The main-process RNG is read at the pause itself: a resumable loader's fetch
 leaves the generators as it found them, and a capture never sees the middle of a
 fetch (``random_state`` waits for any ``rng_scope`` in progress). Objects, extra
 state and the step count change only inside steps and serialized calls, under the
-training lock, so they are read live too. Recording costs one ``state_dict()`` per
-loader per step (a few microseconds for a resumable loader).
+training lock, so they are read live too. Recording is cheap: a
+``ResumableDataLoader`` records its delivered position (``deferred_state_dict()``:
+integers and references to what its delivered batches left), and its state is built
+only when a pause or resume point is taken at that boundary; a loader from elsewhere
+has its ``state_dict()`` copied at every boundary.
 
 A boundary also records whether a returned loader delivered its epoch's last batch
 in the step that just ended. A loop's epoch-end work (``scheduler.step()``,
@@ -25,6 +28,7 @@ pause or resume point requested here at the next boundary instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,15 +48,31 @@ __all__ = [
 
 
 class Boundary:
-    """The loader states of one step boundary, and whether a loader's epoch just ended."""
+    """The loader positions of one step boundary, and whether a loader's epoch just ended."""
 
-    __slots__ = ("epoch_ended", "loaders")
+    __slots__ = ("_states", "epoch_ended", "positions")
 
-    def __init__(self, loaders: dict[str, Any] | None, epoch_ended: bool = False) -> None:
-        self.loaders = loaders  # None: not known at this boundary, read live by a pause
+    def __init__(
+        self, positions: dict[str, Callable[[], Any]] | None, epoch_ended: bool = False
+    ) -> None:
+        # Per loader, a function that builds its state at this boundary; None: not known
+        # at this boundary, read live by a pause.
+        self.positions = positions
         # A returned loader delivered its epoch's last batch in the step that just ended:
         # the loop's epoch-end work (scheduler.step(), validation) has not run yet.
         self.epoch_ended = epoch_ended
+        self._states: dict[str, Any] | None = None
+
+    @property
+    def loaders(self) -> dict[str, Any] | None:
+        """The loader states of this boundary, built on first use (None: not known)."""
+        positions = self.positions
+        if positions is None:
+            return None
+        states = self._states
+        if states is None:
+            states = self._states = {name: build() for name, build in positions.items()}
+        return states
 
 
 def rng_device() -> int | None:
@@ -70,7 +90,7 @@ def record_boundary(trainer: Any, guard: Any) -> None:
     states: dict[str, Any] | None
     try:
         loaders = resume_loaders(trainer)
-        states = {name: cpu_state(loader.state_dict()) for name, loader in loaders.items()}
+        states = {name: _position(loader) for name, loader in loaders.items()}
         # After state_dict(): over an IterableDataset it reads on to know a pass ended.
         ended = any(loader_epoch_ended(loader) for loader in loaders.values())
     except Exception:  # noqa: BLE001 - the same calls raise again, to the caller, when a pause reads live
@@ -79,6 +99,21 @@ def record_boundary(trainer: Any, guard: Any) -> None:
         # pause(), which then reports it; training itself goes on as before.
         states, ended = None, False
     guard.boundary = Boundary(states, ended)
+
+
+def _position(loader: Any) -> Callable[[], Any]:
+    """The loader's position now, as a function that builds its state (a CPU copy).
+
+    A loader with ``deferred_state_dict()`` (looked up on its class: a wrapper's
+    ``__getattr__`` would answer for the loader inside) records a few integers now and
+    builds the state only when a pause or resume point is taken; any other loader's
+    ``state_dict()`` is copied now.
+    """
+    deferred = getattr(type(loader), "deferred_state_dict", None)
+    if deferred is not None:
+        return deferred(loader)  # type: ignore[no-any-return]
+    state = cpu_state(loader.state_dict())
+    return lambda: state
 
 
 def loader_epoch_ended(loader: Any) -> bool:

@@ -1,0 +1,402 @@
+"""What the step boundary costs: ``@training_step`` over a ResumableDataLoader against a bare loop.
+
+One tiny model (``Linear(16, 16)``, SGD, one thread), so the library's own per-step cost
+shows: a bare step is about a hundred microseconds. For each loader case:
+
+* **bare**: ``x, y = next(batches); loss = ...; backward; step`` over torch's ``DataLoader``;
+* **library**: the same step as the ``@training_step`` method of a ``TrainingResumeMixin``
+  trainer (the quickstart shape) fetching from ``ResumableDataLoader(resumable=True)``;
+* beside them, for context: the bare loop over torchdata's ``StatefulDataLoader`` (its own
+  per-step cost, not a target), and Lightning's ``Trainer.fit`` over the same ``DataLoader``
+  (``max_steps``; timed by a callback from the first timed batch to the last).
+
+Cases: map-style (``shuffle=True``), 0 workers; an ``IterableDataset`` with
+``state_dict()``, 0 workers; the same with 2 workers. Per case every variant is built once
+and warmed up (``--warmup`` steps), then ``--rounds`` rounds time ``--steps`` steps of each
+variant in turn, the order rotating from round to round, so that a busy machine slows
+them alike; Lightning runs its own loop, so it is timed in runs of its own after them.
+Each figure is wall-clock µs per step, with the main thread's CPU time beside it (what
+the loop itself pays, whatever else runs on the machine); the report gives the median
+over rounds, every round's spread (min-max), and the median of the per-round ratios to
+the bare loop of the same round, the figure the targets are checked against.
+
+    python -m benchmarks.step_overhead --quick
+
+Prints the tables and writes benchmarks/out/step_overhead.json (read by ``python -m
+benchmarks`` for the targets in benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from benchmarks._common import environment, print_table, write_json
+from trainer_resume import TrainingResumeMixin, training_step
+from trainer_resume.loaders import ResumableDataLoader
+
+FEATURES = 16
+BATCH = 32
+SIZE = 1 << 22  # items: no pass ends inside a timed run
+CASES = ("map, 0 workers", "iterable, 0 workers", "iterable, 2 workers")
+VARIANTS = ("bare", "library", "torchdata", "lightning")
+LABELS = {
+    "bare": "bare loop, DataLoader",
+    "library": "@training_step, ResumableDataLoader",
+    "torchdata": "bare loop, StatefulDataLoader",
+    "lightning": "Lightning Trainer.fit, DataLoader",
+}
+LIGHTNING_RUNS = 3  # Lightning is context, not a target: a few runs of its own loop
+# The step boundary's targets: library / bare, medians of the per-round ratios.
+TARGETS = {"map, 0 workers": 1.10, "iterable, 0 workers": 1.10, "iterable, 2 workers": 1.05}
+
+
+_TABLE = torch.linspace(0.0, 1.0, 1000 * FEATURES).reshape(1000, FEATURES)
+
+
+def _item(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Item ``index``: rows of a fixed table (cheap, no randomness)."""
+    row = _TABLE[index % 1000]
+    return row, row
+
+
+class Points(Dataset):
+    """``dataset[i]``: the fixed input and target of item ``i``."""
+
+    def __len__(self) -> int:
+        return SIZE
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return _item(index)
+
+
+class PointStream(IterableDataset):
+    """The same items as a stream split over workers, with ``state_dict()`` (its position)."""
+
+    def __init__(self) -> None:
+        self.position = 0
+        self.stride = 1
+
+    def __iter__(self) -> PointStream:
+        info = get_worker_info()
+        start, self.stride = (0, 1) if info is None else (info.id, info.num_workers)
+        self.position = max(self.position, start)
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.position >= SIZE:
+            raise StopIteration
+        item = _item(self.position)
+        self.position += self.stride
+        return item
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+def _loader(kind: str, case: str) -> DataLoader:
+    dataset, workers = case.split(", ")
+    options: dict[str, Any] = {"batch_size": BATCH, "num_workers": int(workers.split()[0])}
+    data: Any
+    if dataset == "map":
+        data, options["shuffle"] = Points(), True
+    else:
+        data = PointStream()
+    if kind == "library":
+        return ResumableDataLoader(data, resumable=True, **options)
+    if kind == "torchdata":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return StatefulDataLoader(data, **options)
+    return DataLoader(data, **options)
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(FEATURES, FEATURES)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> torch.Tensor:
+    inputs, targets = batch
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+class Trainer(TrainingResumeMixin):
+    """The quickstart shape: the step fetches its batch from the loader's iterator."""
+
+    def __init__(self, loader: ResumableDataLoader) -> None:
+        self.model, self.optimizer = _model()
+        self.loader = loader
+        self.batches = iter(loader)
+        self._initialize_training_resume({"benchmark": "step_overhead"}, version="step/1")
+
+    def _resume_objects(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def _resume_loaders(self) -> dict[str, Any]:
+        return {"train": self.loader}
+
+    def _rebuild_resume_iterators(self) -> None:
+        self.batches = iter(self.loader)
+
+    @training_step
+    def step(self) -> torch.Tensor:
+        return _train(self.model, self.optimizer, next(self.batches))
+
+
+def _timed(step: Callable[[], object], steps: int) -> tuple[float, float]:
+    """Wall and this thread's CPU microseconds per step over ``steps`` steps."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(steps):
+        step()
+    return (
+        (time.perf_counter() - wall) / steps * 1e6,
+        (time.thread_time() - cpu) / steps * 1e6,
+    )
+
+
+class Runner:
+    """One variant of one case, built once: its step, and how to stop its workers."""
+
+    def __init__(self, variant: str, case: str) -> None:
+        self.loader = _loader("bare" if variant == "bare" else variant, case)
+        if variant == "library":
+            trainer = Trainer(self.loader)  # type: ignore[arg-type]
+            self.iterator: Any = None
+            self.step: Callable[[], object] = trainer.step
+        else:
+            model, optimizer = _model()
+            batches = self.iterator = iter(self.loader)
+            self.step = lambda: _train(model, optimizer, next(batches))
+
+    def close(self) -> None:
+        if isinstance(self.loader, ResumableDataLoader):
+            self.loader.close()
+            return
+        shutdown = getattr(self.iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def run_lightning(case: str, warmup: int, steps: int) -> tuple[float, float]:
+    """Lightning's ``fit`` over torch's DataLoader: wall and main-thread CPU µs per step."""
+    import logging
+
+    import pytorch_lightning as pl
+
+    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    times: list[tuple[float, float]] = []
+
+    class Clock(pl.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, index: int) -> None:
+            if index == warmup:
+                times.append((time.perf_counter(), time.thread_time()))
+
+        def on_train_end(self, trainer: Any, module: Any) -> None:
+            times.append((time.perf_counter(), time.thread_time()))
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.optimizer = _model()
+
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            # Lightning's automatic optimization: zero_grad, backward and step, as the bare loop
+            inputs, targets = batch
+            return torch.nn.functional.mse_loss(self.model(inputs), targets)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return self.optimizer
+
+    trainer = pl.Trainer(
+        max_steps=warmup + steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Clock()],
+        num_sanity_val_steps=0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Module(), _loader("bare", case))
+    # the last timed step ends at on_train_end (after the loop's last batch)
+    (wall, cpu), (wall_end, cpu_end) = times
+    return (wall_end - wall) / steps * 1e6, (cpu_end - cpu) / steps * 1e6
+
+
+def _spread(values: list[float], digits: int = 0) -> str:
+    return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+
+def _entry(values: list[float], bare: list[float]) -> dict[str, Any]:
+    ratios = [value / base for value, base in zip(values, bare)]
+    return {
+        "us_per_step": values,
+        "median_us_per_step": statistics.median(values),
+        "ratios_to_bare": ratios,
+        "median_ratio_to_bare": statistics.median(ratios),
+        "median_overhead_us": statistics.median(
+            [value - base for value, base in zip(values, bare)]
+        ),
+    }
+
+
+def summarise(
+    wall: dict[str, dict[str, list[float]]], cpu: dict[str, dict[str, list[float]]]
+) -> dict[str, dict[str, Any]]:
+    """Per case and variant: medians, spreads and per-round ratios to the bare loop of the same
+    round (Lightning, timed in runs of its own, against the median bare round), wall clock,
+    with this thread's CPU time beside it."""
+    summary: dict[str, dict[str, Any]] = {}
+    for case, timed in wall.items():
+        entry: dict[str, Any] = {}
+        for variant, values in timed.items():
+            if variant == "lightning":
+                bare = [statistics.median(timed["bare"])] * len(values)
+                bare_cpu = [statistics.median(cpu[case]["bare"])] * len(values)
+            else:
+                bare, bare_cpu = timed["bare"], cpu[case]["bare"]
+            entry[variant] = _entry(values, bare)
+            entry[variant]["cpu"] = _entry(cpu[case][variant], bare_cpu)
+        summary[case] = entry
+    return summary
+
+
+def measure_case(
+    case: str, variants: list[str], warmup: int, steps: int, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Every variant built once, then ``rounds`` rounds of ``steps`` steps each, the order
+    rotating from round to round (Lightning runs its own loop: a run per round, after)."""
+    interleaved = [variant for variant in variants if variant != "lightning"]
+    runners = {variant: Runner(variant, case) for variant in interleaved}
+    wall: dict[str, list[float]] = {variant: [] for variant in variants}
+    cpu: dict[str, list[float]] = {variant: [] for variant in variants}
+    try:
+        for runner in runners.values():
+            for _ in range(warmup):
+                runner.step()
+        gc.collect()
+        for number in range(rounds):
+            shift = number % len(interleaved)
+            for variant in interleaved[shift:] + interleaved[:shift]:
+                seconds, used = _timed(runners[variant].step, steps)
+                wall[variant].append(seconds)
+                cpu[variant].append(used)
+    finally:
+        for runner in runners.values():
+            runner.close()
+    if "lightning" in variants:
+        for _ in range(LIGHTNING_RUNS):
+            seconds, used = run_lightning(case, warmup, steps * 5)
+            wall["lightning"].append(seconds)
+            cpu["lightning"].append(used)
+    return wall, cpu
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer steps and rounds")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    args = parser.parse_args(argv)
+    steps = args.steps or (300 if args.quick else 1000)
+    warmup = args.warmup or (100 if args.quick else 300)
+    rounds = args.rounds or (15 if args.quick else 31)
+    torch.set_num_threads(1)
+    variants = [variant for variant in VARIANTS if variant in args.variants]
+    if "bare" not in variants:
+        variants.insert(0, "bare")
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+
+    wall: dict[str, dict[str, list[float]]] = {}
+    cpu: dict[str, dict[str, list[float]]] = {}
+    for case in args.cases:
+        wall[case], cpu[case] = measure_case(case, variants, warmup, steps, rounds)
+    summary = summarise(wall, cpu)
+
+    for case, entry in summary.items():
+        print_table(
+            f"µs per step, {case}: Linear({FEATURES}, {FEATURES}), SGD, batch {BATCH}, one thread; "
+            f"{rounds} interleaved rounds of {steps} steps after {warmup} (Lightning: "
+            f"{LIGHTNING_RUNS} runs of {steps * 5} steps of its own); wall clock, and the main "
+            "thread's CPU time",
+            [
+                "variant",
+                "median µs/step",
+                "min-max",
+                "x bare (median of rounds, min-max)",
+                "overhead µs",
+                "CPU µs/step",
+                "CPU x bare",
+            ],
+            [
+                [
+                    LABELS[variant],
+                    f"{result['median_us_per_step']:.1f}",
+                    _spread(result["us_per_step"], 1),
+                    f"{result['median_ratio_to_bare']:.3f} ({_spread(result['ratios_to_bare'], 3)})",
+                    f"{result['median_overhead_us']:+.1f}",
+                    f"{result['cpu']['median_us_per_step']:.1f}",
+                    f"{result['cpu']['median_ratio_to_bare']:.3f} "
+                    f"({_spread(result['cpu']['ratios_to_bare'], 3)})",
+                ]
+                for variant, result in entry.items()
+            ],
+        )
+        target = TARGETS.get(case)
+        if target is not None:
+            ratio = entry["library"]["median_ratio_to_bare"]
+            print(
+                f"target {case}: library <= {target:.2f}x bare: {ratio:.3f}x "
+                f"{'met' if ratio <= target else 'MISSED'}\n"
+            )
+    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(f"load average before {load_before}, after {load_after}")
+    path = write_json(
+        "step_overhead",
+        {
+            "features": FEATURES,
+            "batch_size": BATCH,
+            "steps": steps,
+            "warmup": warmup,
+            "rounds": rounds,
+            "targets": TARGETS,
+            "cases": summary,
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+            "environment": environment(),
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""A loader's deferred state: the position of its moment, built later, however far it read on."""
+
+from __future__ import annotations
+
+import pytest
+from support import iterable_streams as iterables
+from support.loader_streams import AugmentedDataset
+
+from trainer_resume.loaders import ResumableDataLoader
+from trainer_resume.testing import first_difference
+
+
+def _map_loader() -> ResumableDataLoader:
+    return ResumableDataLoader(AugmentedDataset(40), batch_size=4, shuffle=True, resumable=True)
+
+
+def _loaders() -> dict[str, object]:
+    return {
+        "map-style, shuffled": _map_loader,
+        "iterable, its own state": lambda: iterables.make_loader("dataset-state"),
+        "iterable, torch generator in its state": lambda: iterables.make_loader("torch-rng-eager"),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_loaders()))
+@pytest.mark.parametrize("taken_after", [0, 2, 5])
+def test_a_deferred_state_built_after_reading_on_is_the_state_dict_of_its_moment(
+    kind: str, taken_after: int
+) -> None:
+    loader = _loaders()[kind]()
+    batches = iter(loader)
+    for _ in range(taken_after):
+        next(batches)
+    deferred = loader.deferred_state_dict()
+    expected = loader.state_dict()
+    for _ in range(4):  # on past the end of the iterable's first pass (5 batches)
+        try:
+            next(batches)
+        except StopIteration:
+            batches = iter(loader)
+    built = deferred()
+    assert first_difference(built, expected) is None
+    assert first_difference(loader.state_dict(), expected) is not None  # it did move on
+    again = deferred()
+    assert first_difference(again, expected) is None
+    if taken_after == 2 and "iterable" in kind:  # each build is a copy of its own
+        generators = built["sampler"]["workers"][0]["generators"]
+        assert generators["torch"] is not again["sampler"]["workers"][0]["generators"]["torch"]
