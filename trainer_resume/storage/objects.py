@@ -1,0 +1,194 @@
+"""Objects at URLs: written whole or not at all, read by range, listed, removed.
+
+An object store has no rename, so the local recipe (temp file, fsync, rename) has an
+object-store twin: the bytes are streamed into one upload to the target's own key
+(S3: a multipart upload of one part at a time; a small object: one PUT), and the
+store makes the object visible only when the upload is completed, after the last
+byte. A write that fails is abandoned (the multipart upload aborted), so the previous
+object at the URL stays, intact. A writer killed mid-upload cannot abort its upload:
+the next write to that key, and the cleanup of a resume-point directory, abort the
+incomplete uploads they find there that no write of this process is still sending
+(another process writing the same key at the same time is a second writer, which the
+resume points' lock refuses).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .urls import filesystem
+
+__all__ = [
+    "BLOCK_SIZE",
+    "abort_stale_uploads",
+    "create_exclusive",
+    "exists",
+    "is_dir",
+    "list_names",
+    "open_for_read",
+    "read_object",
+    "remove",
+    "size_of",
+    "upload",
+]
+
+# Part size of a multipart upload (and read block): the memory a write or read holds
+# beside the state, and few enough requests for a multi-gigabyte object.
+BLOCK_SIZE = 16 << 20
+
+# Keys (as filesystem paths) this process is uploading now: never aborted as stale.
+_sending: dict[str, int] = {}
+_sending_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _in_flight(path: str) -> Iterator[None]:
+    with _sending_lock:
+        _sending[path] = _sending.get(path, 0) + 1
+    try:
+        yield
+    finally:
+        with _sending_lock:
+            _sending[path] -= 1
+            if not _sending[path]:
+                del _sending[path]
+
+
+def upload(url: str, pieces: Iterable[bytes | memoryview]) -> None:
+    """Write ``pieces``, in order, as the object at ``url``: visible whole or not at all.
+
+    Raises:
+        OSError and whatever the filesystem raises: the upload was abandoned; the
+            previous object at ``url`` is intact.
+    """
+    fs, path = filesystem(url)
+    abort_stale_uploads(url, exact=True)
+    with _in_flight(path):
+        handle = fs.open(path, "wb", block_size=BLOCK_SIZE)
+        try:
+            for piece in pieces:
+                handle.write(piece)
+        except BaseException:
+            _discard(handle)
+            raise
+        # close() completes the upload: only then does the object appear.
+        handle.close()
+
+
+def _discard(handle: Any) -> None:
+    try:
+        handle.discard()  # aborts a multipart upload; nothing becomes visible
+    except Exception:  # noqa: BLE001 - the write's own error is the one to report
+        pass
+
+
+def create_exclusive(url: str, data: bytes) -> bool:
+    """Create the object at ``url`` holding ``data`` unless one exists (S3 ``If-None-Match``).
+
+    Returns:
+        Whether this call created it. Stores without conditional writes create it
+        whether or not it exists (see docs/cloud-storage.md).
+    """
+    fs, path = filesystem(url)
+    try:
+        fs.pipe_file(path, data, mode="create")
+    except FileExistsError:
+        return False
+    except Exception as exc:  # botocore names a failed precondition, fsspec may not map it
+        if "PreconditionFailed" in repr(exc) or "412" in str(exc):
+            return False
+        raise
+    return True
+
+
+def read_object(url: str) -> bytes:
+    """The whole object (small objects only: lock records)."""
+    fs, path = filesystem(url)
+    return fs.cat_file(path)
+
+
+def exists(url: str) -> bool:
+    fs, path = filesystem(url)
+    fs.invalidate_cache(path)
+    return bool(fs.isfile(path))
+
+
+def is_dir(url: str) -> bool:
+    """Whether objects exist under ``url`` as a prefix (a "directory")."""
+    fs, path = filesystem(url)
+    fs.invalidate_cache(path)
+    return bool(fs.isdir(path))
+
+
+def size_of(url: str) -> int:
+    fs, path = filesystem(url)
+    fs.invalidate_cache(path)
+    return int(fs.size(path))
+
+
+def list_names(url: str) -> list[str]:
+    """The names of the objects directly under the prefix ``url``, sorted; [] if none."""
+    fs, path = filesystem(url)
+    fs.invalidate_cache(path)
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return []
+    names = []
+    for entry in entries:
+        if entry.get("type") != "file":
+            continue
+        name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+        names.append(name)
+    return sorted(names)
+
+
+def remove(url: str) -> None:
+    """Remove the object at ``url`` (a missing one raises ``FileNotFoundError``)."""
+    fs, path = filesystem(url)
+    if not fs.isfile(path):
+        raise FileNotFoundError(url)
+    fs.rm_file(path)
+    fs.invalidate_cache(path)
+
+
+def open_for_read(url: str) -> Any:
+    """A seekable binary file object over the object at ``url`` (``size`` attribute set)."""
+    fs, path = filesystem(url)
+    fs.invalidate_cache(path)
+    return fs.open(path, "rb", block_size=BLOCK_SIZE, cache_type="readahead")
+
+
+def abort_stale_uploads(url: str, *, exact: bool = False) -> list[str]:
+    """Abort the incomplete multipart uploads of ``url`` (``exact``) or of every key under
+    it, except those this process is sending; returns their keys.
+
+    Only stores with multipart uploads that can be listed (S3) have any; elsewhere an
+    unfinished upload never becomes an object and expires with the store's own rules.
+    """
+    fs, path = filesystem(url)
+    lister = getattr(fs, "list_multipart_uploads", None)
+    if lister is None or not hasattr(fs, "split_path"):
+        return []
+    bucket, key, _ = fs.split_path(path)
+    prefix = key if exact else (key.rstrip("/") + "/" if key else "")
+    try:
+        uploads = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
+    except Exception:  # noqa: BLE001 - cleanup is best effort; the write goes on
+        return []
+    aborted = []
+    for found in uploads.get("Uploads", []):
+        name = found.get("Key", "")
+        if (exact and name != key) or f"{bucket}/{name}" in _sending:
+            continue
+        try:
+            fs.call_s3(
+                "abort_multipart_upload", Bucket=bucket, Key=name, UploadId=found["UploadId"]
+            )
+        except Exception:  # noqa: BLE001 - another cleanup was quicker
+            continue
+        aborted.append(name)
+    return aborted
