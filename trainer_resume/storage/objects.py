@@ -134,7 +134,7 @@ def list_names(url: str) -> list[str]:
     fs, path = filesystem(url)
     fs.invalidate_cache(path)
     try:
-        entries = fs.ls(path, detail=True)
+        entries = fs.ls(path, detail=True, refresh=True)
     except FileNotFoundError:
         return []
     names = []
