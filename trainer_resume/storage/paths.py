@@ -7,10 +7,15 @@ it exists once an object lies under it and needs no creating.
 
 from __future__ import annotations
 
+import io
 import os
+from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from .. import _atomic
+from ..errors import CheckpointWriteError
 from . import objects
 from .urls import basename, check_location, is_url, join, local_path, parent
 
@@ -27,8 +32,12 @@ __all__ = [
     "make_parent_directory",
     "parent",
     "remove",
+    "open_binary",
     "same_location",
+    "save_plain_torch_file",
+    "size_of",
     "sync_directory",
+    "write_file",
 ]
 
 
@@ -99,3 +108,40 @@ def same_location(a: Any, b: Any) -> bool:
     if is_url(a) or is_url(b):
         return a == b
     return os.path.abspath(a) == os.path.abspath(b)
+
+
+def size_of(path: Any) -> int:
+    path = location(path)
+    return objects.size_of(path) if is_url(path) else os.path.getsize(path)
+
+
+def open_binary(path: Any) -> Any:
+    """A seekable binary file object for reading a file or object."""
+    path = location(path)
+    return objects.open_for_read(path) if is_url(path) else open(path, "rb")
+
+
+def write_file(path: Any, fill: Callable[[Any], None]) -> None:
+    """Write a file durably (:func:`_atomic.replace_atomically`) or an object whole.
+
+    For a URL, ``fill`` writes into memory, which is then uploaded (files written this
+    way are exports, not pause files: see ``durable`` for those).
+
+    Raises:
+        CheckpointWriteError: nothing was replaced; the previous file or object is intact.
+    """
+    path = location(path)
+    if not is_url(path):
+        _atomic.replace_atomically(path, fill)
+        return
+    buffer = io.BytesIO()
+    try:
+        fill(buffer)
+        objects.upload(path, [buffer.getbuffer()])
+    except Exception as exc:
+        raise CheckpointWriteError(f"could not write {path}: {exc!r}") from exc
+
+
+def save_plain_torch_file(obj: Any, path: Any) -> None:
+    """``torch.save`` ``obj`` as a plain file or object at ``path`` (see :func:`write_file`)."""
+    write_file(path, lambda out: torch.save(obj, out))
