@@ -28,7 +28,7 @@ import torch
 
 from .._atomic import DigestingWriter, TempFile, replace_atomically
 from ..errors import CheckpointCorruptedError, CheckpointFormatError, CheckpointWriteError
-from ..storage.urls import is_url, local_path
+from ..storage.urls import check_location, is_url, local_path
 from ._archive_check import Archive, Payload, check_archive
 from ._byte_readers import Source, pread
 from ._direct_copy import DirectCopy, Unplannable, is_tensor_record, plan_records
@@ -136,6 +136,7 @@ def save_checkpoint(obj: Any, path: str | os.PathLike[str], *, key: bytes | None
     check_nesting(obj, "the checkpoint")
     target = local_path(os.fsdecode(path))
     if is_url(target):
+        check_location(target)  # a scheme nothing installed reads: refused before any work
         payload = ChunkSink()
         try:
             header = _serialize(obj, payload, key)

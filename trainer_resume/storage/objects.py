@@ -9,12 +9,15 @@ object at the URL stays, intact. A writer killed mid-upload cannot abort its upl
 the next write to that key, and the cleanup of a resume-point directory, abort the
 incomplete uploads they find there that no write of this process is still sending
 (another process writing the same key at the same time is a second writer, which the
-resume points' lock refuses).
+resume points' lock refuses). Stores not known to show an upload only once it is
+complete (fsspec's ``memory://``, for one, shows a file as soon as it is opened) are
+written beside the target under a hidden temp name and moved into place.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -66,16 +69,44 @@ def upload(url: str, pieces: Iterable[bytes | memoryview]) -> None:
     """
     fs, path = filesystem(url)
     abort_stale_uploads(url, exact=True)
-    with _in_flight(path):
-        handle = fs.open(path, "wb", block_size=BLOCK_SIZE)
+    if _protocols(fs) & _VISIBLE_ON_COMPLETION:
+        with _in_flight(path):
+            _stream(fs, path, pieces)
+        return
+    # A store whose file objects may show an object before it is closed (fsspec's
+    # memory://, others unknown here): written beside the target, then moved there.
+    temp = f"{path.rsplit('/', 1)[0]}/.{path.rsplit('/', 1)[-1]}.{secrets.token_hex(8)}.tmp"
+    try:
+        _stream(fs, temp, pieces)
+        fs.mv(temp, path)
+    except BaseException:
         try:
-            for piece in pieces:
-                handle.write(piece)
-        except BaseException:
-            _discard(handle)
-            raise
-        # close() completes the upload: only then does the object appear.
-        handle.close()
+            fs.rm_file(temp)
+        except Exception:  # noqa: BLE001 - never written, or already moved
+            pass
+        raise
+
+
+# Stores whose uploads become visible only once complete (S3 CompleteMultipartUpload or
+# one PUT, GCS's finalized upload, Azure's block list commit).
+_VISIBLE_ON_COMPLETION = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+
+
+def _protocols(fs: Any) -> set[str]:
+    protocol = fs.protocol
+    return {protocol} if isinstance(protocol, str) else set(protocol)
+
+
+def _stream(fs: Any, path: str, pieces: Iterable[bytes | memoryview]) -> None:
+    handle = fs.open(path, "wb", block_size=BLOCK_SIZE)
+    try:
+        for piece in pieces:
+            handle.write(piece)
+    except BaseException:
+        _discard(handle)
+        raise
+    # close() completes the upload: only then does the object appear.
+    handle.close()
 
 
 def _discard(handle: Any) -> None:
