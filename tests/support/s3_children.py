@@ -66,8 +66,12 @@ def big_pause(environment: dict[str, str], workdir: str, url: str, blob_bytes: i
     trainer.pause(url)
     trainer.resume(url)
     trainer.train_step()
+    # Random bytes, so nothing on the way could shrink them; one 4 MiB block repeated, since
+    # drawing 800 MB one by one takes seconds.
     generator = torch.Generator().manual_seed(5)
-    trainer.blob = torch.randint(0, 256, (blob_bytes,), dtype=torch.uint8, generator=generator)
+    block = torch.randint(0, 256, (4 << 20,), dtype=torch.uint8, generator=generator)
+    assert blob_bytes % block.numel() == 0, "the blob is a whole number of blocks"
+    trainer.blob = block.repeat(blob_bytes // block.numel())
     _announce("uploading", "3")
     trainer.pause(url)
     os._exit(4)  # the parent should have killed this process mid-upload

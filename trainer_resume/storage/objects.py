@@ -40,7 +40,7 @@ __all__ = [
 
 # Part size of a multipart upload (and read block): the memory a write or read holds
 # beside the state, and few enough requests for a multi-gigabyte object.
-BLOCK_SIZE = 16 << 20
+BLOCK_SIZE = 50 << 20
 
 # Keys (as filesystem paths) this process is uploading now: never aborted as stale.
 _sending: dict[str, int] = {}
@@ -101,7 +101,11 @@ def _stream(fs: Any, path: str, pieces: Iterable[bytes | memoryview]) -> None:
     handle = fs.open(path, "wb", block_size=BLOCK_SIZE)
     try:
         for piece in pieces:
-            handle.write(piece)
+            view = memoryview(piece).cast("B")
+            # A part at a time: a file object uploads all it holds at once, so a large
+            # piece handed over whole would become one part of its size (and one copy).
+            for start in range(0, view.nbytes, BLOCK_SIZE):
+                handle.write(view[start : start + BLOCK_SIZE])
     except BaseException:
         _discard(handle)
         raise
