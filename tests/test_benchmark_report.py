@@ -12,6 +12,7 @@ from benchmarks._report import (
     accelerate_checks,
     accelerate_summary,
     check_targets,
+    cloud_storage_checks,
     cpu_ratio_checks,
     hf_trainer_checks,
     hf_trainer_summary,
@@ -239,8 +240,8 @@ def test_rendered_results_show_each_check_status_and_figure() -> None:
     assert "**MISS** | num_workers=2: 0.900" in text
     assert "not available: missing" in text
     assert "fsync 1.000 s" in text
-    # no CPU, seeding, Trainer or Accelerate figures
-    assert "3 passed, 1 missed, 6 not measured." in text
+    # no CPU, seeding, Trainer, Accelerate or cloud storage figures
+    assert "3 passed, 1 missed, 9 not measured." in text
 
 
 def test_throughput_checks_each_num_workers_row_at_200us_separately() -> None:
@@ -446,3 +447,30 @@ def test_accelerate_summary_puts_both_resumes_side_by_side() -> None:
         ["adapter", "yes", "none", "0", "0.050", "1.250"],
     ]
     assert accelerate_summary({}) == []
+
+
+def _cloud(pause_s: float, resume_s: float) -> dict[str, Any]:
+    def entry(seconds: float) -> dict[str, Any]:
+        return {"median_seconds": seconds}
+
+    return {
+        "state_bytes": 128 * MIB,
+        "write": {
+            "pause()": entry(pause_s),
+            "torch.save(BytesIO) + fs.pipe": entry(1.0),
+            'torch.save(fs.open(url, "wb"))': entry(2.0),
+        },
+        "read": {
+            "resume()": entry(resume_s),
+            'torch.load(fs.open(url, "rb")) + load_state_dict': entry(1.0),
+        },
+    }
+
+
+def test_cloud_storage_checks_pause_against_both_fsspec_writes_and_resume_against_torch_load() -> (
+    None
+):
+    pipe, open_write, read = cloud_storage_checks(_cloud(pause_s=1.5, resume_s=1.05))
+    assert (pipe.status, open_write.status, read.status) == (MISS, PASS, PASS)
+    assert "1.50x" in pipe.measured and "128 MiB" in pipe.measured
+    assert [check.status for check in cloud_storage_checks(None)] == [NOT_MEASURED] * 3
