@@ -127,7 +127,7 @@ class BufferCopy:
         view = memoryview(buffer)
         done = 0
         while done < length:
-            got = source.pread_into(view[done : done + objects.BLOCK_SIZE], offset + done)
+            got = source.pread_into(view[done : done + objects.READ_BLOCK_SIZE], offset + done)
             if got == 0:
                 raise CheckpointCorruptedError(f"{where} shrank while it was read")
             done += got
