@@ -16,7 +16,12 @@ from support.trainers import TinyTrainer
 from trainer_resume import ResumePoints, SkippedCheckpointWarning
 from trainer_resume.difference import first_difference
 from trainer_resume.durable import load_checkpoint, save_checkpoint
-from trainer_resume.errors import CheckpointCorruptedError, CheckpointWriteError, StorageURLError
+from trainer_resume.errors import (
+    CheckpointCorruptedError,
+    CheckpointWriteError,
+    RunFinishedError,
+    StorageURLError,
+)
 from trainer_resume.storage import objects
 from trainer_resume.storage.urls import filesystem, is_url
 
@@ -46,6 +51,8 @@ def test_a_pause_to_an_uninstalled_scheme_is_refused_naming_the_package_and_crea
         trainer.pause(where)
     with pytest.raises(StorageURLError, match=package):
         trainer.pause_on_signal(where)
+    with pytest.raises(StorageURLError, match=package):
+        trainer.request_pause(where)
     with pytest.raises(StorageURLError, match=package):
         ResumePoints(where.rsplit("/", 1)[0], every_steps=1)
     with pytest.raises(StorageURLError, match=package):
@@ -125,3 +132,11 @@ def test_resume_latest_at_a_url_skips_a_damaged_point_for_the_one_before(url: st
         assert resumed.resume_latest(url) == f"{url}/point-000000000002.ckpt"
     assert resumed.completed_steps == 2
     assert not os.path.exists("memory:")
+
+
+def test_a_run_finished_before_its_first_point_at_a_url_is_found_finished(url: str) -> None:
+    trainer = points_trainer(url, every_steps=100)
+    trainer.train_step()
+    trainer.finish(f"{url}/pause.ckpt")
+    with pytest.raises(RunFinishedError):
+        TinyTrainer().resume_latest(url)

@@ -164,7 +164,9 @@ def newest_checkpoint(
     location = paths.location(directory)
     read = load if load is not None else (lambda path: load_checkpoint(path, key=key))
     for _ in range(_RESCANS):
-        if not paths.is_dir(location):
+        # A prefix with nothing under it is no "directory", but may have a finished
+        # marker beside it (a run finished before its first point): looked for below.
+        if not paths.is_url(location) and not os.path.isdir(location):
             return None
         refuse_if_finished(location, key=key)
         if not paths.is_url(location):  # a live writer's upload is not visible as stale
