@@ -21,6 +21,7 @@ from trainer_resume.errors import (
     CheckpointWriteError,
     RunFinishedError,
     StorageURLError,
+    UnsupportedResumeConfigurationError,
 )
 from trainer_resume.storage import objects
 from trainer_resume.storage.urls import filesystem, is_url
@@ -140,3 +141,21 @@ def test_a_run_finished_before_its_first_point_at_a_url_is_found_finished(url: s
     trainer.finish(f"{url}/pause.ckpt")
     with pytest.raises(RunFinishedError):
         TinyTrainer().resume_latest(url)
+
+
+def test_a_sharded_models_pause_to_a_url_is_refused_before_anything_is_written(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer_resume.mixin import _pause, _pause_request
+    from trainer_resume.sharded.detect import ShardedObjects
+
+    sharded = ShardedObjects({"model": ["optimizer"]})
+    monkeypatch.setattr(_pause, "sharded_objects", lambda objects: sharded)
+    monkeypatch.setattr(_pause_request, "sharded_objects", lambda objects: sharded)
+    trainer = TinyTrainer()
+    trainer.train_step()
+    with pytest.raises(UnsupportedResumeConfigurationError, match=r"\[332\].*shared file system"):
+        trainer.pause_on_signal(f"{url}/pause.ckpt")
+    with pytest.raises(UnsupportedResumeConfigurationError, match=r"\[332\].*\(model, optimizer\)"):
+        trainer.pause(f"{url}/pause.ckpt")
+    assert objects.list_names(url) == []
