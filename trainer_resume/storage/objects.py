@@ -110,11 +110,11 @@ def _stream(fs: Any, path: str, pieces: Iterable[bytes | memoryview]) -> None:
             # piece handed over whole would become one part of its size (and one copy).
             for start in range(0, view.nbytes, BLOCK_SIZE):
                 handle.write(view[start : start + BLOCK_SIZE])
+        # close() completes the upload: only then does the object appear.
+        handle.close()
     except BaseException:
         _discard(handle)
         raise
-    # close() completes the upload: only then does the object appear.
-    handle.close()
 
 
 def _discard(handle: Any) -> None:
