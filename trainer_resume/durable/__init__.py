@@ -246,8 +246,8 @@ def _verified_copy(path: str, key: bytes | None) -> Iterator[tuple[Header, _Load
     copied whole into sealed memory (:mod:`trainer_resume.durable._sealed_copy`).
     """
     if is_url(path):
-        source, size, handle = open_source(path)
-        close: Callable[[], None] = handle.close
+        reader = open_source(path)
+        source, size, close = reader, reader.size, reader.close
     else:
         fd = os.open(path, _READ_FLAGS)
         source, close = fd, lambda: os.close(fd)

@@ -7,7 +7,7 @@ come) is held in memory, in the pieces torch wrote, until its digest is known; t
 the header and the pieces are streamed into one upload (:func:`storage.objects.upload`),
 each piece released once it is sent. Memory: the payload (1x the state) plus one part.
 
-Reading: :class:`ObjectSource` serves the object's bytes by position, so the local
+Reading: :class:`~trainer_resume.storage.objects.ObjectReader` serves the object's bytes by position, so the local
 reader's machinery (the zip directory planned, every record read once into its own
 storage and hashed, verified before anything is unpickled) runs on it unchanged;
 :class:`BufferCopy` is the whole-payload copy for an archive that cannot be read
@@ -17,15 +17,13 @@ record by record.
 from __future__ import annotations
 
 import io
-import threading
 from collections.abc import Iterator
-from typing import Any
 
 from ..errors import CheckpointCorruptedError, CheckpointWriteError
 from ..storage import objects
 from ._byte_readers import PiecesReader
 
-__all__ = ["BufferCopy", "ChunkSink", "ObjectSource", "open_source", "upload_checkpoint"]
+__all__ = ["BufferCopy", "ChunkSink", "open_source", "upload_checkpoint"]
 
 # Small writes of torch's zip writer are gathered into pieces of this size.
 _GATHER = 1 << 20
@@ -37,9 +35,11 @@ class ChunkSink:
     def __init__(self) -> None:
         self._pieces: list[bytes] = []
         self._small = bytearray()
+        self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
+        self.size += view.nbytes
         if view.nbytes < _GATHER:
             self._small += view
             if len(self._small) >= _GATHER:
@@ -80,7 +80,7 @@ def upload_checkpoint(url: str, header: bytes, payload: ChunkSink) -> None:
         yield from payload.drain()
 
     try:
-        objects.upload(url, pieces())
+        objects.upload(url, pieces(), size=len(header) + payload.size)
     except Exception as exc:
         kept = "; the previous object there is intact" if previous else ""
         raise CheckpointWriteError(f"could not write {url}: {exc!r}{kept}") from exc
@@ -93,36 +93,16 @@ def _exists_quietly(url: str) -> bool:
         return False
 
 
-class ObjectSource:
-    """An object's bytes read by position (one ranged read at a time)."""
-
-    def __init__(self, handle: Any) -> None:
-        self._handle = handle
-        self._lock = threading.Lock()
-
-    def pread_into(self, view: memoryview, position: int) -> int:
-        with self._lock:
-            self._handle.seek(position)
-            data = self._handle.read(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-
-def open_source(url: str) -> tuple[ObjectSource, int, Any]:
-    """The object at ``url`` as a source, its size and the handle to close.
-
-    Raises:
-        FileNotFoundError: no object at ``url``.
-    """
-    handle = objects.open_for_read(url)
-    return ObjectSource(handle), int(handle.size), handle
+def open_source(url: str) -> objects.ObjectReader:
+    """The object at ``url``, read by position (``FileNotFoundError`` when there is none)."""
+    return objects.ObjectReader(url)
 
 
 class BufferCopy:
     """``length`` bytes of ``source`` from ``offset``, copied whole into private memory
     (what :class:`~trainer_resume.durable._sealed_copy.SealedCopy` is for a local file)."""
 
-    def __init__(self, source: ObjectSource, offset: int, length: int, where: str) -> None:
+    def __init__(self, source: objects.ObjectReader, offset: int, length: int, where: str) -> None:
         buffer = bytearray(length)
         view = memoryview(buffer)
         done = 0

@@ -27,6 +27,7 @@ from .urls import filesystem
 __all__ = [
     "BLOCK_SIZE",
     "READ_BLOCK_SIZE",
+    "ObjectReader",
     "abort_stale_uploads",
     "create_exclusive",
     "exists",
@@ -42,9 +43,10 @@ __all__ = [
 # Part size of a multipart upload: the memory a write holds beside the payload, and few
 # enough requests for a multi-gigabyte object (s3fs's own default).
 BLOCK_SIZE = 50 << 20
-# A read fetches this much ahead of what it was asked for: the memory a read holds
-# beside the loaded tensors (ranged GETs of 8-16 MiB are what S3 serves fastest).
-READ_BLOCK_SIZE = 16 << 20
+# A front-to-back read fetches this much ahead of what it was asked for (s3fs's own
+# default, what ``fs.open(url, "rb")`` reads with): the memory a read holds beside the
+# loaded tensors.
+READ_BLOCK_SIZE = 50 << 20
 
 # Keys (as filesystem paths) this process is uploading now: never aborted as stale.
 _sending: dict[str, int] = {}
@@ -64,8 +66,11 @@ def _in_flight(path: str) -> Iterator[None]:
                 del _sending[path]
 
 
-def upload(url: str, pieces: Iterable[bytes | memoryview]) -> None:
+def upload(url: str, pieces: Iterable[bytes | memoryview], *, size: int | None = None) -> None:
     """Write ``pieces``, in order, as the object at ``url``: visible whole or not at all.
+
+    ``size``, when known, lets an object smaller than two parts go up as one request (one
+    PUT, as ``fs.pipe`` sends it) instead of a multipart upload of four.
 
     Raises:
         OSError and whatever the filesystem raises: the upload was abandoned; the
@@ -75,7 +80,11 @@ def upload(url: str, pieces: Iterable[bytes | memoryview]) -> None:
     abort_stale_uploads(url, exact=True)
     if _protocols(fs) & _VISIBLE_ON_COMPLETION:
         with _in_flight(path):
-            _stream(fs, path, pieces)
+            if size is not None and size < 2 * BLOCK_SIZE:
+                fs.pipe_file(path, b"".join(pieces))
+                fs.invalidate_cache(path)
+            else:
+                _stream(fs, path, pieces)
         return
     # A store whose file objects may show an object before it is closed (fsspec's
     # memory://, others unknown here): written beside the target, then moved there.
@@ -199,6 +208,41 @@ def open_for_read(url: str) -> Any:
     fs, path = filesystem(url)
     fs.invalidate_cache(path)
     return fs.open(path, "rb", block_size=READ_BLOCK_SIZE, cache_type="readahead")
+
+
+class ObjectReader:
+    """The object at ``url`` read by position: a read that goes on where the last one
+    ended streams through a read-ahead buffer; any other one (a header, a zip directory
+    at the end) is one ranged request for exactly its bytes, so the stream's buffer is
+    neither refilled for it nor moved away.
+
+    Raises:
+        FileNotFoundError: no object at ``url``.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._fs, self._path = filesystem(url)
+        self._handle = open_for_read(url)
+        self.size = int(self._handle.size)
+        self._next: int | None = None
+        self._lock = threading.Lock()
+
+    def pread_into(self, view: memoryview, position: int) -> int:
+        count = max(0, min(len(view), self.size - position))
+        with self._lock:
+            if not count:
+                data = b""
+            elif position == self._next:
+                self._handle.seek(position)
+                data = self._handle.read(count)
+            else:
+                data = self._fs.cat_file(self._path, start=position, end=position + count)
+            self._next = position + len(data)
+        view[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._handle.close()
 
 
 def abort_stale_uploads(url: str, *, exact: bool = False) -> list[str]:
