@@ -83,6 +83,8 @@ def upload(url: str, pieces: Iterable[bytes | memoryview], *, size: int | None =
             if size is not None and size < 2 * BLOCK_SIZE:
                 fs.pipe_file(path, b"".join(pieces))
                 fs.invalidate_cache(path)
+            elif hasattr(fs, "split_path") and hasattr(fs, "_call_s3"):
+                _multipart(fs, path, pieces)
             else:
                 _stream(fs, path, pieces)
         return
@@ -124,6 +126,78 @@ def _stream(fs: Any, path: str, pieces: Iterable[bytes | memoryview]) -> None:
     except BaseException:
         _discard(handle)
         raise
+
+
+# Parts of a multipart upload sent at once (S3): the memory a large write holds beside
+# the payload is this many parts.
+PARTS_IN_FLIGHT = 4
+
+
+def _parts(pieces: Iterable[bytes | memoryview]) -> Iterator[bytes]:
+    """``pieces`` cut and joined into parts of :data:`BLOCK_SIZE` bytes (the last shorter)."""
+    part = bytearray()
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        while view.nbytes:
+            take = min(view.nbytes, BLOCK_SIZE - len(part))
+            part += view[:take]
+            view = view[take:]
+            if len(part) == BLOCK_SIZE:
+                yield bytes(part)
+                part = bytearray()
+    if part:
+        yield bytes(part)
+
+
+def _multipart(fs: Any, path: str, pieces: Iterable[bytes | memoryview]) -> None:
+    """One S3 multipart upload of ``pieces``, :data:`PARTS_IN_FLIGHT` parts at a time (as
+    ``fs.pipe`` sends them); aborted on any failure, so nothing becomes visible."""
+    import asyncio
+
+    from fsspec.asyn import sync
+
+    bucket, key, _ = fs.split_path(path)
+    upload_id = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
+
+    async def send(batch: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
+        async def one(number: int, body: bytes) -> dict[str, Any]:
+            sent = await fs._call_s3(
+                "upload_part",
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=body,
+            )
+            return {"PartNumber": number, "ETag": sent["ETag"]}
+
+        return list(await asyncio.gather(*(one(number, body) for number, body in batch)))
+
+    try:
+        done: list[dict[str, Any]] = []
+        batch: list[tuple[int, bytes]] = []
+        for number, body in enumerate(_parts(pieces), start=1):
+            batch.append((number, body))
+            if len(batch) == PARTS_IN_FLIGHT:
+                done += sync(fs.loop, send, batch)
+                batch = []
+        if batch:
+            done += sync(fs.loop, send, batch)
+        fs.call_s3(
+            "complete_multipart_upload",
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": done},
+        )
+    except BaseException:
+        try:
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+        except Exception:  # noqa: BLE001 - the write's own error is the one to report
+            pass
+        raise
+    finally:
+        fs.invalidate_cache(path)
 
 
 def _discard(handle: Any) -> None:
