@@ -4,8 +4,9 @@ uploaded whole; an object read by range, its bytes verified before they are load
 Writing: the header carries the payload's digest and comes first, and an object
 cannot be rewritten in place, so the payload (``torch.save``'s bytes, hashed as they
 come) is held in memory, in the pieces torch wrote, until its digest is known; then
-the header and the pieces are streamed into one upload (:func:`storage.objects.upload`),
-each piece released once it is sent. Memory: the payload (1x the state) plus one part.
+the header and the pieces go up as one upload (:func:`storage.objects.upload`), each
+piece released once it is sent. Memory: the payload (1x the state) plus the parts in
+flight (or, for an object under two parts, a joined copy sent in one request).
 
 Reading: :class:`~trainer_resume.storage.objects.ObjectReader` serves the object's bytes by position, so the local
 reader's machinery (the zip directory planned, every record read once into its own

@@ -1,10 +1,10 @@
 """Objects at URLs: written whole or not at all, read by range, listed, removed.
 
 An object store has no rename, so the local recipe (temp file, fsync, rename) has an
-object-store twin: the bytes are streamed into one upload to the target's own key
-(S3: a multipart upload of one part at a time; a small object: one PUT), and the
-store makes the object visible only when the upload is completed, after the last
-byte. A write that fails is abandoned (the multipart upload aborted), so the previous
+object-store twin: the bytes go up as one upload to the target's own key (S3: a
+multipart upload of a few parts at a time; an object under two parts: one PUT; other
+stores: their file object, streamed), and the store makes the object visible only when
+the upload is completed, after the last byte. A write that fails is abandoned (the multipart upload aborted), so the previous
 object at the URL stays, intact. A writer killed mid-upload cannot abort its upload:
 the next write to that key, and the cleanup of a resume-point directory, abort the
 incomplete uploads they find there that no write of this process is still sending
