@@ -4,14 +4,15 @@ An object store has no rename, so the local recipe (temp file, fsync, rename) ha
 object-store twin: the bytes go up as one upload to the target's own key (S3: a
 multipart upload of a few parts at a time; an object under two parts: one PUT; other
 stores: their file object, streamed), and the store makes the object visible only when
-the upload is completed, after the last byte. A write that fails is abandoned (the multipart upload aborted), so the previous
-object at the URL stays, intact. A writer killed mid-upload cannot abort its upload:
-the next write to that key, and the cleanup of a resume-point directory, abort the
-incomplete uploads they find there that no write of this process is still sending
-(another process writing the same key at the same time is a second writer, which the
-resume points' lock refuses). Stores not known to show an upload only once it is
-complete (fsspec's ``memory://``, for one, shows a file as soon as it is opened) are
-written beside the target under a hidden temp name and moved into place.
+the upload is completed, after the last byte. A write that fails is abandoned (the
+multipart upload aborted), so the previous object at the URL stays, intact. A writer
+killed mid-upload cannot abort its upload: the next write to that key, and the cleanup
+of a resume-point directory, abort the incomplete uploads they find there that no write
+of this process is still sending (another process writing the same key at the same time
+is a second writer, which the resume points' lock refuses). Stores not known to show an
+upload only once it is complete (fsspec's ``memory://``, for one, shows a file as soon
+as it is opened) are written beside the target under a hidden temp name and moved into
+place.
 """
 
 from __future__ import annotations
