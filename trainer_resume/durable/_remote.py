@@ -5,7 +5,7 @@ Writing: the header carries the payload's digest and comes first, and an object
 cannot be rewritten in place, so the payload (``torch.save``'s bytes, hashed as they
 come) is held in memory, in the pieces torch wrote, until its digest is known; then
 the header and the pieces go up as one upload (:func:`storage.objects.upload`), each
-piece released once it is sent. Memory: the payload (1x the state) plus the parts in
+piece released once it is sent. Memory: the payload (1x the state) plus the part in
 flight (or, for an object under two parts, a joined copy sent in one request).
 
 Reading: :class:`~trainer_resume.storage.objects.ObjectReader` serves the object's bytes by position, so the local
