@@ -159,3 +159,17 @@ def test_a_sharded_models_pause_to_a_url_is_refused_before_anything_is_written(
     with pytest.raises(UnsupportedResumeConfigurationError, match=r"\[332\].*\(model, optimizer\)"):
         trainer.pause(f"{url}/pause.ckpt")
     assert objects.list_names(url) == []
+
+
+def test_export_reads_a_pause_at_a_url_and_writes_the_weights_to_a_url(url: str) -> None:
+    from trainer_resume.export import export_checkpoint
+
+    trainer = TinyTrainer()
+    trainer.train_step()
+    trainer.pause(f"{url}/pause.ckpt")
+    result = export_checkpoint(f"{url}/pause.ckpt", f"{url}/weights.pt")
+    fs, path = filesystem(f"{url}/weights.pt")
+    with fs.open(path, "rb") as exported:
+        weights = torch.load(exported, weights_only=True)
+    assert first_difference(trainer.model.state_dict(), weights) is None
+    assert result.file_bytes == fs.size(path)
