@@ -20,6 +20,7 @@ RESUME_FAR_POSITION = 100_000_000
 PAUSE_TIME_TARGET = 0.95  # pause() / (torch.save + fsync), medians
 RESUME_TIME_TARGET = 1.1  # resume() / (torch.load + load_state_dict), medians
 PAUSE_RSS_TARGET = 1.1  # peak RSS above baseline / state size
+CLOUD_TARGET = 1.1  # pause() / resume() at an s3:// URL against fsspec with torch.save's bytes
 
 Results = Mapping[str, Mapping[str, Any] | None]
 Section = tuple[str, Sequence[str], Sequence[Sequence[str]]]
@@ -449,6 +450,36 @@ def framework_resume_checks(
         return [_missing(target, source, why)]
 
 
+def cloud_storage_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
+    """pause() and resume() at an s3:// URL within 1.1 x torch.save's bytes written with
+    fsspec (fs.pipe and fs.open "wb") and torch.load from fs.open, medians."""
+    source = "cloud_storage.json"
+    pairs = (
+        ("write", "pause()", "torch.save(BytesIO) + fs.pipe"),
+        ("write", "pause()", 'torch.save(fs.open(url, "wb"))'),
+        ("read", "resume()", 'torch.load(fs.open(url, "rb")) + load_state_dict'),
+    )
+    checks = []
+    for kind, ours, reference in pairs:
+        target = f"{ours} at s3:// <= {CLOUD_TARGET} x {reference}"
+        if data is None:
+            checks.append(_missing(target, source, "no result from this run"))
+            continue
+        try:
+            mine = data[kind][ours]["median_seconds"]
+            theirs = data[kind][reference]["median_seconds"]
+            ratio = mine / theirs
+            size = data["state_bytes"] / (1 << 20)
+            measured = (
+                f"{size:,.0f} MiB state: {ratio:.2f}x ({mine:.3f} s vs {theirs:.3f} s, medians)"
+            )
+            checks.append(TargetCheck(target, _status(ratio <= CLOUD_TARGET), measured, source))
+        except (KeyError, TypeError, ZeroDivisionError) as error:
+            why = f"unexpected JSON layout ({type(error).__name__}: {error})"
+            checks.append(_missing(target, source, why))
+    return checks
+
+
 def hf_trainer_checks(data: Mapping[str, Any] | None) -> list[TargetCheck]:
     """ResumableTrainer's resumed run equals its uninterrupted run (losses and weights)."""
     return framework_resume_checks(HF_TRAINER, data)
@@ -625,6 +656,7 @@ def check_targets(results: Results) -> list[TargetCheck]:
             *pause_memory_checks(results.get("checkpointing")),
             *hf_trainer_checks(results.get("hf_trainer_resume")),
             *accelerate_checks(results.get("accelerate_resume")),
+            *cloud_storage_checks(results.get("cloud_storage")),
         ]
         + (
             # only where the suite ran it (a run of other scripts has no per-step figure to miss)

@@ -79,6 +79,7 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("sharded_pause", "sharded_pause", ("--quick",)),
     Benchmark("hf_trainer_resume", "hf_trainer_resume", ("--quick",)),
     Benchmark("accelerate_resume", "accelerate_resume", ("--quick",)),
+    Benchmark("cloud_storage", "cloud_storage", ("--quick",)),
     Benchmark("profile_pause", "_profile_pause", ("--quick",)),
     Benchmark("profile_loader", "_profile_loader", ("--quick",)),
     Benchmark("profile_resume", "_profile_resume", ("--quick",)),

@@ -12,6 +12,7 @@ from benchmarks._report import (
     accelerate_checks,
     accelerate_summary,
     check_targets,
+    cloud_storage_checks,
     cold_resume_checks,
     cpu_ratio_checks,
     hf_trainer_checks,
@@ -241,8 +242,8 @@ def test_rendered_results_show_each_check_status_and_figure() -> None:
     assert "**MISS** | num_workers=2: 0.900" in text
     assert "not available: missing" in text
     assert "fsync 1.000 s" in text
-    # no CPU, seeding, Trainer or Accelerate figures
-    assert "3 passed, 1 missed, 6 not measured." in text
+    # no CPU, seeding, Trainer, Accelerate or cloud storage figures
+    assert "3 passed, 1 missed, 9 not measured." in text
 
 
 def test_throughput_checks_each_num_workers_row_at_200us_separately() -> None:
@@ -481,6 +482,24 @@ def _steps(library_ratios: list[float], bare_us: float = 100.0) -> dict[str, Any
     }
 
 
+def _cloud(pause_s: float, resume_s: float) -> dict[str, Any]:
+    def entry(seconds: float) -> dict[str, Any]:
+        return {"median_seconds": seconds}
+
+    return {
+        "state_bytes": 128 * MIB,
+        "write": {
+            "pause()": entry(pause_s),
+            "torch.save(BytesIO) + fs.pipe": entry(1.0),
+            'torch.save(fs.open(url, "wb"))': entry(2.0),
+        },
+        "read": {
+            "resume()": entry(resume_s),
+            'torch.load(fs.open(url, "rb")) + load_state_dict': entry(1.0),
+        },
+    }
+
+
 def test_step_overhead_checks_the_median_ratio_per_case_with_its_spread_and_a_case_not_run() -> (
     None
 ):
@@ -530,3 +549,12 @@ def test_cold_resume_checks_the_small_ratio_and_both_bandwidths_against_their_ta
     assert write.status == PASS and "0.950" in write.measured and "2.00 GiB" in write.measured
     assert read.status == MISS and "512 vs 1,024 MiB/s" in read.measured
     assert all(c.status == NOT_MEASURED for c in cold_resume_checks(None))
+
+
+def test_cloud_storage_checks_pause_against_both_fsspec_writes_and_resume_against_torch_load() -> (
+    None
+):
+    pipe, open_write, read = cloud_storage_checks(_cloud(pause_s=1.5, resume_s=1.05))
+    assert (pipe.status, open_write.status, read.status) == (MISS, PASS, PASS)
+    assert "1.50x" in pipe.measured and "128 MiB" in pipe.measured
+    assert [check.status for check in cloud_storage_checks(None)] == [NOT_MEASURED] * 3

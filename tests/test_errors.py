@@ -81,6 +81,11 @@ FROZEN_CODES = {
         "FrameworkReleaseError",
         "the installed framework release lacks what its trainer-resume adapter relies on",
     ),
+    353: (
+        "StorageURLError",
+        "no installed fsspec implementation reads this URL's scheme; install the package "
+        "named (pip install 'trainer-resume[s3]' for s3://) or give a local path",
+    ),
     359: (
         "DDPWindowError",
         "a DistributedDataParallel accumulation window cannot be resumed exactly here",
@@ -159,7 +164,7 @@ def test_get_error_message_returns_the_fixed_message(code):
     assert get_error_message(code) == FROZEN_CODES[code][1]
 
 
-@pytest.mark.parametrize("code", [0, 320, 337, 342, 353])
+@pytest.mark.parametrize("code", [0, 320, 337, 342, 360])
 def test_get_error_message_refuses_an_unknown_code(code):
     with pytest.raises(KeyError, match=str(code)):
         get_error_message(code)

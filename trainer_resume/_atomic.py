@@ -27,8 +27,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
-
 from .errors import CheckpointNotDurableError, CheckpointWriteError
 
 __all__ = [
@@ -38,7 +36,6 @@ __all__ = [
     "make_parent_directory",
     "remove_stale_temps",
     "replace_atomically",
-    "save_plain_torch_file",
 ]
 
 _TEMP_SUFFIX = ".tmp"
@@ -255,22 +252,6 @@ def _drop_cached_pages(path: str) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def save_plain_torch_file(obj: Any, path: str) -> None:
-    """Write ``obj`` with ``torch.save`` as a plain file (no header) at ``path``, durably.
-
-    For files other tools read as they are (exports); trainer-resume's own files go
-    through ``durable.save_checkpoint``.
-
-    Raises:
-        CheckpointWriteError: as :func:`replace_atomically`.
-    """
-
-    def fill(out: TempFile) -> None:
-        torch.save(obj, out)
-
-    replace_atomically(path, fill)
 
 
 def remove_stale_temps(directory: str, name: str | None = None) -> None:

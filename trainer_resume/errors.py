@@ -187,6 +187,18 @@ class FrameworkReleaseError(ResumeError, ImportError):
     message = "the installed framework release lacks what its trainer-resume adapter relies on"
 
 
+class StorageURLError(ResumeError):
+    """A path that names a place through a URL scheme (``s3://...``) with no fsspec
+    implementation installed for it, or one fsspec does not know. Refused where the path
+    is given, so it never becomes a local folder named after the scheme."""
+
+    code = 353
+    message = (
+        "no installed fsspec implementation reads this URL's scheme; install the package "
+        "named (pip install 'trainer-resume[s3]' for s3://) or give a local path"
+    )
+
+
 class DDPWindowError(ResumeError):
     """DistributedDataParallel's record of an open accumulation window (the parameters its
     reducer found used under ``no_sync``) cannot be carried into this run; the detail names

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from ._atomic import TempFile, replace_atomically, save_plain_torch_file
+from ._atomic import TempFile
 from ._module_names import is_module_state, strip_wrapper_names
 from .checkpoint_files import (
     CHECKPOINT,
@@ -30,6 +30,8 @@ from .checkpoint_files import (
 from .checkpoint_files.lightning import plain_checkpoint, save_plain_checkpoint
 from .checks.pause_state import check_layout, object_states
 from .errors import CheckpointFormatError
+from .storage import paths
+from .storage.paths import save_plain_torch_file, write_file
 
 __all__ = ["DEFAULT_OBJECT", "ExportResult", "export_checkpoint"]
 
@@ -134,8 +136,8 @@ def export_checkpoint(
     if what == "all" and object is not None:
         raise ValueError("object names the model; it does not apply to what='all'")
     save_safetensors = _safetensors_writer() if format == "safetensors" else None
-    source_path = os.fspath(path)
-    target = os.fspath(out)
+    source_path = paths.location(path)
+    target = paths.location(out)
     file = read_checkpoint_file(source_path, key=key, plain=False)
     if file.kind == FINISHED:
         raise CheckpointFormatError(
@@ -166,7 +168,7 @@ def export_checkpoint(
         source=source,
         tensors=tensors,
         tensor_bytes=tensor_bytes,
-        file_bytes=os.path.getsize(target),
+        file_bytes=paths.size_of(target),
     )
 
 
@@ -232,7 +234,7 @@ def _safetensors_writer() -> Any:
         def fill(handle: TempFile) -> None:
             handle.write(data)
 
-        replace_atomically(target, fill)
+        write_file(target, fill)
 
     return write
 

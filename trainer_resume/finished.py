@@ -27,10 +27,10 @@ import os
 import time
 from typing import Any, NamedTuple
 
-from ._atomic import fsync_directory
 from .durable import load_checkpoint, save_checkpoint
 from .errors import CheckpointFormatError, RunFinishedError
 from .state import FinishedMarker, StrPath
+from .storage import paths
 
 __all__ = [
     "FINISHED_FORMAT",
@@ -57,9 +57,9 @@ class FinishedRun(NamedTuple):
 
 def finished_marker_path(path: StrPath) -> str:
     """Return where the finished marker of a pause file or point directory lives."""
-    location = os.fspath(path)
-    if os.path.isdir(location):
-        return os.path.join(location, _DIRECTORY_MARKER)
+    location = paths.location(path)
+    if paths.is_dir(location):
+        return paths.join(location, _DIRECTORY_MARKER)
     return location + _FILE_SUFFIX
 
 
@@ -86,7 +86,7 @@ def mark_finished(
     """
     if isinstance(completed_steps, bool) or not isinstance(completed_steps, int):
         raise TypeError(f"completed_steps must be an int, got {completed_steps!r}")
-    location = os.fspath(path)
+    location = paths.location(path)
     marker = finished_marker_path(location)
     record: FinishedMarker = {
         "format": FINISHED_FORMAT,
@@ -94,9 +94,9 @@ def mark_finished(
         "finished_at": time.time(),
     }
     save_checkpoint(record, marker, key=key)
-    if retire and os.path.isfile(location):
-        os.remove(location)
-        fsync_directory(os.path.dirname(os.path.abspath(location)))
+    if retire and paths.is_file(location):
+        paths.remove(location)
+        paths.sync_directory(paths.parent(location))
     return marker
 
 
@@ -116,7 +116,7 @@ def run_finished(path: StrPath, *, key: bytes | None = None) -> FinishedRun | No
             link to nothing, values of other types) or not signed with ``key``.
     """
     marker = finished_marker_path(path)
-    if not os.path.lexists(marker):
+    if not (paths.exists(marker) if paths.is_url(marker) else os.path.lexists(marker)):
         return None
     try:
         record = load_checkpoint(marker, key=key)  # a directory or FIFO is refused, not opened

@@ -37,6 +37,7 @@ from ..durable import CheckpointHeader, load_checkpoint, read_checkpoint_header
 from ..errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
 from ..finished import FINISHED_FORMAT
 from ..state import PAUSE_FORMAT
+from ..storage import paths
 from .lightning import PAUSE_KEY, is_lightning_checkpoint
 
 __all__ = [
@@ -121,12 +122,14 @@ def read_checkpoint_file(
         CheckpointSignatureError: ``key`` given and the signature is missing or wrong (339).
         UnsafeCheckpointError: The file holds objects outside the weights-only set (328).
     """
-    where = os.fspath(path)
-    if os.path.isdir(where):
+    where = paths.location(path)
+    if paths.is_url(where) and not paths.exists(where):
+        raise FileNotFoundError(where)
+    if not paths.is_url(where) and os.path.isdir(where):
         raise CheckpointFormatError(f"{where} is a directory, not a checkpoint file")
-    with open(where, "rb") as handle:
+    with paths.open_binary(where) as handle:
         start = handle.read(len(_ZIP_MAGIC))
-    size = os.path.getsize(where)
+    size = paths.size_of(where)
     tensors = _safetensors_header(where, size)
     if tensors is not None:
         if key is not None or not plain:
@@ -155,7 +158,7 @@ def _safetensors_header(path: str, size: int) -> dict[str, Any] | None:
 
     Only the header is read: it names every tensor with its dtype, shape and byte range.
     """
-    with open(path, "rb") as handle:
+    with paths.open_binary(path) as handle:
         prefix = handle.read(_SAFETENSORS_LENGTH.size)
         if len(prefix) < _SAFETENSORS_LENGTH.size:
             return None
@@ -174,6 +177,9 @@ def _safetensors_header(path: str, size: int) -> dict[str, Any] | None:
 
 def _load_plain(path: str) -> Any:
     try:
+        if paths.is_url(path):
+            with paths.open_binary(path) as handle:
+                return torch.load(handle, map_location="cpu", weights_only=True)
         # mmap: a large file is described without reading every tensor into memory.
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:

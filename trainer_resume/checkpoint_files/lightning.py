@@ -20,9 +20,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .._atomic import save_plain_torch_file
 from ..durable import load_checkpoint
 from ..errors import CheckpointFormatError
+from ..storage.paths import save_plain_torch_file
 from .hparams import rebuilt_hyperparameters
 
 __all__ = [
@@ -72,7 +72,7 @@ def save_plain_checkpoint(checkpoint: Mapping[str, Any], out: str | os.PathLike[
     Raises:
         CheckpointWriteError: writing failed (327); the cause is chained.
     """
-    save_plain_torch_file(checkpoint, os.fspath(out))
+    save_plain_torch_file(checkpoint, out)
 
 
 def write_plain_checkpoint(

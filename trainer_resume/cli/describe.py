@@ -22,7 +22,6 @@ file's ``state_dict``) also has ``keys`` (their number) and ``first_keys`` (the 
 from __future__ import annotations
 
 import hashlib
-import os
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -55,6 +54,7 @@ from ..state import (
     SHARDED_FORMAT,
     STATEFUL_SAMPLER_FORMAT,
 )
+from ..storage import paths
 
 __all__ = [
     "FIRST_KEYS",
@@ -112,12 +112,12 @@ def describe_file(file: CheckpointFile, *, signature_verified: bool) -> dict[str
     if file.kind == PAUSE:
         summary.update(pause_summary(content))
         steps = content.get("completed_steps")
-        if isinstance(steps, int) and os.path.basename(file.path) == point_name(steps):
+        if isinstance(steps, int) and paths.basename(file.path) == point_name(steps):
             summary["description"] = "resume point (TrainingResumeMixin)"
     elif file.kind in (LIGHTNING, LIGHTNING_PAUSE):
         summary.update(_lightning(content))
         steps = summary["steps"]["global_step"]
-        if isinstance(steps, int) and os.path.basename(file.path) == point_name(steps):
+        if isinstance(steps, int) and paths.basename(file.path) == point_name(steps):
             summary["description"] = "Lightning resume point"
     elif file.kind == SAFETENSORS:
         summary.update(_safetensors(content))
@@ -457,7 +457,7 @@ def describe_directory(
         found = candidates(path, key=key, steps_of=_pause_steps)
     skipped = [str(w.message) for w in caught if issubclass(w.category, SkippedCheckpointWarning)]
     marker = finished_marker_path(path)
-    finished = os.path.isfile(marker)
+    finished = paths.is_file(marker)
     if not found and not finished:
         raise CheckpointFormatError(
             f"{path} is a directory without resume points, pause files or a finished marker"
@@ -467,16 +467,16 @@ def describe_directory(
         "kind": DIRECTORY,
         "description": "resume-point directory",
         "points": [
-            {"file": os.path.basename(c.path), "completed_steps": c.completed_steps}
+            {"file": paths.basename(c.path), "completed_steps": c.completed_steps}
             for c in found
             if c.is_point
         ],
         "pause_files": [
-            {"file": os.path.basename(c.path), "completed_steps": c.completed_steps}
+            {"file": paths.basename(c.path), "completed_steps": c.completed_steps}
             for c in found
             if not c.is_point
         ],
-        "finished": os.path.basename(marker) if finished else None,
+        "finished": paths.basename(marker) if finished else None,
         "newest": None,
     }
     for candidate in found:  # newest first; the first one that verifies is what a resume takes

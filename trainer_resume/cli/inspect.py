@@ -10,11 +10,11 @@ verified, and read weights-only. ``--json`` prints the summary of
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, TextIO
 
 from ..checkpoint_files import read_checkpoint_file
 from ..durable import validate_key
+from ..storage import paths
 from ._common import EXIT_OK, UsageError, format_bytes, format_table, read_key_file
 from .describe import SHARDED_MANIFEST, describe_directory, describe_file
 from .describe_sharded import SHARDED_DIRECTORY, describe_sharded, is_sharded_pause
@@ -30,9 +30,10 @@ def summarize(path: str, *, key: bytes | None = None) -> dict[str, Any]:
     Raises:
         FileNotFoundError, ResumeError: as ``read_checkpoint_file`` (321, 322, 328, 339).
     """
+    path = paths.location(path)
     if is_sharded_pause(path):
         return describe_sharded(path, key=key)
-    if os.path.isdir(path):
+    if paths.is_dir(path):
         return describe_directory(path, key=key, read=lambda p: read_checkpoint_file(p, key=key))
     return describe_file(read_checkpoint_file(path, key=key), signature_verified=key is not None)
 
@@ -253,7 +254,7 @@ def _print_directory(summary: dict[str, Any], out: TextIO) -> None:
             "finished",
             f"yes ({summary['finished']}): nothing to resume" if summary["finished"] else "no",
         ),
-        ("newest valid", os.path.basename(newest["path"]) + ", below" if newest else "none"),
+        ("newest valid", paths.basename(newest["path"]) + ", below" if newest else "none"),
     ]
     width = max(len(label) for label, _ in lines)
     for label, value in lines:

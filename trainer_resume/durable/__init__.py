@@ -27,8 +27,10 @@ from typing import Any
 import torch
 
 from .._atomic import DigestingWriter, TempFile, replace_atomically
-from ..errors import CheckpointCorruptedError, CheckpointFormatError
+from ..errors import CheckpointCorruptedError, CheckpointFormatError, CheckpointWriteError
+from ..storage.urls import check_location, is_url, local_path
 from ._archive_check import Archive, Payload, check_archive
+from ._byte_readers import Source, pread
 from ._direct_copy import DirectCopy, Unplannable, is_tensor_record, plan_records
 from ._format import (
     FORMAT_VERSION,
@@ -43,6 +45,7 @@ from ._format import (
     usable_cores,
     verify_signature,
 )
+from ._remote import BufferCopy, ChunkSink, open_source, upload_checkpoint
 from ._sealed_copy import SealedCopy
 from ._torch_io import (
     check_nesting,
@@ -131,25 +134,40 @@ def save_checkpoint(obj: Any, path: str | os.PathLike[str], *, key: bytes | None
     """
     key = check_key(key)
     check_nesting(obj, "the checkpoint")
-    target = os.fsdecode(path)
+    target = local_path(os.fsdecode(path))
+    if is_url(target):
+        check_location(target)  # a scheme nothing installed reads: refused before any work
+        payload = ChunkSink()
+        try:
+            header = _serialize(obj, payload, key)
+        except Exception as exc:
+            raise CheckpointWriteError(f"could not write {target}: {exc!r}") from exc
+        upload_checkpoint(target, header, payload)
+        return
 
     def fill(out: TempFile) -> None:
         out.write(bytes(HEADER_SIZE))  # placeholder: the digest is known only at the end
-        # The write keeps one core busy; the hash runs beside it on the others (on two
-        # cores a hashing pool would compete with the writer: twice as slow, measured).
-        hasher = new_hasher(FORMAT_VERSION, threads=usable_cores() - 1)
-        with DigestingWriter(out, hasher) as sink:
-            try:
-                with crc32_skipped():
-                    torch.save(obj, sink)
-            except Exception:
-                sink.raise_write_error()
-                raise
-            sink.raise_write_error()
+        header = _serialize(obj, out, key)
         out.seek(0)
-        out.write(pack_header(sink.length, sink.hasher.digest(), key))
+        out.write(header)
 
     replace_atomically(target, fill)
+
+
+def _serialize(obj: Any, out: Any, key: bytes | None) -> bytes:
+    """``torch.save`` ``obj`` into ``out`` while hashing it; returns the header for it."""
+    # The write keeps one core busy; the hash runs beside it on the others (on two
+    # cores a hashing pool would compete with the writer: twice as slow, measured).
+    hasher = new_hasher(FORMAT_VERSION, threads=usable_cores() - 1)
+    with DigestingWriter(out, hasher) as sink:
+        try:
+            with crc32_skipped():
+                torch.save(obj, sink)
+        except Exception:
+            sink.raise_write_error()
+            raise
+        sink.raise_write_error()
+    return pack_header(sink.length, sink.hasher.digest(), key)
 
 
 def load_checkpoint(
@@ -188,7 +206,7 @@ def load_checkpoint(
         TypeError, ValueError: ``key`` is not valid (see :func:`validate_key`).
     """
     key = check_key(key)
-    where = os.fsdecode(path)
+    where = local_path(os.fsdecode(path))
     with _verified_copy(where, key) as (_, load):
         return load(map_location)
 
@@ -210,7 +228,7 @@ def read_checkpoint_header(
         CheckpointSignatureError, TypeError, ValueError: As for :func:`load_checkpoint`.
     """
     key = check_key(key)
-    where = os.fsdecode(path)
+    where = local_path(os.fsdecode(path))
     with _verified_copy(where, key) as (header, _):
         return CheckpointHeader(
             header.version, header.length, header.digest.hex(), header.signed, header.algorithm
@@ -227,21 +245,34 @@ def _verified_copy(path: str, key: bytes | None) -> Iterator[tuple[Header, _Load
     changed between reading its directory and reading it whole, the payload is
     copied whole into sealed memory (:mod:`trainer_resume.durable._sealed_copy`).
     """
-    fd = os.open(path, _READ_FLAGS)
+    if is_url(path):
+        reader = open_source(path)
+        source, size, close = reader, reader.size, reader.close
+    else:
+        fd = os.open(path, _READ_FLAGS)
+        source, close = fd, lambda: os.close(fd)
     try:
-        found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode):
-            raise CheckpointFormatError(f"{path} is not a regular file ({_kind(found.st_mode)})")
-        header = parse_header(_read_head(fd), found.st_size, path)
-        direct = _read_ahead(fd, header, key, path)
+        if isinstance(source, int):
+            found = os.fstat(source)
+            if not stat.S_ISREG(found.st_mode):
+                raise CheckpointFormatError(
+                    f"{path} is not a regular file ({_kind(found.st_mode)})"
+                )
+            size = found.st_size
+        header = parse_header(_read_head(source), size, path)
+        direct = _read_ahead(source, header, key, path)
         if direct is not None:
             copy, prefix = direct
             with copy:
                 yield header, lambda location: load_read_ahead(copy, prefix, location, path)
             return
-        sealed = SealedCopy(fd, HEADER_SIZE, header.length, path)
+        sealed: SealedCopy | BufferCopy = (
+            SealedCopy(source, HEADER_SIZE, header.length, path)
+            if isinstance(source, int)
+            else BufferCopy(source, HEADER_SIZE, header.length, path)
+        )
     finally:
-        os.close(fd)
+        close()
     with sealed:
         hasher = new_hasher(header.version, threads=_hash_threads(header))
         hasher.update(sealed.view)
@@ -274,7 +305,7 @@ def _kind(mode: int) -> str:
 
 
 def _read_ahead(
-    fd: int, header: Header, key: bytes | None, path: str
+    fd: Source, header: Header, key: bytes | None, path: str
 ) -> tuple[DirectCopy, str] | None:
     """The payload read record by record and verified, with its archive's folder;
     None when it must be copied whole instead."""
@@ -331,11 +362,13 @@ def _hash_threads(header: Header) -> int:
     return usable_cores() if header.length >= THREADED_HASH_MIN else 1
 
 
-def _read_head(fd: int) -> bytes:
-    head = b""
-    while len(head) < HEADER_SIZE:
-        got = os.read(fd, HEADER_SIZE - len(head))
+def _read_head(source: Source) -> bytes:
+    head = bytearray(HEADER_SIZE)
+    view = memoryview(head)
+    done = 0
+    while done < HEADER_SIZE:
+        got = pread(source, view[done:], done)
         if not got:
             break
-        head += got
-    return head
+        done += got
+    return bytes(head[:done])

@@ -1,15 +1,32 @@
 """Read-only, seekable file objects over bytes that are not one whole file: a window
-of an open file, or consecutive pieces of memory (for ``zipfile`` and torch's zip
-reader, which seek and read)."""
+of an open file (a local descriptor, or an object read by range), or consecutive
+pieces of memory (for ``zipfile`` and torch's zip reader, which seek and read)."""
 
 from __future__ import annotations
 
 import bisect
 import io
 import os
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["FileWindow", "PiecesReader"]
+__all__ = ["FileWindow", "PiecesReader", "PositionalReader", "Source", "pread"]
+
+
+class PositionalReader(Protocol):
+    """Bytes read at a position, without a shared file position (an object by range)."""
+
+    def pread_into(self, view: memoryview, position: int) -> int: ...
+
+
+# A local file's descriptor, or a reader of an object's bytes by position.
+Source = int | PositionalReader
+
+
+def pread(source: Source, view: memoryview, position: int) -> int:
+    """Read up to ``len(view)`` bytes of ``source`` from ``position`` into ``view``."""
+    if isinstance(source, int):
+        return os.preadv(source, [view], position)
+    return source.pread_into(view, position)
 
 
 class _Seekable(io.RawIOBase):
@@ -38,17 +55,17 @@ class _Seekable(io.RawIOBase):
 
 
 class FileWindow(_Seekable):
-    """``length`` bytes of the open file ``fd`` from ``offset`` (read with ``preadv``,
-    so the descriptor's own position is never moved)."""
+    """``length`` bytes of the open file ``fd`` (or another :data:`Source`) from
+    ``offset`` (read with ``preadv``, so the descriptor's own position is never moved)."""
 
-    def __init__(self, fd: int, offset: int, length: int) -> None:
+    def __init__(self, fd: Source, offset: int, length: int) -> None:
         super().__init__(length)
         self._fd, self._offset = fd, offset
 
     def readinto(self, buffer: Any) -> int:
         target = memoryview(buffer).cast("B")
         count = max(0, min(len(target), self._size - self._pos))
-        got = os.preadv(self._fd, [target[:count]], self._offset + self._pos) if count else 0
+        got = pread(self._fd, target[:count], self._offset + self._pos) if count else 0
         self._pos += got
         return got
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ctypes
 import io
-import os
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ import torch
 
 from ..errors import CheckpointCorruptedError
 from ._archive_check import LOCAL_HEADER, is_stored, names_entry
-from ._byte_readers import FileWindow, PiecesReader
+from ._byte_readers import FileWindow, PiecesReader, Source, pread
 
 __all__ = ["DirectCopy", "Record", "Unplannable", "is_tensor_record", "plan_records"]
 
@@ -68,7 +67,7 @@ class Record:
     length: int
 
 
-def plan_records(fd: int, offset: int, length: int) -> list[Record]:
+def plan_records(fd: Source, offset: int, length: int) -> list[Record]:
     """The tensor records of the payload at ``offset``, from its zip directory.
 
     The directory is read from the file as it is now, unverified; the plan is only
@@ -110,7 +109,8 @@ def is_tensor_record(name: str) -> bool:
 
 
 class DirectCopy:
-    """``length`` bytes of ``fd`` from ``offset``, read once into memory and hashed.
+    """``length`` bytes of ``fd`` (a descriptor, or an object read by range) from
+    ``offset``, read once into memory and hashed.
 
     Each record of ``records`` is read into a storage of its own; every byte of the
     payload is fed to ``hasher``, in order, on a helper thread.
@@ -122,7 +122,7 @@ class DirectCopy:
     """
 
     def __init__(
-        self, fd: int, offset: int, length: int, records: list[Record], hasher: Any, where: str
+        self, fd: Source, offset: int, length: int, records: list[Record], hasher: Any, where: str
     ) -> None:
         self.size = length
         self._storages: dict[str, torch.Tensor] = {}
@@ -229,7 +229,7 @@ def _writable_view(tensor: torch.Tensor) -> memoryview:
 class _HashedStream:
     """Reads the payload front to back, each byte once, and hashes it in order."""
 
-    def __init__(self, fd: int, offset: int, length: int, hasher: Any, where: str) -> None:
+    def __init__(self, fd: Source, offset: int, length: int, hasher: Any, where: str) -> None:
         self._fd, self._offset, self._length, self._where = fd, offset, length, where
         self._hasher = hasher
         self.position = 0  # payload bytes handed out so far
@@ -265,7 +265,7 @@ class _HashedStream:
         """Read exactly ``len(view)`` next bytes of the file into ``view``, queue its hash."""
         got = 0
         while got < len(view):
-            count = os.preadv(self._fd, [view[got:]], self._offset + self._read + got)
+            count = pread(self._fd, view[got:], self._offset + self._read + got)
             if count == 0:
                 raise CheckpointCorruptedError(f"{self._where} shrank while it was read")
             got += count

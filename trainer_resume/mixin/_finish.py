@@ -6,14 +6,14 @@ See :mod:`trainer_resume.finished`: from then on ``resume(path)`` refuses and
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from .. import distributed as _distributed
-from .._atomic import make_parent_directory
 from ..errors import TrainerLockedError
 from ..finished import finished_marker_path, mark_finished
 from ..state import StrPath
+from ..storage.paths import location as checked_location
+from ..storage.paths import make_parent_directory
 from ._settings import settings_of
 from ._step_guard import StepGuard
 
@@ -28,7 +28,7 @@ def finish_run(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) ->
     if guard.locked_reason is not None:
         raise TrainerLockedError(guard.locked_reason)
     key = settings_of(trainer, "finish()").key
-    location = os.fspath(path)
+    location = checked_location(path)
 
     def write() -> None:
         make_parent_directory(location)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from .. import distributed as _distributed
 from ..state import StrPath
+from ..storage.urls import check_location, is_url
 from ._hook_audit import warn_request_without_step
 from ._pause import pause_checkpoint
 from ._settings import settings_of
@@ -30,6 +31,8 @@ __all__ = ["land_requested_pause", "pause_at_step_boundary", "record_pause_reque
 
 def record_pause_request(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) -> None:
     """The body of ``request_pause()``: safe from any thread and from signal handlers."""
+    if is_url(path):  # a scheme nothing installed reads: refused now, not at the boundary
+        check_location(path)
     guard.requested_path = os.fspath(path)
     # Only off the main thread: there a signal handler may be the caller, and it
     # must not write (pause_on_signal's watcher warns for signals).

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import distributed as _distributed
-from .._atomic import make_parent_directory
 from .._module_names import canonical_state
 from ..checks.pause_state import check_saveable, to_cpu
 from ..errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
@@ -30,6 +29,7 @@ from ..sharded.detect import (
     sharded_objects,
 )
 from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, PAUSE_FORMAT, PauseCheckpoint, StrPath
+from ..storage.paths import is_url, make_parent_directory
 from ._boundary import boundary_loader_states, boundary_random_state
 from ._ddp_window import collect_windows, watch_windows
 from ._gradients import collect_gradients
@@ -40,7 +40,18 @@ from ._training_start import check_hook_results
 if TYPE_CHECKING:
     from . import TrainingResumeMixin
 
-__all__ = ["pause_checkpoint", "pause_to"]
+__all__ = ["pause_checkpoint", "pause_to", "refuse_sharded_url"]
+
+
+def refuse_sharded_url(path: StrPath, sharded: ShardedObjects) -> None:
+    """Refuse a sharded pause to a URL (sharded pauses are directories on a local or
+    shared file system; see docs/cloud-storage.md)."""
+    if sharded and is_url(path):
+        raise UnsupportedResumeConfigurationError(
+            f"{path}: a sharded model ({', '.join(sorted(sharded.names))}) pauses to a "
+            "directory every rank writes to; give a path on a shared file system (or a "
+            "bucket mounted there), not a URL"
+        )
 
 
 def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) -> None:
@@ -59,6 +70,7 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) -> N
         guard.check_pause_allowed()
         sharded = sharded_objects(trainer._resume_objects())
         refuse_unreduced_gradients(trainer._resume_objects(), sharded)
+        refuse_sharded_url(path, sharded)
         checkpoint = pause_checkpoint(trainer, guard, sharded=sharded)
     except Exception as error:
         if collective:

@@ -15,10 +15,12 @@ from collections.abc import Iterable
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
-from .._atomic import make_parent_directory
 from .._signals import DEFAULT_PAUSE_SIGNALS, Handler, install_handlers, restore_handlers
+from ..sharded.detect import sharded_objects
 from ..state import StrPath
+from ..storage.paths import is_url, make_parent_directory
 from ._hook_audit import warn_if_no_step, warn_request_without_step
+from ._pause import refuse_sharded_url
 from ._step_guard import StepGuard
 
 if TYPE_CHECKING:
@@ -152,6 +154,12 @@ def arm_signals(
 ) -> SignalPause:
     """The body of ``pause_on_signal()``: the previous handle restored, a new one armed."""
     make_parent_directory(path)  # a missing folder is created now, or refused with the reason
+    if is_url(path):
+        try:
+            objects = trainer._resume_objects()
+        except Exception:  # noqa: BLE001 - not built yet: pause() refuses it later
+            objects = {}
+        refuse_sharded_url(path, sharded_objects(objects))
     trainer.restore_signal_handlers()
     handle = SignalPause(
         guard,

@@ -43,6 +43,8 @@ from ..durable import save_checkpoint
 from ..errors import CheckpointWriteError, ResumePointsInUseError
 from ..finished import mark_finished
 from ..state import StrPath
+from ..storage import paths
+from ..storage.urls import set_storage_options
 from ._host_snapshot import HostBuffers
 from ._lock import hold_writer_lock, release_writer_lock
 from .files import (
@@ -156,6 +158,8 @@ class ResumePoints:
         every_seconds: Take a point at the first boundary this long after the last one.
         keep: How many points to keep; older ones are removed only after a newer one
             is durable.
+        storage_options: fsspec options for a ``directory`` that is a URL (``s3://...``),
+            besides what the environment gives (docs/cloud-storage.md).
         when_busy: What happens when a point is due while the previous write still
             runs: ``"skip"`` (take it at the first boundary after the write is done;
             ``skipped`` counts the scheduled points passed over) or ``"wait"`` (block the
@@ -177,6 +181,7 @@ class ResumePoints:
         every_seconds: float | None = None,
         keep: int = 3,
         when_busy: WhenBusy = "skip",
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if every_steps is not None and (
             isinstance(every_steps, bool) or not isinstance(every_steps, int)
@@ -190,8 +195,16 @@ class ResumePoints:
             raise ValueError(f"keep must be an int >= 1, got {keep!r}")
         if when_busy not in ("skip", "wait"):
             raise ValueError(f"when_busy must be 'skip' or 'wait', got {when_busy!r}")
-        self.directory = os.path.abspath(os.fspath(directory))
-        os.makedirs(self.directory, exist_ok=True)
+        location = paths.location(directory)
+        if paths.is_url(location):  # a key prefix: nothing to create
+            if storage_options is not None:
+                set_storage_options(location, storage_options)
+            self.directory = location
+        else:
+            if storage_options:
+                raise ValueError("storage_options apply to URLs (s3://...), not to local paths")
+            self.directory = os.path.abspath(location)
+            os.makedirs(self.directory, exist_ok=True)
         self.every_steps = every_steps
         self.every_seconds = every_seconds
         self.keep = keep
@@ -364,7 +377,7 @@ class ResumePoints:
         self, checkpoint: Any, completed_steps: int, key: bytes | None, *, write: bool
     ) -> ResumePoint:
         point = ResumePoint(
-            os.path.join(self.directory, point_name(completed_steps)), completed_steps
+            paths.join(self.directory, point_name(completed_steps)), completed_steps
         )
         self._last = point
         self._last_time = time.monotonic()
@@ -401,7 +414,7 @@ class ResumePoints:
             remove_stale_temp_files(self.directory)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread
             error = exc
-            if os.path.exists(point.path) and not isinstance(exc, CheckpointWriteError):
+            if paths.exists(point.path) and not isinstance(exc, CheckpointWriteError):
                 # The point itself is durable; only removing old points failed.
                 _log.warning(
                     "resume point %s written, but removing older points failed: %r", point.path, exc

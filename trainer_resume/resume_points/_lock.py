@@ -52,6 +52,8 @@ from typing import Any
 
 from ..errors import CheckpointWriteError, ResumePointsInUseError
 from ..processes.names import ended, this_process
+from ..storage.urls import is_url
+from ._object_lock import hold_object_lock, release_object_lock
 
 __all__ = ["GUARD_NAME", "LOCK_NAME", "hold_writer_lock", "release_writer_lock"]
 
@@ -94,6 +96,9 @@ def hold_writer_lock(directory: str, holder: object) -> None:
             chained). On a file system without locks the points are written unguarded,
             with a logged warning.
     """
+    if is_url(directory):  # an object store: a lock object with a lease
+        hold_object_lock(directory, holder)
+        return
     key = os.path.realpath(directory)
     with _guard:
         if key not in _held:
@@ -240,6 +245,9 @@ def _let_go(key: str, holder: int) -> None:
 
 def release_writer_lock(directory: str) -> None:
     """Give the directory's lock up and remove its file (the run is finished); a no-op when not held."""
+    if is_url(directory):
+        release_object_lock(directory)
+        return
     key = os.path.realpath(directory)
     with _guard:
         held = _held.pop(key, None)

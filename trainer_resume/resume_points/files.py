@@ -31,11 +31,12 @@ import warnings
 from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
-from .._atomic import fsync_directory, remove_stale_temps
+from .._atomic import remove_stale_temps
 from ..durable import load_checkpoint
 from ..errors import CheckpointCorruptedError, CheckpointFormatError, SkippedCheckpointWarning
 from ..finished import finished_marker_path, refuse_if_finished
 from ..state import StrPath
+from ..storage import objects, paths
 
 __all__ = [
     "Candidate",
@@ -84,18 +85,18 @@ def point_name(completed_steps: int) -> str:
 
 def point_steps(path: StrPath) -> int | None:
     """The completed steps of the resume point at ``path``, from its name; ``None`` for another file."""
-    match = _POINT.fullmatch(os.path.basename(os.fspath(path)))
+    match = _POINT.fullmatch(paths.basename(path))
     return int(match.group(1)) if match else None
 
 
 def list_points(directory: StrPath) -> list[tuple[int, str]]:
     """``(completed_steps, path)`` of every resume point in ``directory`` by name, oldest first."""
-    location = os.fspath(directory)
+    location = paths.location(directory)
     points = []
     for entry in _entries(location):
         match = _POINT.fullmatch(entry)
         if match:
-            points.append((int(match.group(1)), os.path.join(location, entry)))
+            points.append((int(match.group(1)), paths.join(location, entry)))
     return sorted(points)
 
 
@@ -115,7 +116,7 @@ def candidates(
     A point's step comes from its name; a pause file is loaded (verified) to read
     its step, and skipped with a warning when that fails.
     """
-    location = os.fspath(directory)
+    location = paths.location(directory)
     points, pauses = _listing(location)
     found = [Candidate(path, steps, True) for steps, path in points]
     for path in pauses:
@@ -160,13 +161,16 @@ def newest_checkpoint(
             read, listing after listing (something removes points as fast as they
             are listed).
     """
-    location = os.fspath(directory)
+    location = paths.location(directory)
     read = load if load is not None else (lambda path: load_checkpoint(path, key=key))
     for _ in range(_RESCANS):
-        if not os.path.isdir(location):
+        # A prefix with nothing under it is no "directory", but may have a finished
+        # marker beside it (a run finished before its first point): looked for below.
+        if not paths.is_url(location) and not os.path.isdir(location):
             return None
         refuse_if_finished(location, key=key)
-        remove_stale_temp_files(location)
+        if not paths.is_url(location):  # a live writer's upload is not visible as stale
+            remove_stale_temp_files(location)
         found, vanished = _newest_listed(location, read, steps_of, set(exclude))
         if found is not None or not vanished:
             return found
@@ -230,14 +234,20 @@ def _listing(location: str) -> tuple[list[tuple[int, str]], list[str]]:
     """The regular files of a directory: points by step from their names, oldest first,
     and the other (pause) files. A point name that is no regular file is skipped with
     a warning; symlinks are not followed."""
-    marker = os.path.basename(finished_marker_path(location))
+    marker = paths.basename(finished_marker_path(location))
     points: list[tuple[int, str]] = []
     pauses: list[str] = []
     for entry in _entries(location):
         if entry.startswith(".") or entry == marker:
             continue
-        path = os.path.join(location, entry)
+        path = paths.join(location, entry)
         match = _POINT.fullmatch(entry)
+        if paths.is_url(path):  # a listed object is a whole object, never a link or a FIFO
+            if match:
+                points.append((int(match.group(1)), path))
+            else:
+                pauses.append(path)
+            continue
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
@@ -268,7 +278,7 @@ def retain_points(directory: StrPath, newest: int, keep: int) -> list[str]:
     for path in doomed:
         _remove(path)
     if doomed:
-        fsync_directory(os.fspath(directory))
+        paths.sync_directory(directory)
     return doomed
 
 
@@ -278,25 +288,27 @@ def remove_points(directory: StrPath) -> list[str]:
     for path in doomed:
         _remove(path)
     remove_stale_temp_files(directory)
-    fsync_directory(os.fspath(directory))
+    paths.sync_directory(directory)
     return doomed
 
 
 def remove_stale_temp_files(directory: StrPath) -> None:
-    """Remove the temp files of writers (any target name) that are no longer running."""
-    remove_stale_temps(os.fspath(directory))
+    """Remove the temp files of writers (any target name) that are no longer running; at a
+    URL, abort the incomplete uploads under it that this process is not sending."""
+    location = paths.location(directory)
+    if paths.is_url(location):
+        objects.abort_stale_uploads(location)
+    else:
+        remove_stale_temps(location)
 
 
 def _entries(location: str) -> list[str]:
-    try:
-        return sorted(os.listdir(location))
-    except FileNotFoundError:
-        return []
+    return paths.list_names(location)
 
 
 def _remove(path: str) -> None:
     try:
-        os.remove(path)
+        paths.remove(path)
     except FileNotFoundError:
         pass
 

@@ -24,6 +24,7 @@ from trainer_resume.durable import (
 from trainer_resume.errors import (
     CheckpointFormatError,
     CheckpointSignatureError,
+    StorageURLError,
     UnsafeCheckpointError,
 )
 
@@ -190,9 +191,17 @@ def test_signed_files_need_the_key(tmp_path: Path) -> None:
         other.load_checkpoint(tmp_path / "sub" / "s.ckpt")
 
 
-def test_remote_paths_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="local files only"):
-        DurableCheckpointIO().save_checkpoint({}, "memory://bucket/a.ckpt")
+def test_a_url_is_written_as_an_object_and_read_back_verified() -> None:
+    io = DurableCheckpointIO()
+    url = "memory://lightning-io-test/run/a.ckpt"
+    io.save_checkpoint({"pytorch-lightning_version": "2.6.6", "x": torch.arange(3)}, url)
+    assert torch.equal(io.load_checkpoint(url)["x"], torch.arange(3))
+    assert not Path("memory:").exists()
+
+
+def test_a_url_of_an_unknown_scheme_is_refused_naming_the_package() -> None:
+    with pytest.raises(StorageURLError, match="gcsfs"):
+        DurableCheckpointIO().save_checkpoint({}, "gs://bucket/a.ckpt")
 
 
 @pytest.mark.slow

@@ -26,7 +26,6 @@ import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from ..._atomic import make_parent_directory
 from ..._module_names import canonical_state, live_state
 from ..._signals import (
     DEFAULT_PAUSE_SIGNALS,
@@ -51,6 +50,8 @@ from ...finished import mark_finished, refuse_if_finished, run_finished
 from ...rng import random_state, restore_random_state, validate_random_state
 from ...signature import sign_config
 from ...state import LightningPauseState, RandomState
+from ...storage import paths
+from ...storage.urls import set_storage_options
 from .fit_loaders import check_train_loaders, end_loader_epochs
 from .io import DurableCheckpointIO, PauseFileReader, RunFiles, check_loadable
 from .metrics import (
@@ -138,11 +139,14 @@ class ResumeCallback(Callback):
         config: Any = None,
         config_ignore: Collection[str] = (),
         strict: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
-        self.path = os.fspath(path)
+        self.path = paths.location(path)
+        if storage_options is not None:
+            set_storage_options(self.path, storage_options)
         self.strict = strict
         self.signals = tuple(signal.Signals(number) for number in signals)
         self._config = sign_config(config, ignore=config_ignore) if config is not None else None
@@ -182,7 +186,7 @@ class ResumeCallback(Callback):
         """
         if self.finished:
             return None
-        return self.path if os.path.exists(self.path) else None
+        return self.path if paths.exists(self.path) else None
 
     @property
     def finished(self) -> bool:
@@ -324,8 +328,8 @@ class ResumeCallback(Callback):
         refuse_if_finished(self.path)
         # The finished marker (and a pause) go beside the pause file: its folder exists
         # from now on, or fit is refused here with the reason.
-        make_parent_directory(self.path)
-        self._unused_pause = os.path.exists(self.path)  # until the fit resumes from it
+        paths.make_parent_directory(self.path)
+        self._unused_pause = paths.exists(self.path)  # until the fit resumes from it
         self._request = None
         self._paused_at = None
         self._pending_rng = None
@@ -669,6 +673,8 @@ class ResumeCallback(Callback):
 def _same_file(path: Any, other: str) -> bool:
     if path is None:
         return False
+    if paths.is_url(str(path)) or paths.is_url(other):
+        return paths.same_location(str(path), other)
     try:
         return os.path.samefile(os.fspath(path), other)
     except (OSError, TypeError):  # a URL, a missing file: compared by name

@@ -22,6 +22,8 @@ from ...checkpoint_files.hparams import plain_hyperparameters, rebuilt_hyperpara
 from ...checks.weights_only import refused_entry
 from ...durable import load_checkpoint, save_checkpoint, validate_key
 from ...errors import CheckpointFormatError, UnsafeCheckpointError
+from ...storage import paths
+from ...storage.urls import set_storage_options
 
 __all__ = [
     "DurableCheckpointIO",
@@ -49,8 +51,8 @@ class DurableCheckpointIO(CheckpointIO):
     Files are written in trainer-resume's checkpoint format (a verified header in
     front of a ``torch.save`` archive), so read them with this plugin or with
     :func:`trainer_resume.durable.load_checkpoint`, not with a bare ``torch.load``.
-    Only local paths are supported: fsync and atomic rename are file-system
-    operations.
+    A path may be an fsspec URL (``s3://...``): the object appears whole or not at all
+    (docs/cloud-storage.md).
 
     Args:
         key: Optional signing key (bytes, at least 16). Every file is then signed
@@ -79,21 +81,19 @@ class DurableCheckpointIO(CheckpointIO):
         """Write ``checkpoint`` to ``path`` durably; the previous file survives any failure.
 
         Raises:
-            TypeError: ``storage_options`` was given (as Lightning's ``TorchCheckpointIO``).
-            ValueError: ``path`` is not on the local file system.
+            StorageURLError: ``path`` is a URL whose scheme nothing installed reads (353).
+            (``storage_options`` apply to every path under ``path``'s URL from then on.)
             UnsafeCheckpointError: ``checkpoint`` holds an object that weights-only
                 loading would refuse (328); nothing was written.
             CheckpointWriteError: Writing failed (327); the previous file is intact.
         """
+        target = _path(path)
         if storage_options is not None:
-            raise TypeError(
-                f"`Trainer.save_checkpoint(..., storage_options=...)` is not supported by {type(self).__name__}"
-            )
-        target = _local_path(path)
+            set_storage_options(target, storage_options)
         plain = plain_hyperparameters(checkpoint)
         check_loadable(plain, where=target)
         # Lightning's own IO creates the directory too; ModelCheckpoint relies on it.
-        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        paths.make_parent_directory(target)
         save_checkpoint(plain, target, key=self._key)
 
     def load_checkpoint(
@@ -112,7 +112,7 @@ class DurableCheckpointIO(CheckpointIO):
                 ``False`` is refused rather than silently ignored.
 
         Raises:
-            ValueError: ``weights_only=False`` was asked for, or ``path`` is not local.
+            ValueError: ``weights_only=False`` was asked for.
             FileNotFoundError: ``path`` does not exist.
             CheckpointFormatError: Not a trainer-resume checkpoint, or it does not
                 hold a dict (321).
@@ -126,7 +126,7 @@ class DurableCheckpointIO(CheckpointIO):
                 "store plain values in the checkpoint or allow specific classes with "
                 "torch.serialization.add_safe_globals"
             )
-        target = _local_path(path)
+        target = _path(path)
         location = "cpu" if map_location is None else map_location
         return lightning_checkpoint(
             load_checkpoint(target, map_location=location, key=self._key), target
@@ -163,7 +163,7 @@ class RunFiles:
         checkpoint: dict[str, Any] | None = None,
     ) -> None:
         """Read ``path`` durably with ``key``; ``checkpoint``: its contents, already verified."""
-        self._files[os.path.realpath(os.fspath(path))] = (key, checkpoint)
+        self._files[_file_key(path)] = (key, checkpoint)
 
     def clear(self) -> None:
         self._files.clear()
@@ -173,7 +173,7 @@ class RunFiles:
     ) -> tuple[bytes | None, dict[str, Any] | None] | None:
         """``(key, checkpoint read before)`` of a run file (the checkpoint only once), else ``None``."""
         try:
-            real = os.path.realpath(os.fspath(path))
+            real = _file_key(path)
         except TypeError:
             return None
         entry = self._files.get(real)
@@ -283,17 +283,15 @@ def check_loadable(checkpoint: Any, *, where: str) -> None:
         )
 
 
-def _local_path(path: str | os.PathLike[str]) -> str:
+def _path(path: str | os.PathLike[str]) -> str:
+    """A local path (``file://`` removed) or a URL whose scheme is installed (353)."""
     text = os.fspath(path)
     if not isinstance(text, str):
         text = os.fsdecode(text)
-    protocol = get_filesystem(text).protocol
-    protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
-    if not {"file", "local"} & set(protocols):
-        raise ValueError(
-            f"{DurableCheckpointIO.__name__} writes local files only (fsync and atomic rename are "
-            f"file-system operations); got {text!r}"
-        )
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    return text
+    return paths.location(text)
+
+
+def _file_key(path: str | os.PathLike[str]) -> str:
+    """One name per file: a URL as given, a local path resolved."""
+    where = _path(path)
+    return where if paths.is_url(where) else os.path.realpath(where)

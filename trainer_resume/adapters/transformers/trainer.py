@@ -44,6 +44,8 @@ from ...resume_points import ResumePoints
 from ...resume_points.files import latest_checkpoint
 from ...rng import restore_random_state
 from ...state import PauseCheckpoint, StrPath
+from ...storage import paths
+from ...storage.urls import set_storage_options
 from . import loop_state
 from .loader import TrainLoader, build_train_loader
 from .refusals import check_trainer, refuse_train_arguments
@@ -127,7 +129,10 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
 
     Args:
         *args: ``transformers.Trainer``'s.
-        pause_path: The pause file (its finished marker goes beside it).
+        pause_path: The pause file (its finished marker goes beside it); a local path or
+            an fsspec URL (``s3://...``, docs/cloud-storage.md).
+        storage_options: fsspec options for a ``pause_path`` that is a URL, besides what
+            the environment gives.
         config: Your own settings to hold the resume to (a dict, dataclass or
             OmegaConf config), besides the ``TrainingArguments`` (which are held
             always, except ``output_dir``, ``run_name``, the loaders' pinning and
@@ -155,16 +160,19 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         key: bytes | None = None,
         resume_points: ResumePoints | None = None,
         signals: Iterable[int] = DEFAULT_PAUSE_SIGNALS,
+        storage_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.pause_path = os.fspath(pause_path)
+        self.pause_path = paths.location(pause_path)
+        if storage_options is not None:
+            set_storage_options(self.pause_path, storage_options)
         self._pause_signals = tuple(signals)
         self._resume_key = key
         self._points = resume_points
-        if resume_points is not None and os.path.abspath(
-            os.path.dirname(os.path.abspath(self.pause_path))
-        ) != os.path.abspath(resume_points.directory):
+        if resume_points is not None and not paths.same_location(
+            paths.parent(self.pause_path), resume_points.directory
+        ):
             raise ValueError(
                 f"pause_path {self.pause_path!r} must be in the resume points' directory "
                 f"{resume_points.directory!r}: train() continues from the newest file there"
@@ -237,7 +245,7 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         # The newest of the pause file and the resume points, read and verified once;
         # resume() takes it from there when the optimizer and scheduler exist.
         refuse_if_finished(self.pause_path, key=self._resume_key)
-        path = self.pause_path if os.path.exists(self.pause_path) else None
+        path = self.pause_path if paths.exists(self.pause_path) else None
         if self._points is not None:  # pause_path is in their directory (see __init__)
             path = latest_checkpoint(self._points.directory, key=self._resume_key)
         if path is None:
