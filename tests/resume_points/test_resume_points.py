@@ -341,7 +341,7 @@ def test_resume_points_refuse_settings_that_cannot_work(tmp_path, options, error
         ResumePoints(tmp_path, **options)
 
 
-def test_resume_points_of_a_sharded_model_are_refused_before_anything_is_written(tmp_path):
+def test_resume_points_of_a_sharded_model_are_refused_when_the_trainer_is_initialised(tmp_path):
     import torch.distributed as dist
     from support.ddp_workers import CONFIG
     from support.fsdp_workers import FSDPTrainer
@@ -352,11 +352,15 @@ def test_resume_points_of_a_sharded_model_are_refused_before_anything_is_written
     try:
         trainer = FSDPTrainer()
         points = ResumePoints(tmp_path / "points", every_steps=1)
-        trainer._initialize_training_resume(CONFIG, version="1", resume_points=points)
-        with pytest.raises(
-            UnsupportedResumeConfigurationError, match="resume points of a sharded model"
-        ):
-            trainer.step()
+        with pytest.raises(UnsupportedResumeConfigurationError) as refused:
+            trainer._initialize_training_resume(CONFIG, version="1", resume_points=points)
+        assert str(refused.value) == (
+            "[332] " + UnsupportedResumeConfigurationError.message + ": ['model']: resume points "
+            "of a sharded model (DTensor / fully_shard) are not supported yet: train it "
+            "unsharded (e.g. DistributedDataParallel), or run without resume_points and pause "
+            "on a signal (pause_on_signal) to a sharded pause directory"
+        )
+        assert trainer.completed_steps == 0
         assert os.listdir(tmp_path / "points") == []
         trainer.loader.close()
     finally:

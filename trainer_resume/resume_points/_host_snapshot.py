@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedResumeConfigurationError
-from ..sharded.detect import first_dtensor
+from ..sharded.detect import SHARDED_POINTS_REFUSAL, first_dtensor
 from ..state import map_tensors
 
 __all__ = ["HostBuffers"]
@@ -62,10 +62,7 @@ class HostBuffers:
 
     def _copy_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         if first_dtensor(tensor, "") is not None:
-            raise UnsupportedResumeConfigurationError(
-                "resume points of a sharded model (DTensor / fully_shard) are not supported yet: "
-                "train it unsharded (e.g. DistributedDataParallel) or run without resume_points"
-            )
+            raise UnsupportedResumeConfigurationError(SHARDED_POINTS_REFUSAL)
         tensor = tensor.detach()
         if tensor.layout != torch.strided or not tensor.is_contiguous():
             return tensor.to("cpu", copy=True)  # rare layouts: a fresh copy, not pooled
