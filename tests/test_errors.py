@@ -81,6 +81,11 @@ FROZEN_CODES = {
         "FrameworkReleaseError",
         "the installed framework release lacks what its trainer-resume adapter relies on",
     ),
+    354: (
+        "PauseNotResumableError",
+        "the pause just written would be refused by resume() of the trainer that wrote it; "
+        "a defect of trainer-resume: please report it with this message",
+    ),
 }
 
 

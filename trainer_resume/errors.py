@@ -187,6 +187,17 @@ class FrameworkReleaseError(ResumeError, ImportError):
     message = "the installed framework release lacks what its trainer-resume adapter relies on"
 
 
+class PauseNotResumableError(ResumeError):
+    """The checks ``resume()`` runs, run on a pause just written against the trainer that
+    wrote it, refused it: a pause that no resume would accept (a defect, never a setting)."""
+
+    code = 354
+    message = (
+        "the pause just written would be refused by resume() of the trainer that wrote it; "
+        "a defect of trainer-resume: please report it with this message"
+    )
+
+
 # ----------------------------------------------------------------------- warnings
 
 

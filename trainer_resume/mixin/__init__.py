@@ -24,7 +24,7 @@ from ._landing import land_requested_pause, record_pause_request
 from ._pause import pause_to
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause, arm_signals, disarm_signals
 from ._points import choose_latest, take_checkpoint
-from ._resume import resume_from
+from ._resume import check_resumable_at, resume_from
 from ._settings import settings_of
 from ._setup import initialize
 from ._step_guard import guard_of, require_step_boundary, serialized_training, training_step
@@ -215,7 +215,7 @@ class TrainingResumeMixin:
         guard = guard_of(self, "pause()")
         with guard.exclusive():
             require_step_boundary(guard, "pause")
-            pause_to(self, guard, path)
+            pause_to(self, guard, path, base=TrainingResumeMixin)
 
     def resume(self, path: StrPath) -> None:
         """Restore the trainer from a pause file and unpause it.
@@ -254,6 +254,29 @@ class TrainingResumeMixin:
         with guard.exclusive():
             require_step_boundary(guard, "resume")
             resume_from(self, guard, path, base=TrainingResumeMixin)
+
+    def check_resumable(self, path: StrPath) -> None:
+        """Check a pause as ``resume(path)`` would check it against this trainer; change nothing.
+
+        The same checks as :meth:`resume` (the file verified, module version, config,
+        entries, every object's state against the live object under canonical names,
+        gradients, loader states, ``_validate_resume``, RNG), without the restore: a
+        pause this raises for, ``resume(path)`` refuses the same way.
+        ``assert_training_resume`` runs it on the pause it wrote.
+
+        Args:
+            path: A file written by ``pause()`` or a sharded pause directory.
+
+        Raises:
+            ResumeError: what ``resume(path)`` would raise before changing anything.
+            RuntimeError: under a process group, another rank refused (this rank raises
+                the same ``ResumeError`` class naming that rank).
+
+        Under a process group every rank calls it with the same path.
+        """
+        guard = guard_of(self, "check_resumable()")
+        with guard.exclusive():
+            check_resumable_at(self, path, base=TrainingResumeMixin)
 
     def finish(self, path: StrPath) -> str:
         """Mark the run that pauses to ``path`` finished, once training is complete.

@@ -137,7 +137,7 @@ def write_pause(
     sharded: ShardedObjects,
     *,
     key: bytes | None,
-) -> None:
+) -> tuple[ShardedManifest, Any]:
     """Every rank: write this rank's part of a sharded pause and take part in its commit.
 
     Args:
@@ -146,6 +146,9 @@ def write_pause(
         objects: The resume objects.
         sharded: Which of them go through DCP.
         key: The trainer's signing key for the rank files and the manifest.
+
+    Returns:
+        The committed manifest and DCP's index of the shards (``Metadata``), as written.
 
     Raises:
         CheckpointWriteError: on every rank when any rank's part failed; the previous
@@ -209,6 +212,7 @@ def write_pause(
     _distributed.commit(commit, target)
     if rank == 0:
         _remove_other_generations(target, generation)
+    return manifest, metadata
 
 
 def _remove_other_generations(target: str, keep: str) -> None:
