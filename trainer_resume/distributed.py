@@ -384,13 +384,15 @@ def rank_view(
     view["loaders"], view["extra"] = ranks[0]["loaders"], ranks[0]["extra"]
     view["rng"] = _derived_rng(derive_seed(seed_base, steps, rank), device)
     view["completed_steps"] = new_steps
-    view["objects"] = _converted_schedulers(dict(checkpoint["objects"]), objects, steps, new_steps)
+    view["objects"], moved = _converted_schedulers(
+        dict(checkpoint["objects"]), objects, steps, new_steps
+    )
     warnings.warn(
         WorldSizeChangeWarning(
             f"{location} was paused with {saved_world} rank(s) and is resumed with {world_size}: the loaders continue "
             f"the global stream from the same position (no sample lost or repeated) and steps are converted "
             f"{steps} -> {new_steps}, but each rank's RNG is re-derived, so the run is sample-exact, not "
-            f"bit-comparable to an uninterrupted one"
+            f"bit-comparable to an uninterrupted one{_scheduler_note(moved, steps, new_steps)}"
         ),
         stacklevel=3,
     )
@@ -455,10 +457,26 @@ def _single_base(state: Any) -> int:
         raise CheckpointFormatError(f"rng state has no torch CPU state: {exc}") from exc
 
 
+def _scheduler_note(moved: list[str], steps: int, new_steps: int) -> str:
+    """What the step conversion did to the per-step LR schedulers, for the warning."""
+    if not moved or steps == new_steps:
+        return ""
+    fewer = "fewer" if new_steps > steps else "more"
+    return (
+        f"; the LR scheduler(s) {moved}, stepped once per step, continue from step {new_steps}, "
+        f"not {steps}, as the step count does (the samples seen are kept): a schedule over a "
+        f"number of optimizer steps (warmup, cosine over N steps) has {abs(new_steps - steps)} "
+        f"{fewer} of its steps left than at the pause, so it ends "
+        f"{'sooner' if new_steps > steps else 'later'} in samples (docs/distributed.md, Resume)"
+    )
+
+
 def _converted_schedulers(
     states: dict[str, Any], objects: Mapping[str, Any], steps: int, new_steps: int
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[str]]:
+    """The saved states with each per-step scheduler moved to ``new_steps``, and their names."""
     schedulers = torch.optim.lr_scheduler.LRScheduler
+    moved: list[str] = []
     for name, obj in objects.items():
         state = states.get(name)
         if (
@@ -471,4 +489,5 @@ def _converted_schedulers(
             if "_step_count" in state:
                 state["_step_count"] = new_steps + 1
             states[name] = state
-    return states
+            moved.append(name)
+    return states, moved
