@@ -26,8 +26,10 @@ Resume rules (``rank_view``):
 from __future__ import annotations
 
 import hashlib
+import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -62,7 +64,9 @@ __all__ = [
     "any_rank",
     "any_ranks",
     "combined_pause",
+    "collectives_on",
     "commit",
+    "current_group",
     "converted_steps",
     "exchange",
     "gather_pause",
@@ -92,9 +96,32 @@ def world() -> tuple[int, int]:
     return 1, 0
 
 
+_THREAD = threading.local()
+
+
+@contextmanager
+def collectives_on(group: Any) -> Generator[None, None, None]:
+    """Run this thread's collectives of this module on ``group`` (a gloo group of every rank).
+
+    A background writer's collectives go to a group of their own, so they never
+    interleave with the training thread's on the default group.
+    """
+    previous = getattr(_THREAD, "group", None)
+    _THREAD.group = group
+    try:
+        yield
+    finally:
+        _THREAD.group = previous
+
+
+def current_group() -> Any:
+    """The group this thread's collectives run on (``None``: the default group)."""
+    return getattr(_THREAD, "group", None)
+
+
 def _device() -> torch.device:
     # NCCL reduces CUDA tensors only; gloo (and the others) take CPU tensors.
-    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+    if current_group() is None and dist.get_backend() == "nccl" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -107,7 +134,7 @@ def any_rank(flag: bool) -> bool:
 def any_ranks(flags: Sequence[bool]) -> list[bool]:
     """``any_rank`` of several flags in one collective."""
     value = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int32, device=_device())
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=current_group())
     return [bool(item) for item in value.tolist()]
 
 
@@ -153,7 +180,7 @@ def _gathered(error: BaseException | str | None, payload: Any) -> tuple[list[Any
     # One entry shape for agree() and exchange(): a rank that failed early and agrees
     # while the others exchange still reads as a refusal, never as a payload.
     entries: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(entries, (_described(error), payload))
+    dist.all_gather_object(entries, (_described(error), payload), group=current_group())
     return entries, [(rank, entry[0]) for rank, entry in enumerate(entries) if entry[0] is not None]
 
 
@@ -187,7 +214,7 @@ def rank_zero_result(compute: Callable[[], Any]) -> Any:
             outcome[0] = ("ok", compute())
         except Exception as exc:  # noqa: BLE001 - raised on every rank below
             outcome[0] = ("error", exc)
-    dist.broadcast_object_list(outcome, src=0)
+    dist.broadcast_object_list(outcome, src=0, group=current_group())
     kind, value = outcome[0]
     if kind == "error":
         raise value

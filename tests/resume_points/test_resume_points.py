@@ -341,27 +341,45 @@ def test_resume_points_refuse_settings_that_cannot_work(tmp_path, options, error
         ResumePoints(tmp_path, **options)
 
 
-def test_resume_points_of_a_sharded_model_are_refused_when_the_trainer_is_initialised(tmp_path):
+def test_resume_points_of_a_sharded_model_are_sharded_directories_resumed_bitwise_equal(
+    tmp_path,
+):
     import torch.distributed as dist
     from support.ddp_workers import CONFIG
-    from support.fsdp_workers import FSDPTrainer
+    from support.fsdp_workers import FSDPTrainer, by_parameter_order
 
-    from trainer_resume import UnsupportedResumeConfigurationError
+    from trainer_resume.resume_points.sharded_points import list_sharded_points
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    trainers = []
     try:
-        trainer = FSDPTrainer()
-        points = ResumePoints(tmp_path / "points", every_steps=1)
-        with pytest.raises(UnsupportedResumeConfigurationError) as refused:
-            trainer._initialize_training_resume(CONFIG, version="1", resume_points=points)
-        assert str(refused.value) == (
-            "[332] " + UnsupportedResumeConfigurationError.message + ": ['model']: resume points "
-            "of a sharded model (DTensor / fully_shard) are not supported yet: train it "
-            "unsharded (e.g. DistributedDataParallel), or run without resume_points and pause "
-            "on a signal (pause_on_signal) to a sharded pause directory"
+        reference = FSDPTrainer()
+        trainers.append(reference)
+        for _ in range(6):
+            reference.step()
+            if reference.completed_steps == 4:
+                at_four = by_parameter_order(reference)
+        points = ResumePoints(tmp_path / "points", every_steps=2, keep=2, when_busy="wait")
+        writer = FSDPTrainer()
+        trainers.append(writer)
+        writer._initialize_training_resume(CONFIG, version="1", resume_points=points)
+        for _ in range(5):
+            writer.step()
+        points.wait()
+        listed = [(steps, done) for steps, _, done in list_sharded_points(tmp_path / "points")]
+        assert listed == [(2, True), (4, True)]
+        resumed = FSDPTrainer()
+        trainers.append(resumed)
+        resumed.step()  # a state any missing restore would leave behind
+        resumed._initialize_training_resume(
+            CONFIG, version="1", resume_points=ResumePoints(tmp_path / "points", every_steps=2)
         )
-        assert trainer.completed_steps == 0
-        assert os.listdir(tmp_path / "points") == []
-        trainer.loader.close()
+        assert resumed.resume_latest().endswith("point-000000000004.sharded")
+        assert first_difference(at_four, by_parameter_order(resumed)) is None
+        resumed.step()
+        resumed.step()
+        assert first_difference(by_parameter_order(reference), by_parameter_order(resumed)) is None
     finally:
+        for trainer in trainers:
+            trainer.loader.close()
         dist.destroy_process_group()

@@ -18,12 +18,13 @@ from typing import Any, ClassVar, Protocol
 
 from ..durable import load_checkpoint, save_checkpoint
 from ..resume_points import ResumePoint, ResumePoints
+from ..sharded.detect import sharded_objects
 from ..state import PauseCheckpoint, StrPath
 from ._finish import finish_run
 from ._landing import land_requested_pause, record_pause_request
 from ._pause import pause_to
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause, arm_signals, disarm_signals
-from ._points import choose_latest, take_checkpoint
+from ._points import choose_latest, resume_latest_sharded, take_checkpoint
 from ._resume import check_resumable_at, resume_from
 from ._settings import settings_of
 from ._setup import initialize
@@ -386,6 +387,8 @@ class TrainingResumeMixin:
         the next valid one.
         """
         guard = guard_of(self, "resume_latest()")
+        if sharded_objects(self._resume_objects()):  # sharded points are directories
+            return resume_latest_sharded(self, guard, directory, base=TrainingResumeMixin)
         chosen = choose_latest(self, guard, directory)
         if chosen is None:
             return None

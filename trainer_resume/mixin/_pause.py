@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from ..sharded.read import ShardedPause
     from . import TrainingResumeMixin
 
-__all__ = ["pause_checkpoint", "pause_to"]
+__all__ = ["pause_checkpoint", "pause_to", "point_shards"]
 
 
 def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, base: type) -> None:
@@ -108,6 +108,18 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, b
         _distributed.agree(None, "pause()")
 
 
+def point_shards(trainer: TrainingResumeMixin) -> tuple[ShardedObjects, Mapping[str, Any]]:
+    """The sharded models and optimizers a resume point writes through DCP, and the objects.
+
+    Raises:
+        UnsupportedResumeConfigurationError: gradients FSDP2 has not reduced yet (332).
+    """
+    objects = trainer._resume_objects()
+    sharded = sharded_objects(objects)
+    refuse_unreduced_gradients(objects, sharded)
+    return sharded, objects
+
+
 def pause_checkpoint(
     trainer: TrainingResumeMixin,
     guard: StepGuard,
@@ -119,8 +131,7 @@ def pause_checkpoint(
     Args:
         copy: ``to_cpu`` for a pause (written under the lock); for a resume point, a
             copy in host memory (written while training changes the live tensors).
-        sharded: The objects every rank writes through DCP (a pause only; resume
-            points refuse DTensors).
+        sharded: The objects every rank writes through DCP (left out here).
     """
     sharded = sharded if sharded is not None else ShardedObjects()
     settings = settings_of(trainer, "pause()")

@@ -14,11 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..durable import validate_key
 from ..resume_points import ResumePoints
-from ..sharded.detect import (
-    refuse_sharded_points,
-    refuse_unreduced_gradients,
-    sharded_objects,
-)
+from ..sharded.detect import refuse_unreduced_gradients, sharded_objects
 from ..signature import sign_config
 from ._boundary import record_boundary
 from ._gradient_liveness import track_gradients
@@ -68,7 +64,6 @@ def initialize(
     guard: StepGuard = trainer.__dict__[GUARD_ATTRIBUTE]
     guard.check_every_boundary = bool(trainer._pause_check_every_step)
     if resume_points is not None:
-        _refuse_sharded_points(trainer)
         resume_points.attach(trainer)
     guard.points = resume_points
 
@@ -80,19 +75,8 @@ def initialize(
         except Exception:  # noqa: BLE001 - pause() calls the same hook and reports it
             objects = {}
         refuse_unreduced_gradients(objects, sharded_objects(objects))
-        if trainer.__dict__[GUARD_ATTRIBUTE].points is not None:
-            refuse_sharded_points(objects)  # a model sharded after the initialisation
         return audit_trainer(trainer, excluded, base)
 
     guard.audit = first_boundary
     guard.start_check = check_at_training_start
     record_boundary(trainer, guard)
-
-
-def _refuse_sharded_points(trainer: TrainingResumeMixin) -> None:
-    # Here, not at the first point: every rank refuses alike before any step is spent.
-    try:
-        objects = trainer._resume_objects()
-    except Exception:  # noqa: BLE001 - not ready yet: the first step checks them again
-        return
-    refuse_sharded_points(objects)

@@ -23,7 +23,6 @@ __all__ = [
     "ShardedObjects",
     "first_dtensor",
     "refuse_dtensors",
-    "refuse_sharded_points",
     "refuse_unreduced_gradients",
     "sharded_objects",
     "unreduced_gradient",
@@ -178,25 +177,10 @@ def first_dtensor(value: Any, where: str) -> str | None:
 
 
 SHARDED_POINTS_REFUSAL = (
-    "resume points of a sharded model (DTensor / fully_shard) are not supported yet: "
-    "train it unsharded (e.g. DistributedDataParallel), or run without resume_points and "
-    "pause on a signal (pause_on_signal) to a sharded pause directory"
+    "these resume points cannot hold a sharded model (DTensor / fully_shard): take them "
+    "with TrainingResumeMixin's resume_points (sharded points through "
+    "torch.distributed.checkpoint), or pause on a signal to a sharded pause directory"
 )
-
-
-def refuse_sharded_points(objects: Mapping[str, Any]) -> None:
-    """Refuse resume points for resume objects that hold a sharded model.
-
-    Every rank holds the same sharded models, so every rank refuses with the same words.
-
-    Raises:
-        UnsupportedResumeConfigurationError: naming the sharded models (332).
-    """
-    sharded = sharded_objects(objects)
-    if sharded:
-        raise UnsupportedResumeConfigurationError(
-            f"{sorted(sharded.models)}: {SHARDED_POINTS_REFUSAL}"
-        )
 
 
 def refuse_dtensors(state: Any, where: str) -> None:
