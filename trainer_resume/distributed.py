@@ -380,8 +380,13 @@ def rank_view(
     location: str,
     device: int | None,
     objects: Mapping[str, Any],
+    scheduler_steps: str = "convert",
 ) -> PauseCheckpoint:
     """This rank's view of a pause file: a single-rank checkpoint the usual checks and restore take.
+
+    ``scheduler_steps``: with another world size, ``"convert"`` moves the per-step LR
+    schedulers to the converted step count (schedules over samples), ``"keep"`` leaves
+    them at the paused step (schedules over optimizer steps).
 
     Changes nothing outside the returned dict (schedulers' saved states are copied
     before their step counts are converted).
@@ -411,15 +416,21 @@ def rank_view(
     view["loaders"], view["extra"] = ranks[0]["loaders"], ranks[0]["extra"]
     view["rng"] = _derived_rng(derive_seed(seed_base, steps, rank), device)
     view["completed_steps"] = new_steps
-    view["objects"], moved = _converted_schedulers(
-        dict(checkpoint["objects"]), objects, steps, new_steps
-    )
+    if scheduler_steps == "keep":
+        moved: list[str] = []
+        kept = _per_step_schedulers(checkpoint["objects"], objects, steps)
+    else:
+        view["objects"], moved = _converted_schedulers(
+            dict(checkpoint["objects"]), objects, steps, new_steps
+        )
+        kept = []
     warnings.warn(
         WorldSizeChangeWarning(
             f"{location} was paused with {saved_world} rank(s) and is resumed with {world_size}: the loaders continue "
             f"the global stream from the same position (no sample lost or repeated) and steps are converted "
             f"{steps} -> {new_steps}, but each rank's RNG is re-derived, so the run is sample-exact, not "
             f"bit-comparable to an uninterrupted one{_scheduler_note(moved, steps, new_steps)}"
+            f"{_kept_note(kept, steps)}"
         ),
         stacklevel=3,
     )
@@ -496,6 +507,28 @@ def _scheduler_note(moved: list[str], steps: int, new_steps: int) -> str:
         f"{fewer} of its steps left than at the pause, so it ends "
         f"{'sooner' if new_steps > steps else 'later'} in samples (docs/distributed.md, Resume)"
     )
+
+
+def _kept_note(kept: list[str], steps: int) -> str:
+    if not kept:
+        return ""
+    return (
+        f"; the LR scheduler(s) {kept} stay at step {steps} (scheduler_steps='keep'): their "
+        "schedules continue over optimizer steps from where they paused"
+    )
+
+
+def _per_step_schedulers(
+    states: Mapping[str, Any], objects: Mapping[str, Any], steps: int
+) -> list[str]:
+    schedulers = torch.optim.lr_scheduler.LRScheduler
+    return [
+        name
+        for name, obj in objects.items()
+        if isinstance(obj, schedulers)
+        and isinstance(states.get(name), Mapping)
+        and states[name].get("last_epoch") == steps
+    ]
 
 
 def _converted_schedulers(

@@ -14,7 +14,7 @@ behind the guards live in the private modules beside it (see ARCHITECTURE.md).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from ..durable import load_checkpoint, save_checkpoint
 from ..resume_points import ResumePoint, ResumePoints
@@ -64,6 +64,7 @@ class TrainingResumeMixin:
         resume_points: ResumePoints | None = None,
         excluded_attributes: Iterable[str] = (),
         config_ignore: Collection[str] = (),
+        scheduler_steps: Literal["convert", "keep"] = "convert",
     ) -> None:
         """Sign ``config`` (its ``load`` entry excluded) and record the module version.
 
@@ -90,12 +91,17 @@ class TrainingResumeMixin:
                 pass at least those. Values from Hydra's ``${hydra:...}`` and
                 ``${now:...}`` need no entry: they are signed as written
                 (docs/trainer.md, "Configs").
+            scheduler_steps: On a resume with another number of ranks, ``"convert"``
+                moves the LR schedulers stepped once per step to the converted step
+                count, as the step count moves (the samples seen are kept: schedules
+                over samples); ``"keep"`` leaves them at the paused step (schedules
+                over optimizer steps). docs/distributed.md, "Resume".
 
         Raises:
             TypeError, ValueError: ``version`` is not a non-empty str, ``key`` is
                 not bytes of at least 16 (checked here, not at the first pause), or
-                ``config`` has no canonical form or ``config_ignore`` holds a
-                malformed path.
+                ``config`` has no canonical form, ``config_ignore`` holds a
+                malformed path or ``scheduler_steps`` is neither value.
         """
         initialize(
             self,
@@ -106,6 +112,7 @@ class TrainingResumeMixin:
             excluded_attributes=excluded_attributes,
             config_ignore=config_ignore,
             base=TrainingResumeMixin,
+            scheduler_steps=scheduler_steps,
         )
 
     # ------------------------------------------------------------ state flags

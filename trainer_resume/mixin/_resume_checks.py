@@ -63,6 +63,7 @@ def rank_checkpoint(
         location=location,
         device=rng_device(),
         objects=trainer._resume_objects(),
+        scheduler_steps=settings_of(trainer, "resume()").scheduler_steps,
     )
 
 

@@ -40,6 +40,7 @@ def initialize(
     excluded_attributes: Iterable[str],
     config_ignore: Collection[str],
     base: type,
+    scheduler_steps: str = "convert",
 ) -> None:
     """The body of ``_initialize_training_resume`` (arguments and errors as documented there).
 
@@ -52,12 +53,14 @@ def initialize(
     excluded = frozenset(excluded_attributes)
     if isinstance(excluded_attributes, str) or not all(isinstance(name, str) for name in excluded):
         raise TypeError(f"excluded_attributes must be attribute names, got {excluded_attributes!r}")
+    if scheduler_steps not in ("convert", "keep"):
+        raise ValueError(f"scheduler_steps must be 'convert' or 'keep', got {scheduler_steps!r}")
     if resume_points is not None and not isinstance(resume_points, ResumePoints):
         raise TypeError(f"resume_points must be a ResumePoints, got {type(resume_points).__name__}")
     # From here on every optimizer step is seen, so a pause can tell spent gradients.
     track_gradients()
     trainer.__dict__[SETTINGS_ATTRIBUTE] = Settings(
-        version, sign_config(config, ignore=config_ignore), key
+        version, sign_config(config, ignore=config_ignore), key, scheduler_steps
     )
     if GUARD_ATTRIBUTE not in trainer.__dict__:
         trainer.__dict__[GUARD_ATTRIBUTE] = StepGuard(pause_at_step_boundary)
