@@ -18,6 +18,10 @@ the first step boundary after the write finished and ``skipped`` counts the
 scheduled points that were passed over. ``"wait"`` blocks the step until the write is
 done, then takes the point, so points are never later than scheduled.
 
+Under a process group rank 0 writes one file with every rank's state; with a model
+sharded by FSDP2 / DTensor every rank writes its own shards instead, each point a
+sharded pause directory committed by rank 0 (see :mod:`.sharded_points`).
+
 A write that fails is reported by the next training step (it raises the
 ``CheckpointWriteError``; the step itself has completed) and logged when it
 happens; older points are never touched by a failed write. A normal interpreter
