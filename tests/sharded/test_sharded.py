@@ -312,6 +312,36 @@ def test_a_sharded_model_paused_inside_an_accumulation_window_resumes_its_gradie
     assert difference is None, difference.describe()
 
 
+def test_a_sharded_resume_point_inside_an_accumulation_window_resumes_its_gradients(
+    one_rank, tmp_path
+):
+    from support import ddp_workers
+
+    from trainer_resume import ResumePoints
+
+    reference = WindowFSDPTrainer()
+    one_rank.append(reference)
+    for _ in range(5):
+        reference.step()
+    trainer = WindowFSDPTrainer()
+    one_rank.append(trainer)
+    points = ResumePoints(tmp_path / "points", every_steps=3)
+    trainer._initialize_training_resume(ddp_workers.CONFIG, version="1", resume_points=points)
+    for _ in range(3):
+        trainer.step()  # the point holds the first micro-batch's sharded gradients
+    paused = _gradients(trainer)
+    points.wait()
+    trainer.step()  # the live gradients move on; the point keeps those of step 3
+    resumed = WindowFSDPTrainer()
+    one_rank.append(resumed)
+    assert resumed.resume_latest(tmp_path / "points").endswith("point-000000000003.sharded")
+    assert first_difference(paused, _gradients(resumed)) is None
+    for _ in range(2):
+        resumed.step()
+    difference = first_difference(_local(reference.state()), _local(resumed.state()))
+    assert difference is None, difference.describe()
+
+
 def test_gradients_fsdp2_has_not_reduced_are_refused_when_training_starts(one_rank):
     trainer = WindowFSDPTrainer()
     one_rank.append(trainer)
