@@ -379,6 +379,12 @@ def test_resume_points_of_a_sharded_model_are_sharded_directories_resumed_bitwis
         resumed.step()
         resumed.step()
         assert first_difference(by_parameter_order(reference), by_parameter_order(resumed)) is None
+        on_demand = writer.checkpoint().wait()  # one process: taken now, between steps
+        assert on_demand.endswith("point-000000000005.sharded")
+        writer.finish(tmp_path / "points" / "pause")
+        assert list_sharded_points(tmp_path / "points") == []
+        with pytest.raises(RunFinishedError):
+            resumed.resume_latest()
     finally:
         for trainer in trainers:
             trainer.loader.close()
