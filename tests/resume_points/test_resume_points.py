@@ -371,8 +371,8 @@ def test_resume_points_of_a_sharded_model_are_sharded_directories_resumed_bitwis
         resumed = FSDPTrainer()
         trainers.append(resumed)
         resumed.step()  # a state any missing restore would leave behind
-        resumed._initialize_training_resume(
-            CONFIG, version="1", resume_points=ResumePoints(tmp_path / "points", every_steps=2)
+        resumed._initialize_training_resume(  # one writer in the directory: the writer
+            CONFIG, version="1", resume_points=ResumePoints(tmp_path / "points", every_steps=100)
         )
         assert resumed.resume_latest().endswith("point-000000000004.sharded")
         assert first_difference(at_four, by_parameter_order(resumed)) is None
@@ -381,6 +381,9 @@ def test_resume_points_of_a_sharded_model_are_sharded_directories_resumed_bitwis
         assert first_difference(by_parameter_order(reference), by_parameter_order(resumed)) is None
         on_demand = writer.checkpoint().wait()  # one process: taken now, between steps
         assert on_demand.endswith("point-000000000005.sharded")
+        writer.pause(tmp_path / "points" / "pause")  # a sharded pause there: newest on a tie
+        assert resumed.resume_latest() == str(tmp_path / "points" / "pause")
+        assert resumed.completed_steps == 5
         writer.finish(tmp_path / "points" / "pause")
         assert list_sharded_points(tmp_path / "points") == []
         with pytest.raises(RunFinishedError):
