@@ -391,7 +391,9 @@ class TrainingResumeMixin:
         The file is taken by its verified contents: a point whose contents hold
         another step than its name says is skipped with a warning, and one that a
         running writer's retention removes while it is chosen is passed over for
-        the next valid one.
+        the next valid one. A trainer with a sharded model takes the newest committed
+        sharded point or pause directory that every rank verifies (the ranks try the
+        directories in the order rank 0 lists them).
         """
         guard = guard_of(self, "resume_latest()")
         if sharded_objects(self._resume_objects()):  # sharded points are directories

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedResumeConfigurationError
-from ..sharded.detect import SHARDED_POINTS_REFUSAL, first_dtensor
+from ..sharded.detect import first_dtensor
 from ..state import map_tensors
 
 __all__ = ["HostBuffers"]
@@ -62,7 +62,11 @@ class HostBuffers:
 
     def _copy_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         if first_dtensor(tensor, "") is not None:
-            raise UnsupportedResumeConfigurationError(SHARDED_POINTS_REFUSAL)
+            raise UnsupportedResumeConfigurationError(
+                "these resume points cannot hold a sharded model (DTensor / fully_shard): take "
+                "them with TrainingResumeMixin's resume_points (sharded points through "
+                "torch.distributed.checkpoint), or pause on a signal to a sharded pause directory"
+            )
         tensor = tensor.detach()
         if tensor.layout != torch.strided or not tensor.is_contiguous():
             return tensor.to("cpu", copy=True)  # rare layouts: a fresh copy, not pooled

@@ -18,7 +18,6 @@ import torch
 from ..errors import UnsupportedResumeConfigurationError
 
 __all__ = [
-    "SHARDED_POINTS_REFUSAL",
     "SHARDED_STATE",
     "ShardedObjects",
     "first_dtensor",
@@ -174,13 +173,6 @@ def first_dtensor(value: Any, where: str) -> str | None:
         if found is not None:
             return found
     return None
-
-
-SHARDED_POINTS_REFUSAL = (
-    "these resume points cannot hold a sharded model (DTensor / fully_shard): take them "
-    "with TrainingResumeMixin's resume_points (sharded points through "
-    "torch.distributed.checkpoint), or pause on a signal to a sharded pause directory"
-)
 
 
 def refuse_dtensors(state: Any, where: str) -> None:
