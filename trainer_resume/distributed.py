@@ -521,6 +521,7 @@ def _kept_note(kept: list[str], steps: int) -> str:
 def _per_step_schedulers(
     states: Mapping[str, Any], objects: Mapping[str, Any], steps: int
 ) -> list[str]:
+    """The LR schedulers stepped once per step: their saved ``last_epoch`` is the step count."""
     schedulers = torch.optim.lr_scheduler.LRScheduler
     return [
         name
@@ -535,19 +536,11 @@ def _converted_schedulers(
     states: dict[str, Any], objects: Mapping[str, Any], steps: int, new_steps: int
 ) -> tuple[dict[str, Any], list[str]]:
     """The saved states with each per-step scheduler moved to ``new_steps``, and their names."""
-    schedulers = torch.optim.lr_scheduler.LRScheduler
-    moved: list[str] = []
-    for name, obj in objects.items():
-        state = states.get(name)
-        if (
-            isinstance(obj, schedulers)
-            and isinstance(state, Mapping)
-            and state.get("last_epoch") == steps
-        ):
-            state = dict(state)  # the loaded file's dict stays as read
-            state["last_epoch"] = new_steps
-            if "_step_count" in state:
-                state["_step_count"] = new_steps + 1
-            states[name] = state
-            moved.append(name)
+    moved = _per_step_schedulers(states, objects, steps)
+    for name in moved:
+        state = dict(states[name])  # the loaded file's dict stays as read
+        state["last_epoch"] = new_steps
+        if "_step_count" in state:
+            state["_step_count"] = new_steps + 1
+        states[name] = state
     return states, moved
