@@ -88,6 +88,32 @@ def _wait_for_writes_at_exit() -> None:
 getattr(threading, "_register_atexit", lambda hook: None)(_wait_for_writes_at_exit)
 
 
+# The writers' gloo group of each default group, made once and kept for the life of the
+# process: a process group that became garbage and is collected in a forked child (a
+# loader worker) hangs or aborts that child, so none is ever let go.
+_WRITER_GROUPS: list[tuple[Any, Any]] = []
+
+
+def _writers_group() -> Any:
+    """The group the sharded writers' collectives run on (``None``: the default group).
+
+    A group of their own beside the training thread's, except in a gloo group of one
+    process, where no collective waits on another rank. Making it is a collective: every
+    rank asks at the same boundary.
+    """
+    import torch.distributed as dist
+
+    if not (_distributed.is_distributed() or dist.get_backend() != "gloo"):
+        return None
+    world = dist.group.WORLD
+    for default, group in _WRITER_GROUPS:
+        if default is world:
+            return group
+    group = dist.new_group(backend="gloo")
+    _WRITER_GROUPS.append((world, group))
+    return group
+
+
 class ResumePoint:
     """A resume point being written; :meth:`wait` blocks until it is durable.
 
@@ -221,7 +247,7 @@ class ResumePoints:
         self._unreported: ResumePoint | None = None
         self._requested: list[ResumePoint] = []
         self._last_time = time.monotonic()
-        self._group: Any = None  # the writers' own gloo group, made at the first sharded point
+        self._group: Any = None  # where the sharded writers' collectives run, see _writers_group
 
     # ------------------------------------------------------------------ public
 
@@ -400,10 +426,7 @@ class ResumePoints:
         from ..sharded.write import dcp_state, host_copy
 
         self.wait()
-        if self._group is None:  # a collective: every rank makes it at this same boundary
-            import torch.distributed as dist
-
-            self._group = dist.new_group(backend="gloo")
+        self._group = _writers_group()
         checkpoint = snapshot(self._buffers.copy, sharded)  # refuses what cannot be saved first
         try:
             staged = host_copy(dcp_state(objects, sharded))
