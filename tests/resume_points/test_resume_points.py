@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import threading
 import time
@@ -345,50 +346,57 @@ def test_resume_points_of_a_sharded_model_are_sharded_directories_resumed_bitwis
     tmp_path,
 ):
     import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    trainers: list = []
+    try:
+        _sharded_points_run(tmp_path, trainers)
+    finally:
+        for trainer in trainers:
+            trainer.loader.close()
+        trainers.clear()
+        dist.destroy_process_group()
+        gc.collect()  # the trainers' groups go now, not in a loader worker forked later
+
+
+def _sharded_points_run(tmp_path, trainers: list) -> None:
     from support.ddp_workers import CONFIG
     from support.fsdp_workers import FSDPTrainer, by_parameter_order
 
     from trainer_resume.resume_points.sharded_points import list_sharded_points
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
-    trainers = []
-    try:
-        reference = FSDPTrainer()
-        trainers.append(reference)
-        for _ in range(6):
-            reference.step()
-            if reference.completed_steps == 4:
-                at_four = by_parameter_order(reference)
-        points = ResumePoints(tmp_path / "points", every_steps=2, keep=2, when_busy="wait")
-        writer = FSDPTrainer()
-        trainers.append(writer)
-        writer._initialize_training_resume(CONFIG, version="1", resume_points=points)
-        for _ in range(5):
-            writer.step()
-        points.wait()
-        listed = [(steps, done) for steps, _, done in list_sharded_points(tmp_path / "points")]
-        assert listed == [(2, True), (4, True)]
-        resumed = FSDPTrainer()
-        trainers.append(resumed)
-        resumed.step()  # a state any missing restore would leave behind
-        resumed._initialize_training_resume(  # one writer in the directory: the writer
-            CONFIG, version="1", resume_points=ResumePoints(tmp_path / "points", every_steps=100)
-        )
-        assert resumed.resume_latest().endswith("point-000000000004.sharded")
-        assert first_difference(at_four, by_parameter_order(resumed)) is None
-        resumed.step()
-        resumed.step()
-        assert first_difference(by_parameter_order(reference), by_parameter_order(resumed)) is None
-        on_demand = writer.checkpoint().wait()  # one process: taken now, between steps
-        assert on_demand.endswith("point-000000000005.sharded")
-        writer.pause(tmp_path / "points" / "pause")  # a sharded pause there: newest on a tie
-        assert resumed.resume_latest() == str(tmp_path / "points" / "pause")
-        assert resumed.completed_steps == 5
-        writer.finish(tmp_path / "points" / "pause")
-        assert list_sharded_points(tmp_path / "points") == []
-        with pytest.raises(RunFinishedError):
-            resumed.resume_latest()
-    finally:
-        for trainer in trainers:
-            trainer.loader.close()
-        dist.destroy_process_group()
+    reference = FSDPTrainer()
+    trainers.append(reference)
+    for _ in range(6):
+        reference.step()
+        if reference.completed_steps == 4:
+            at_four = by_parameter_order(reference)
+    points = ResumePoints(tmp_path / "points", every_steps=2, keep=2, when_busy="wait")
+    writer = FSDPTrainer()
+    trainers.append(writer)
+    writer._initialize_training_resume(CONFIG, version="1", resume_points=points)
+    for _ in range(5):
+        writer.step()
+    points.wait()
+    listed = [(steps, done) for steps, _, done in list_sharded_points(tmp_path / "points")]
+    assert listed == [(2, True), (4, True)]
+    resumed = FSDPTrainer()
+    trainers.append(resumed)
+    resumed.step()  # a state any missing restore would leave behind
+    resumed._initialize_training_resume(  # one writer in the directory: the writer
+        CONFIG, version="1", resume_points=ResumePoints(tmp_path / "points", every_steps=100)
+    )
+    assert resumed.resume_latest().endswith("point-000000000004.sharded")
+    assert first_difference(at_four, by_parameter_order(resumed)) is None
+    resumed.step()
+    resumed.step()
+    assert first_difference(by_parameter_order(reference), by_parameter_order(resumed)) is None
+    on_demand = writer.checkpoint().wait()  # one process: taken now, between steps
+    assert on_demand.endswith("point-000000000005.sharded")
+    writer.pause(tmp_path / "points" / "pause")  # a sharded pause there: newest on a tie
+    assert resumed.resume_latest() == str(tmp_path / "points" / "pause")
+    assert resumed.completed_steps == 5
+    writer.finish(tmp_path / "points" / "pause")
+    assert list_sharded_points(tmp_path / "points") == []
+    with pytest.raises(RunFinishedError):
+        resumed.resume_latest()

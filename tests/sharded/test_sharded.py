@@ -7,6 +7,7 @@ directory. The 2-rank runs are in ``test_sharded_ranks.py``.
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -44,7 +45,11 @@ def one_rank(tmp_path):
     finally:
         for trainer in trainers:
             trainer.loader.close()
+        trainers.clear()
         dist.destroy_process_group()
+        # The trainers' meshes and groups go now: garbage collected in a loader worker
+        # that a later test forks would hang or abort it.
+        gc.collect()
         restore_random_state(caller_rng)
 
 

@@ -13,6 +13,7 @@ works).
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -40,7 +41,11 @@ def one_rank(tmp_path):
     finally:
         for trainer in trainers:
             trainer.loader.close()
+        trainers.clear()
         dist.destroy_process_group()
+        # The trainers' meshes and groups go now: garbage collected in a loader worker
+        # that a later test forks would hang or abort it.
+        gc.collect()
         restore_random_state(caller_rng)
 
 
