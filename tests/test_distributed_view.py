@@ -126,6 +126,56 @@ def test_per_step_schedulers_move_to_the_converted_step_count(paused_file):
     assert view["objects"]["scheduler"]["last_epoch"] == view["completed_steps"] == 1
 
 
+def test_the_world_size_warning_says_how_far_the_per_step_schedulers_moved(paused_file):
+    checkpoint = load_checkpoint(paused_file)
+    trainer_objects = {
+        "scheduler": torch.optim.lr_scheduler.LambdaLR(
+            torch.optim.SGD([torch.zeros(1)], lr=1.0), lambda s: 1.0
+        )
+    }
+    _, warned = _view(checkpoint, 5, 0, trainer_objects)  # 5 steps of one rank: 1 of five
+    message = str(warned[0].message)
+    assert (
+        "the LR scheduler(s) ['scheduler'], stepped once per step, continue from step 1, not 5"
+        in message
+    )
+    assert "has 4 more of its steps left than at the pause, so it ends later in samples" in message
+
+
+def test_scheduler_steps_keep_leaves_per_step_schedulers_at_the_paused_step_and_says_so(
+    paused_file,
+):
+    checkpoint = load_checkpoint(paused_file)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        torch.optim.SGD([torch.zeros(1)], lr=1.0), lambda s: 1.0
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        view = rank_view(
+            checkpoint,
+            world_size=5,
+            rank=0,
+            location="pause.pt",
+            device=None,
+            objects={"scheduler": scheduler},
+            scheduler_steps="keep",
+        )
+    assert view["completed_steps"] == 1
+    assert view["objects"]["scheduler"]["last_epoch"] == 5
+    message = str(caught[0].message)
+    assert "the LR scheduler(s) ['scheduler'] stay at step 5 (scheduler_steps='keep')" in message
+    assert "continue from step" not in message
+
+
+def test_scheduler_steps_takes_only_convert_or_keep():
+    from support.trainers import TinyTrainer
+
+    trainer = TinyTrainer()
+    with pytest.raises(ValueError, match="scheduler_steps must be 'convert' or 'keep'"):
+        trainer._initialize_training_resume(trainer.config, version="1", scheduler_steps="samples")
+    trainer.close()
+
+
 def test_a_malformed_distributed_entry_is_a_format_error(paused_file):
     checkpoint = load_checkpoint(paused_file)
     checkpoint[DISTRIBUTED_KEY] = {

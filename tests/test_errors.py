@@ -86,6 +86,11 @@ FROZEN_CODES = {
         "no installed fsspec implementation reads this URL's scheme; install the package "
         "named (pip install 'trainer-resume[s3]' for s3://) or give a local path",
     ),
+    354: (
+        "PauseNotResumableError",
+        "the pause just written would be refused by resume() of the trainer that wrote it; "
+        "a defect of trainer-resume: please report it with this message",
+    ),
     359: (
         "DDPWindowError",
         "a DistributedDataParallel accumulation window cannot be resumed exactly here",

@@ -168,3 +168,30 @@ def test_max_abs_difference_is_zero_for_identical_and_infinite_for_other_structu
     assert max_abs_difference(a, {"x": torch.tensor([1.0, 2.0]), "y": 3}) == 0.0
     assert max_abs_difference(a, {"x": torch.tensor([1.0, 2.5]), "y": 4}) == 1.0
     assert max_abs_difference(a, {"x": torch.tensor([1.0]), "y": 3}) == math.inf
+
+
+class RenamesKeysOnDisk(TinyTrainer):
+    """A file hook that writes the model's keys under other names than the pause built."""
+
+    def _save_pause_checkpoint(self, checkpoint, path):
+        broken = dict(checkpoint)
+        broken["objects"] = dict(checkpoint["objects"])
+        model = checkpoint["objects"]["model"]
+        broken["objects"]["model"] = {f"renamed.{key}": value for key, value in model.items()}
+        super()._save_pause_checkpoint(broken, path)
+
+
+def make_renaming() -> TinyTrainer:
+    return RenamesKeysOnDisk()
+
+
+def test_a_pause_file_its_own_trainer_would_refuse_fails_the_check_right_after_the_pause(
+    tmp_path,
+):
+    with pytest.raises(AssertionError) as raised:
+        assert_training_resume(
+            make_renaming, run_tiny_step, tmp_path / "p.ckpt", 2, 4, snapshot_tiny
+        )
+    message = str(raised.value)
+    assert "the pause at step 2 is refused by the checks of resume()" in message
+    assert "renamed.weight" in message

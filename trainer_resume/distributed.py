@@ -26,8 +26,10 @@ Resume rules (``rank_view``):
 from __future__ import annotations
 
 import hashlib
+import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -63,7 +65,9 @@ __all__ = [
     "any_rank",
     "any_ranks",
     "combined_pause",
+    "collectives_on",
     "commit",
+    "current_group",
     "converted_steps",
     "exchange",
     "gather_pause",
@@ -93,9 +97,32 @@ def world() -> tuple[int, int]:
     return 1, 0
 
 
+_THREAD = threading.local()
+
+
+@contextmanager
+def collectives_on(group: Any) -> Generator[None, None, None]:
+    """Run this thread's collectives of this module on ``group`` (a gloo group of every rank).
+
+    A background writer's collectives go to a group of their own, so they never
+    interleave with the training thread's on the default group.
+    """
+    previous = getattr(_THREAD, "group", None)
+    _THREAD.group = group
+    try:
+        yield
+    finally:
+        _THREAD.group = previous
+
+
+def current_group() -> Any:
+    """The group this thread's collectives run on (``None``: the default group)."""
+    return getattr(_THREAD, "group", None)
+
+
 def _device() -> torch.device:
     # NCCL reduces CUDA tensors only; gloo (and the others) take CPU tensors.
-    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+    if current_group() is None and dist.get_backend() == "nccl" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -108,7 +135,7 @@ def any_rank(flag: bool) -> bool:
 def any_ranks(flags: Sequence[bool]) -> list[bool]:
     """``any_rank`` of several flags in one collective."""
     value = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int32, device=_device())
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=current_group())
     return [bool(item) for item in value.tolist()]
 
 
@@ -154,7 +181,7 @@ def _gathered(error: BaseException | str | None, payload: Any) -> tuple[list[Any
     # One entry shape for agree() and exchange(): a rank that failed early and agrees
     # while the others exchange still reads as a refusal, never as a payload.
     entries: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(entries, (_described(error), payload))
+    dist.all_gather_object(entries, (_described(error), payload), group=current_group())
     return entries, [(rank, entry[0]) for rank, entry in enumerate(entries) if entry[0] is not None]
 
 
@@ -188,7 +215,7 @@ def rank_zero_result(compute: Callable[[], Any]) -> Any:
             outcome[0] = ("ok", compute())
         except Exception as exc:  # noqa: BLE001 - raised on every rank below
             outcome[0] = ("error", exc)
-    dist.broadcast_object_list(outcome, src=0)
+    dist.broadcast_object_list(outcome, src=0, group=current_group())
     kind, value = outcome[0]
     if kind == "error":
         raise value
@@ -358,8 +385,13 @@ def rank_view(
     location: str,
     device: int | None,
     objects: Mapping[str, Any],
+    scheduler_steps: str = "convert",
 ) -> PauseCheckpoint:
     """This rank's view of a pause file: a single-rank checkpoint the usual checks and restore take.
+
+    ``scheduler_steps``: with another world size, ``"convert"`` moves the per-step LR
+    schedulers to the converted step count (schedules over samples), ``"keep"`` leaves
+    them at the paused step (schedules over optimizer steps).
 
     Changes nothing outside the returned dict (schedulers' saved states are copied
     before their step counts are converted).
@@ -389,13 +421,21 @@ def rank_view(
     view["loaders"], view["extra"] = ranks[0]["loaders"], ranks[0]["extra"]
     view["rng"] = _derived_rng(derive_seed(seed_base, steps, rank), device)
     view["completed_steps"] = new_steps
-    view["objects"] = _converted_schedulers(dict(checkpoint["objects"]), objects, steps, new_steps)
+    if scheduler_steps == "keep":
+        moved: list[str] = []
+        kept = _per_step_schedulers(checkpoint["objects"], objects, steps)
+    else:
+        view["objects"], moved = _converted_schedulers(
+            dict(checkpoint["objects"]), objects, steps, new_steps
+        )
+        kept = []
     warnings.warn(
         WorldSizeChangeWarning(
             f"{location} was paused with {saved_world} rank(s) and is resumed with {world_size}: the loaders continue "
             f"the global stream from the same position (no sample lost or repeated) and steps are converted "
             f"{steps} -> {new_steps}, but each rank's RNG is re-derived, so the run is sample-exact, not "
-            f"bit-comparable to an uninterrupted one"
+            f"bit-comparable to an uninterrupted one{_scheduler_note(moved, steps, new_steps)}"
+            f"{_kept_note(kept, steps)}"
         ),
         stacklevel=3,
     )
@@ -463,20 +503,52 @@ def _single_base(state: Any) -> int:
         raise CheckpointFormatError(f"rng state has no torch CPU state: {exc}") from exc
 
 
+def _scheduler_note(moved: list[str], steps: int, new_steps: int) -> str:
+    """What the step conversion did to the per-step LR schedulers, for the warning."""
+    if not moved or steps == new_steps:
+        return ""
+    fewer = "fewer" if new_steps > steps else "more"
+    return (
+        f"; the LR scheduler(s) {moved}, stepped once per step, continue from step {new_steps}, "
+        f"not {steps}, as the step count does (the samples seen are kept): a schedule over a "
+        f"number of optimizer steps (warmup, cosine over N steps) has {abs(new_steps - steps)} "
+        f"{fewer} of its steps left than at the pause, so it ends "
+        f"{'sooner' if new_steps > steps else 'later'} in samples (docs/distributed.md, Resume)"
+    )
+
+
+def _kept_note(kept: list[str], steps: int) -> str:
+    if not kept:
+        return ""
+    return (
+        f"; the LR scheduler(s) {kept} stay at step {steps} (scheduler_steps='keep'): their "
+        "schedules continue over optimizer steps from where they paused"
+    )
+
+
+def _per_step_schedulers(
+    states: Mapping[str, Any], objects: Mapping[str, Any], steps: int
+) -> list[str]:
+    """The LR schedulers stepped once per step: their saved ``last_epoch`` is the step count."""
+    schedulers = torch.optim.lr_scheduler.LRScheduler
+    return [
+        name
+        for name, obj in objects.items()
+        if isinstance(obj, schedulers)
+        and isinstance(states.get(name), Mapping)
+        and states[name].get("last_epoch") == steps
+    ]
+
+
 def _converted_schedulers(
     states: dict[str, Any], objects: Mapping[str, Any], steps: int, new_steps: int
-) -> dict[str, Any]:
-    schedulers = torch.optim.lr_scheduler.LRScheduler
-    for name, obj in objects.items():
-        state = states.get(name)
-        if (
-            isinstance(obj, schedulers)
-            and isinstance(state, Mapping)
-            and state.get("last_epoch") == steps
-        ):
-            state = dict(state)  # the loaded file's dict stays as read
-            state["last_epoch"] = new_steps
-            if "_step_count" in state:
-                state["_step_count"] = new_steps + 1
-            states[name] = state
-    return states
+) -> tuple[dict[str, Any], list[str]]:
+    """The saved states with each per-step scheduler moved to ``new_steps``, and their names."""
+    moved = _per_step_schedulers(states, objects, steps)
+    for name in moved:
+        state = dict(states[name])  # the loaded file's dict stays as read
+        state["last_epoch"] = new_steps
+        if "_step_count" in state:
+            state["_step_count"] = new_steps + 1
+        states[name] = state
+    return states, moved

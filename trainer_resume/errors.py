@@ -199,6 +199,17 @@ class StorageURLError(ResumeError):
     )
 
 
+class PauseNotResumableError(ResumeError):
+    """The checks ``resume()`` runs, run on a pause just written against the trainer that
+    wrote it, refused it: a pause that no resume would accept (a defect, never a setting)."""
+
+    code = 354
+    message = (
+        "the pause just written would be refused by resume() of the trainer that wrote it; "
+        "a defect of trainer-resume: please report it with this message"
+    )
+
+
 class DDPWindowError(ResumeError):
     """DistributedDataParallel's record of an open accumulation window (the parameters its
     reducer found used under ``no_sync``) cannot be carried into this run; the detail names

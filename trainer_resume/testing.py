@@ -25,7 +25,7 @@ import torch
 
 from .checks.hook_results import loader_view
 from .difference import Difference, first_difference, max_abs_difference
-from .errors import TrainingPausedError
+from .errors import ResumeError, TrainingPausedError
 from .rng import random_state, restore_random_state
 from .state import cpu_state
 
@@ -48,8 +48,9 @@ def assert_training_resume(
     """Assert that pausing after ``pause_after`` steps and resuming reproduces an uninterrupted run.
 
     Three trainers come from ``factory``: one runs ``total_steps`` steps; one runs
-    ``pause_after`` steps, pauses to ``checkpoint_path`` and must refuse a further
-    step; a fresh one, whose global RNGs are deliberately advanced first (so seeding
+    ``pause_after`` steps, pauses to ``checkpoint_path``, must pass its own
+    ``check_resumable(checkpoint_path)`` (the checks of ``resume()``, on the file read
+    back) and must refuse a further step; a fresh one, whose global RNGs are deliberately advanced first (so seeding
     in the constructor cannot hide a missing RNG restore), resumes and runs the
     remaining steps. Compared tensor by tensor: the snapshots before the pause and
     right after the resume against the uninterrupted run at ``pause_after``, every
@@ -148,6 +149,15 @@ def _run_to_pause(factory, run_step, snapshot, checkpoint_path, pause_after: int
         trainer.pause(checkpoint_path)
         if not getattr(trainer, "paused", True):
             raise AssertionError("assert_training_resume: trainer.paused is false after pause()")
+        check = getattr(trainer, "check_resumable", None)
+        if check is not None:  # the file as written, read back, against its own trainer
+            try:
+                check(checkpoint_path)
+            except ResumeError as error:
+                raise AssertionError(
+                    f"assert_training_resume: the pause at step {pause_after} is refused by the "
+                    f"checks of resume() in the trainer that wrote it: {error}"
+                ) from error
         try:
             run_step(trainer)
         except TrainingPausedError:

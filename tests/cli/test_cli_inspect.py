@@ -192,6 +192,21 @@ def test_inspect_of_an_empty_directory_fails_with_code_321(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error [321]: ")
 
 
+def test_inspect_of_a_directory_of_sharded_resume_points_names_the_newest_to_inspect(
+    tmp_path, capsys
+):
+    for steps in (2, 4):  # committed: a manifest (inspect of the point itself verifies it)
+        point = tmp_path / f"point-{steps:012d}.sharded"
+        point.mkdir()
+        (point / "manifest.ckpt").write_bytes(b"")
+    (tmp_path / "point-000000000006.sharded").mkdir()  # a write that never committed
+    assert main(["inspect", str(tmp_path)]) == 3
+    error = capsys.readouterr().err
+    assert error.startswith("error [321]: ")
+    assert "holds the resume points of a sharded model" in error
+    assert error.rstrip().endswith(str(tmp_path / "point-000000000004.sharded"))
+
+
 # ---------------------------------------------------------------------- Lightning files
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ from trainer_resume import (
     ResumePoints,
     RunFinishedError,
     SkippedCheckpointWarning,
+    UnsupportedResumeConfigurationError,
     cpu_state,
     load_checkpoint,
     run_finished,
@@ -341,23 +343,75 @@ def test_resume_points_refuse_settings_that_cannot_work(tmp_path, options, error
         ResumePoints(tmp_path, **options)
 
 
-def test_resume_points_of_a_sharded_model_are_refused_before_anything_is_written(tmp_path):
+def test_resume_points_of_a_sharded_model_are_sharded_directories_resumed_bitwise_equal_and_refused_at_a_url(  # noqa: E501
+    tmp_path,
+):
     import torch.distributed as dist
-    from support.ddp_workers import CONFIG
-    from support.fsdp_workers import FSDPTrainer
-
-    from trainer_resume import UnsupportedResumeConfigurationError
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    trainers: list = []
     try:
-        trainer = FSDPTrainer()
-        points = ResumePoints(tmp_path / "points", every_steps=1)
-        trainer._initialize_training_resume(CONFIG, version="1", resume_points=points)
-        with pytest.raises(
-            UnsupportedResumeConfigurationError, match="resume points of a sharded model"
-        ):
-            trainer.step()
-        assert os.listdir(tmp_path / "points") == []
-        trainer.loader.close()
+        _sharded_points_run(tmp_path, trainers)
     finally:
+        for trainer in trainers:
+            trainer.loader.close()
+        trainers.clear()
         dist.destroy_process_group()
+        gc.collect()  # the trainers' groups go now, not in a loader worker forked later
+
+
+def _sharded_points_run(tmp_path, trainers: list) -> None:
+    from support.ddp_workers import CONFIG
+    from support.fsdp_workers import FSDPTrainer, by_parameter_order
+
+    from trainer_resume.resume_points.sharded_points import list_sharded_points
+
+    reference = FSDPTrainer()
+    trainers.append(reference)
+    for _ in range(6):
+        reference.step()
+        if reference.completed_steps == 4:
+            at_four = by_parameter_order(reference)
+    points = ResumePoints(tmp_path / "points", every_steps=2, keep=2, when_busy="wait")
+    writer = FSDPTrainer()
+    trainers.append(writer)
+    writer._initialize_training_resume(CONFIG, version="1", resume_points=points)
+    for _ in range(5):
+        writer.step()
+    points.wait()
+    listed = [(steps, done) for steps, _, done in list_sharded_points(tmp_path / "points")]
+    assert listed == [(2, True), (4, True)]
+    resumed = FSDPTrainer()
+    trainers.append(resumed)
+    resumed.step()  # a state any missing restore would leave behind
+    resumed._initialize_training_resume(  # one writer in the directory: the writer
+        CONFIG, version="1", resume_points=ResumePoints(tmp_path / "points", every_steps=100)
+    )
+    assert resumed.resume_latest().endswith("point-000000000004.sharded")
+    assert first_difference(at_four, by_parameter_order(resumed)) is None
+    resumed.step()
+    resumed.step()
+    assert first_difference(by_parameter_order(reference), by_parameter_order(resumed)) is None
+    on_demand = writer.checkpoint().wait()  # one process: taken now, between steps
+    assert on_demand.endswith("point-000000000005.sharded")
+    writer.pause(tmp_path / "points" / "pause")  # a sharded pause there: newest on a tie
+    assert resumed.resume_latest() == str(tmp_path / "points" / "pause")
+    assert resumed.completed_steps == 5
+    writer.finish(tmp_path / "points" / "pause")
+    assert list_sharded_points(tmp_path / "points") == []
+    with pytest.raises(RunFinishedError):
+        resumed.resume_latest()
+    # At a URL: refused when training starts, naming the fix, before anything is written.
+    import fsspec
+
+    at_url = FSDPTrainer()
+    trainers.append(at_url)
+    at_url._initialize_training_resume(
+        CONFIG, version="1", resume_points=ResumePoints("memory://sharded-points", every_steps=1)
+    )
+    with pytest.raises(UnsupportedResumeConfigurationError, match=r"\[332\].*shared file system"):
+        at_url.step()
+    assert at_url.completed_steps == 0
+    with pytest.raises(UnsupportedResumeConfigurationError, match=r"\[332\].*not a URL"):
+        at_url.resume_latest("memory://sharded-points")
+    assert not fsspec.filesystem("memory").exists("/sharded-points")

@@ -7,6 +7,7 @@ directory. The 2-rank runs are in ``test_sharded_ranks.py``.
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -44,7 +45,11 @@ def one_rank(tmp_path):
     finally:
         for trainer in trainers:
             trainer.loader.close()
+        trainers.clear()
         dist.destroy_process_group()
+        # The trainers' meshes and groups go now: garbage collected in a loader worker
+        # that a later test forks would hang or abort it.
+        gc.collect()
         restore_random_state(caller_rng)
 
 
@@ -305,6 +310,36 @@ def test_a_sharded_model_paused_inside_an_accumulation_window_resumes_its_gradie
     resumed = WindowFSDPTrainer()
     one_rank.append(resumed)
     resumed.resume(tmp_path / "pause")
+    assert first_difference(paused, _gradients(resumed)) is None
+    for _ in range(2):
+        resumed.step()
+    difference = first_difference(_local(reference.state()), _local(resumed.state()))
+    assert difference is None, difference.describe()
+
+
+def test_a_sharded_resume_point_inside_an_accumulation_window_resumes_its_gradients(
+    one_rank, tmp_path
+):
+    from support import ddp_workers
+
+    from trainer_resume import ResumePoints
+
+    reference = WindowFSDPTrainer()
+    one_rank.append(reference)
+    for _ in range(5):
+        reference.step()
+    trainer = WindowFSDPTrainer()
+    one_rank.append(trainer)
+    points = ResumePoints(tmp_path / "points", every_steps=3)
+    trainer._initialize_training_resume(ddp_workers.CONFIG, version="1", resume_points=points)
+    for _ in range(3):
+        trainer.step()  # the point holds the first micro-batch's sharded gradients
+    paused = _gradients(trainer)
+    points.wait()
+    trainer.step()  # the live gradients move on; the point keeps those of step 3
+    resumed = WindowFSDPTrainer()
+    one_rank.append(resumed)
+    assert resumed.resume_latest(tmp_path / "points").endswith("point-000000000003.sharded")
     assert first_difference(paused, _gradients(resumed)) is None
     for _ in range(2):
         resumed.step()

@@ -13,6 +13,7 @@ works).
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -40,7 +41,11 @@ def one_rank(tmp_path):
     finally:
         for trainer in trainers:
             trainer.loader.close()
+        trainers.clear()
         dist.destroy_process_group()
+        # The trainers' meshes and groups go now: garbage collected in a loader worker
+        # that a later test forks would hang or abort it.
+        gc.collect()
         restore_random_state(caller_rng)
 
 
@@ -119,3 +124,27 @@ def test_compiled_and_eager_blocks_resume_each_others_pause_with_the_paused_stat
     _assert_same(resumed["at_pause"], resumed["at_resume"], "right after the resume")
     assert resumed["end"]["steps"] == STEPS
     assert all(torch.isfinite(weight).all() for weight in resumed["end"]["weights"])
+
+
+def test_a_sharded_pause_saved_under_the_wrappers_names_is_refused_by_the_pause_itself(
+    one_rank, tmp_path, monkeypatch
+):
+    from trainer_resume.errors import PauseNotResumableError
+    from trainer_resume.sharded import write
+
+    real = write.dcp_state
+
+    def wrapper_names(objects, sharded):  # the mapping broken on purpose: live names kept
+        state = real(objects, sharded)
+        state["models"] = {
+            name: {f"_checkpoint_wrapped_module.{key}": value for key, value in model.items()}
+            for name, model in state["models"].items()
+        }
+        return state
+
+    monkeypatch.setattr(write, "dcp_state", wrapper_names)
+    trainer = _trainer(one_rank, CheckpointedTrainer, PAUSE)
+    with pytest.raises(PauseNotResumableError) as refused:
+        trainer.pause(tmp_path / "p")
+    assert "missing from the checkpoint" in str(refused.value)
+    assert "_checkpoint_wrapped_module.0.weight" in str(refused.value)

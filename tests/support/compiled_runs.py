@@ -56,7 +56,7 @@ def run_in_new_process(job: str, workdir: Path) -> str | None:
     return missing.read_text() if missing.exists() else None
 
 
-def _compiler_missing() -> str | None:
+def compiler_missing() -> str | None:
     """Why ``torch.compile`` cannot compile here, or ``None`` when a trial compile works."""
     try:
         torch.compile(lambda x: torch.relu(x) * 2)(torch.ones(3))
@@ -66,7 +66,7 @@ def _compiler_missing() -> str | None:
 
 
 def _no_compiler(workdir: Path) -> bool:
-    reason = _compiler_missing()
+    reason = compiler_missing()
     if reason is not None:
         (workdir / NO_COMPILER).write_text(reason)
     return reason is not None

@@ -45,6 +45,7 @@ from ..checkpoint_files.lightning import PAUSE_KEY
 from ..errors import CheckpointCorruptedError, CheckpointFormatError, SkippedCheckpointWarning
 from ..finished import finished_marker_path
 from ..resume_points.files import candidates, point_name
+from ..resume_points.sharded_points import list_sharded_points
 from ..state import (
     BATCH_SAMPLER_FORMAT,
     DALI_ITERATOR_FORMAT,
@@ -459,6 +460,12 @@ def describe_directory(
     marker = finished_marker_path(path)
     finished = paths.is_file(marker)
     if not found and not finished:
+        sharded = [p for _, p, committed in list_sharded_points(path) if committed]
+        if sharded:
+            raise CheckpointFormatError(
+                f"{path} holds the resume points of a sharded model, each a sharded pause "
+                f"directory: inspect one, e.g. the newest, {sharded[-1]}"
+            )
         raise CheckpointFormatError(
             f"{path} is a directory without resume points, pause files or a finished marker"
         )

@@ -14,17 +14,18 @@ behind the guards live in the private modules beside it (see ARCHITECTURE.md).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from ..durable import load_checkpoint, save_checkpoint
 from ..resume_points import ResumePoint, ResumePoints
+from ..sharded.detect import sharded_objects
 from ..state import PauseCheckpoint, StrPath
 from ._finish import finish_run
 from ._landing import land_requested_pause, record_pause_request
-from ._pause import pause_to
+from ._pause import pause_to, refuse_sharded_url
 from ._pause_request import DEFAULT_PAUSE_SIGNALS, SignalPause, arm_signals, disarm_signals
-from ._points import choose_latest, take_checkpoint
-from ._resume import resume_from
+from ._points import choose_latest, resume_latest_sharded, take_checkpoint
+from ._resume import check_resumable_at, resume_from
 from ._settings import settings_of
 from ._setup import initialize
 from ._step_guard import guard_of, require_step_boundary, serialized_training, training_step
@@ -63,6 +64,7 @@ class TrainingResumeMixin:
         resume_points: ResumePoints | None = None,
         excluded_attributes: Iterable[str] = (),
         config_ignore: Collection[str] = (),
+        scheduler_steps: Literal["convert", "keep"] = "convert",
     ) -> None:
         """Sign ``config`` (its ``load`` entry excluded) and record the module version.
 
@@ -89,12 +91,17 @@ class TrainingResumeMixin:
                 pass at least those. Values from Hydra's ``${hydra:...}`` and
                 ``${now:...}`` need no entry: they are signed as written
                 (docs/trainer.md, "Configs").
+            scheduler_steps: On a resume with another number of ranks, ``"convert"``
+                moves the LR schedulers stepped once per step to the converted step
+                count, as the step count moves (the samples seen are kept: schedules
+                over samples); ``"keep"`` leaves them at the paused step (schedules
+                over optimizer steps). docs/distributed.md, "Resume".
 
         Raises:
             TypeError, ValueError: ``version`` is not a non-empty str, ``key`` is
                 not bytes of at least 16 (checked here, not at the first pause), or
-                ``config`` has no canonical form or ``config_ignore`` holds a
-                malformed path.
+                ``config`` has no canonical form, ``config_ignore`` holds a
+                malformed path or ``scheduler_steps`` is neither value.
         """
         initialize(
             self,
@@ -105,6 +112,7 @@ class TrainingResumeMixin:
             excluded_attributes=excluded_attributes,
             config_ignore=config_ignore,
             base=TrainingResumeMixin,
+            scheduler_steps=scheduler_steps,
         )
 
     # ------------------------------------------------------------ state flags
@@ -215,7 +223,7 @@ class TrainingResumeMixin:
         guard = guard_of(self, "pause()")
         with guard.exclusive():
             require_step_boundary(guard, "pause")
-            pause_to(self, guard, path)
+            pause_to(self, guard, path, base=TrainingResumeMixin)
 
     def resume(self, path: StrPath) -> None:
         """Restore the trainer from a pause file and unpause it.
@@ -254,6 +262,29 @@ class TrainingResumeMixin:
         with guard.exclusive():
             require_step_boundary(guard, "resume")
             resume_from(self, guard, path, base=TrainingResumeMixin)
+
+    def check_resumable(self, path: StrPath) -> None:
+        """Check a pause as ``resume(path)`` would check it against this trainer; change nothing.
+
+        The same checks as :meth:`resume` (the file verified, module version, config,
+        entries, every object's state against the live object under canonical names,
+        gradients, loader states, ``_validate_resume``, RNG), without the restore: a
+        pause this raises for, ``resume(path)`` refuses the same way.
+        ``assert_training_resume`` runs it on the pause it wrote.
+
+        Args:
+            path: A file written by ``pause()`` or a sharded pause directory.
+
+        Raises:
+            ResumeError: what ``resume(path)`` would raise before changing anything.
+            RuntimeError: under a process group, another rank refused (this rank raises
+                the same ``ResumeError`` class naming that rank).
+
+        Under a process group every rank calls it with the same path.
+        """
+        guard = guard_of(self, "check_resumable()")
+        with guard.exclusive():
+            check_resumable_at(self, path, base=TrainingResumeMixin)
 
     def finish(self, path: StrPath) -> str:
         """Mark the run that pauses to ``path`` finished, once training is complete.
@@ -360,9 +391,15 @@ class TrainingResumeMixin:
         The file is taken by its verified contents: a point whose contents hold
         another step than its name says is skipped with a warning, and one that a
         running writer's retention removes while it is chosen is passed over for
-        the next valid one.
+        the next valid one. A trainer with a sharded model takes the newest committed
+        sharded point or pause directory that every rank verifies (the ranks try the
+        directories in the order rank 0 lists them).
         """
         guard = guard_of(self, "resume_latest()")
+        sharded = sharded_objects(self._resume_objects())
+        if sharded:  # sharded points are directories
+            refuse_sharded_url(directory, sharded)
+            return resume_latest_sharded(self, guard, directory, base=TrainingResumeMixin)
         chosen = choose_latest(self, guard, directory)
         if chosen is None:
             return None

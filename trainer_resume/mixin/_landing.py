@@ -19,7 +19,7 @@ from .. import distributed as _distributed
 from ..state import StrPath
 from ..storage.urls import check_location, is_url
 from ._hook_audit import warn_request_without_step
-from ._pause import pause_checkpoint
+from ._pause import pause_checkpoint, point_shards
 from ._settings import settings_of
 from ._step_guard import GUARD_ATTRIBUTE, StepGuard
 
@@ -65,9 +65,10 @@ def pause_at_step_boundary(trainer: TrainingResumeMixin, *, epoch_end_done: bool
     if guard.points is not None:
         failure = guard.points.at_step_boundary(
             guard.completed_steps,
-            lambda copy: pause_checkpoint(trainer, guard, copy),
+            lambda copy, sharded=None: pause_checkpoint(trainer, guard, copy, sharded=sharded),
             key=settings_of(trainer, "checkpoint()").key,
             defer=epoch_ended,
+            shards=lambda: point_shards(trainer),
         )
     requested = guard.requested_path
     guard.requested_path = None

@@ -33,14 +33,16 @@ from ..storage.paths import is_url, make_parent_directory
 from ._boundary import boundary_loader_states, boundary_random_state
 from ._ddp_window import collect_windows, watch_windows
 from ._gradients import collect_gradients
+from ._resume_checks import prove_written_pause
 from ._settings import settings_of
 from ._step_guard import StepGuard
 from ._training_start import check_hook_results
 
 if TYPE_CHECKING:
+    from ..sharded.read import ShardedPause
     from . import TrainingResumeMixin
 
-__all__ = ["pause_checkpoint", "pause_to", "refuse_sharded_url"]
+__all__ = ["pause_checkpoint", "pause_to", "point_shards", "refuse_sharded_url"]
 
 
 def refuse_sharded_url(path: StrPath, sharded: ShardedObjects) -> None:
@@ -54,8 +56,12 @@ def refuse_sharded_url(path: StrPath, sharded: ShardedObjects) -> None:
         )
 
 
-def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) -> None:
-    """The body of ``pause()`` (under the lock, between steps)."""
+def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, base: type) -> None:
+    """The body of ``pause()`` (under the lock, between steps).
+
+    Args:
+        base: ``TrainingResumeMixin``, to tell overridden hooks from the defaults.
+    """
     if guard.audit is not None:  # paused before the first step: check the hooks now
         audit, guard.audit = guard.audit, None
         guard.audit = audit(trainer)
@@ -78,11 +84,19 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) -> N
         raise
     if collective:
         _distributed.agree(None, "pause()")
+    opened: ShardedPause | None = None
     if sharded:
         key = settings_of(trainer, "pause()").key
-        from ..sharded.write import write_pause  # imports torch.distributed.checkpoint
+        # Both import torch.distributed.checkpoint.
+        from ..sharded.read import ShardedPause
+        from ..sharded.write import write_pause
 
-        write_pause(path, checkpoint, trainer._resume_objects(), sharded, key=key)
+        manifest, metadata = write_pause(
+            path, checkpoint, trainer._resume_objects(), sharded, key=key
+        )
+        location = os.path.abspath(os.fspath(path))
+        directory = os.path.join(location, manifest["generation"])
+        opened = ShardedPause(location, directory, manifest, checkpoint, metadata)
     elif collective:
         combined = _distributed.gather_pause(checkpoint)
 
@@ -97,6 +111,27 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) -> N
     guard.paused = True
     if guard.requested_path is not None and os.fspath(guard.requested_path) == os.fspath(path):
         guard.requested_path = None
+    # A pause no resume would accept is a defect: found here, by the run that wrote it.
+    try:
+        prove_written_pause(trainer, checkpoint, os.fspath(path), opened=opened, base=base)
+    except Exception as error:
+        if collective:
+            _distributed.announce_refusal(error, "pause()")
+        raise
+    if collective:
+        _distributed.agree(None, "pause()")
+
+
+def point_shards(trainer: TrainingResumeMixin) -> tuple[ShardedObjects, Mapping[str, Any]]:
+    """The sharded models and optimizers a resume point writes through DCP, and the objects.
+
+    Raises:
+        UnsupportedResumeConfigurationError: gradients FSDP2 has not reduced yet (332).
+    """
+    objects = trainer._resume_objects()
+    sharded = sharded_objects(objects)
+    refuse_unreduced_gradients(objects, sharded)
+    return sharded, objects
 
 
 def pause_checkpoint(
@@ -110,8 +145,7 @@ def pause_checkpoint(
     Args:
         copy: ``to_cpu`` for a pause (written under the lock); for a resume point, a
             copy in host memory (written while training changes the live tensors).
-        sharded: The objects every rank writes through DCP (a pause only; resume
-            points refuse DTensors).
+        sharded: The objects every rank writes through DCP (left out here).
     """
     sharded = sharded if sharded is not None else ShardedObjects()
     settings = settings_of(trainer, "pause()")

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ..sharded.read import ShardedPause
     from . import TrainingResumeMixin
 
-__all__ = ["resume_from"]
+__all__ = ["check_resumable_at", "read_and_check", "resume_from"]
 
 
 def resume_from(
@@ -58,27 +58,7 @@ def resume_from(
     location = os.fspath(path)
     collective = _distributed.is_distributed()
     try:
-        key = settings_of(trainer, "resume()").key
-        refuse_if_finished(location, key=key)
-        opened = None
-        if read is not None:
-            loaded: Any = read()
-        elif is_pause_directory(path):
-            from ..sharded.read import open_pause  # imports torch.distributed.checkpoint
-
-            opened = open_pause(path, key=key)
-            loaded = opened.checkpoint
-        else:
-            loaded = trainer._load_pause_checkpoint(path)
-        check_sharded(trainer, opened, location)
-        checkpoint = rank_checkpoint(trainer, loaded, location)
-        states = check_pause_checkpoint(
-            trainer,
-            checkpoint,
-            location,
-            sharded=opened.names if opened is not None else (),
-            base=base,
-        )
+        checkpoint, states, opened = read_and_check(trainer, path, read, base=base)
     except Exception as error:
         if collective:
             _distributed.announce_refusal(error, "resume()")
@@ -92,6 +72,59 @@ def resume_from(
     # refuses is put back with every other, and nothing else changed.
     restore_foreign_loaders(trainer, guard, checkpoint["loaders"], location, collective)
     _restore(trainer, guard, checkpoint, states, location, opened, staged)
+
+
+def check_resumable_at(trainer: TrainingResumeMixin, path: StrPath, *, base: type) -> None:
+    """The body of ``check_resumable()``: the checks of ``resume()``, agreed by every rank."""
+    collective = _distributed.is_distributed()
+    try:
+        read_and_check(trainer, path, base=base)
+    except Exception as error:
+        if collective:
+            _distributed.announce_refusal(error, "check_resumable()")
+        raise
+    if collective:
+        _distributed.agree(None, "check_resumable()")
+
+
+def read_and_check(
+    trainer: TrainingResumeMixin,
+    path: StrPath,
+    read: Callable[[], Any] | None = None,
+    *,
+    base: type,
+) -> tuple[PauseCheckpoint, dict[str, Any], ShardedPause | None]:
+    """Read a pause (file or sharded directory) and check it against the trainer; change nothing.
+
+    Runs no collective: under a process group the caller agrees on the outcome.
+
+    Returns:
+        This rank's part of the checkpoint, the objects' saved states and the opened
+        sharded pause (``None`` for a file).
+    """
+    location = os.fspath(path)
+    key = settings_of(trainer, "resume()").key
+    refuse_if_finished(location, key=key)
+    opened = None
+    if read is not None:
+        loaded: Any = read()
+    elif is_pause_directory(path):
+        from ..sharded.read import open_pause  # imports torch.distributed.checkpoint
+
+        opened = open_pause(path, key=key)
+        loaded = opened.checkpoint
+    else:
+        loaded = trainer._load_pause_checkpoint(path)
+    check_sharded(trainer, opened, location)
+    checkpoint = rank_checkpoint(trainer, loaded, location)
+    states = check_pause_checkpoint(
+        trainer,
+        checkpoint,
+        location,
+        sharded=opened.names if opened is not None else (),
+        base=base,
+    )
+    return checkpoint, states, opened
 
 
 def _restore(

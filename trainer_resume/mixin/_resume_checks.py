@@ -20,6 +20,8 @@ from ..checks.hook_results import is_library_loader, resume_loaders
 from ..checks.pause_state import check_layout, check_names, check_random_state, object_states
 from ..checks.state_match import check_object_states
 from ..errors import (
+    PauseNotResumableError,
+    ResumeError,
     ResumeStateMismatchError,
     UnsupportedResumeConfigurationError,
     VersionMismatchError,
@@ -36,7 +38,13 @@ if TYPE_CHECKING:
     from ..sharded.read import ShardedPause
     from . import TrainingResumeMixin
 
-__all__ = ["GRAD_SCALERS", "check_pause_checkpoint", "check_sharded", "rank_checkpoint"]
+__all__ = [
+    "GRAD_SCALERS",
+    "check_pause_checkpoint",
+    "check_sharded",
+    "prove_written_pause",
+    "rank_checkpoint",
+]
 
 GRAD_SCALERS: tuple[type, ...] = (torch.amp.GradScaler,)
 if not issubclass(torch.cuda.amp.GradScaler, torch.amp.GradScaler):  # older torch: separate classes
@@ -56,6 +64,7 @@ def rank_checkpoint(
         location=location,
         device=rng_device(),
         objects=trainer._resume_objects(),
+        scheduler_steps=settings_of(trainer, "resume()").scheduler_steps,
     )
 
 
@@ -77,12 +86,15 @@ def check_pause_checkpoint(
     *,
     sharded: Iterable[str] = (),
     base: type,
+    validate: bool = True,
 ) -> dict[str, Any]:
     """Refuse a checkpoint that does not fit the trainer; return the objects' saved states.
 
     Args:
         sharded: Names of the objects whose states are in the DCP files.
         base: ``TrainingResumeMixin``, to tell overridden hooks from the defaults.
+        validate: Call the trainer's ``_validate_resume`` (a resume does; the check of a
+            pause just written leaves the user's hook out).
     """
     settings = settings_of(trainer, "resume()")
     check_layout(checkpoint, location)
@@ -114,9 +126,42 @@ def check_pause_checkpoint(
     for name, loader in loaders.items():
         if is_library_loader(loader):  # the others check a state by loading it, first
             loader.validate_state_dict(checkpoint["loaders"][name])
-    trainer._validate_resume(checkpoint)
+    if validate:
+        trainer._validate_resume(checkpoint)
     check_random_state(checkpoint["rng"], location, rng_device())
     return states
+
+
+def prove_written_pause(
+    trainer: TrainingResumeMixin,
+    checkpoint: PauseCheckpoint,
+    location: str,
+    *,
+    opened: ShardedPause | None,
+    base: type,
+) -> None:
+    """Run the checks ``resume()`` runs on the pause just written, against the trainer that wrote it.
+
+    ``checkpoint`` is this rank's part as written (in memory: no second read), ``opened``
+    the sharded pause as committed (its manifest and DCP's index). Names, shapes, dtypes,
+    pairing, loaders, gradients and RNG must pass as a resume of this trainer would check
+    them; ``_validate_resume`` (the user's hook) is left out.
+
+    Raises:
+        PauseNotResumableError: a check refused; the detail is that refusal (354).
+    """
+    try:
+        check_sharded(trainer, opened, location)
+        check_pause_checkpoint(
+            trainer,
+            checkpoint,
+            location,
+            sharded=opened.names if opened is not None else (),
+            base=base,
+            validate=False,
+        )
+    except ResumeError as error:
+        raise PauseNotResumableError(str(error)) from error
 
 
 def _overrides(trainer: TrainingResumeMixin, hook: str, base: type) -> bool:

@@ -19,14 +19,21 @@ SETTINGS_ATTRIBUTE = "_training_resume_settings"
 
 
 class Settings:
-    """The module version, the signed config, the signing key."""
+    """The module version, the signed config, the signing key, the scheduler-step rule."""
 
-    __slots__ = ("config", "key", "version")
+    __slots__ = ("config", "key", "scheduler_steps", "version")
 
-    def __init__(self, version: str, config: SignedConfig, key: bytes | None) -> None:
+    def __init__(
+        self,
+        version: str,
+        config: SignedConfig,
+        key: bytes | None,
+        scheduler_steps: str = "convert",
+    ) -> None:
         self.version = version
         self.config = config
         self.key = key
+        self.scheduler_steps = scheduler_steps  # per-step schedulers on another world size
 
     @property
     def signature(self) -> str:

@@ -21,6 +21,7 @@ from ._ddp_window import watch_windows
 from ._gradient_liveness import track_gradients
 from ._hook_audit import audit_trainer
 from ._landing import pause_at_step_boundary
+from ._pause import refuse_sharded_url
 from ._settings import SETTINGS_ATTRIBUTE, Settings
 from ._step_guard import GUARD_ATTRIBUTE, StepGuard
 from ._training_start import check_at_training_start
@@ -41,6 +42,7 @@ def initialize(
     excluded_attributes: Iterable[str],
     config_ignore: Collection[str],
     base: type,
+    scheduler_steps: str = "convert",
 ) -> None:
     """The body of ``_initialize_training_resume`` (arguments and errors as documented there).
 
@@ -53,12 +55,14 @@ def initialize(
     excluded = frozenset(excluded_attributes)
     if isinstance(excluded_attributes, str) or not all(isinstance(name, str) for name in excluded):
         raise TypeError(f"excluded_attributes must be attribute names, got {excluded_attributes!r}")
+    if scheduler_steps not in ("convert", "keep"):
+        raise ValueError(f"scheduler_steps must be 'convert' or 'keep', got {scheduler_steps!r}")
     if resume_points is not None and not isinstance(resume_points, ResumePoints):
         raise TypeError(f"resume_points must be a ResumePoints, got {type(resume_points).__name__}")
     # From here on every optimizer step is seen, so a pause can tell spent gradients.
     track_gradients()
     trainer.__dict__[SETTINGS_ATTRIBUTE] = Settings(
-        version, sign_config(config, ignore=config_ignore), key
+        version, sign_config(config, ignore=config_ignore), key, scheduler_steps
     )
     if GUARD_ATTRIBUTE not in trainer.__dict__:
         trainer.__dict__[GUARD_ATTRIBUTE] = StepGuard(pause_at_step_boundary)
@@ -80,6 +84,8 @@ def initialize(
 
     def start(trainer: TrainingResumeMixin) -> None:
         check_at_training_start(trainer)
+        if guard.points is not None:  # sharded points are directories every rank writes to
+            refuse_sharded_url(guard.points.directory, sharded_objects(trainer._resume_objects()))
         # Before the first backward: DDP's record of a window is seen from its start.
         watch_windows(trainer)
 

@@ -18,6 +18,10 @@ the first step boundary after the write finished and ``skipped`` counts the
 scheduled points that were passed over. ``"wait"`` blocks the step until the write is
 done, then takes the point, so points are never later than scheduled.
 
+Under a process group rank 0 writes one file with every rank's state; with a model
+sharded by FSDP2 / DTensor every rank writes its own shards instead, each point a
+sharded pause directory committed by rank 0 (see :mod:`.sharded_points`).
+
 A write that fails is reported by the next training step (it raises the
 ``CheckpointWriteError``; the step itself has completed) and logged when it
 happens; older points are never touched by a failed write. A normal interpreter
@@ -29,18 +33,23 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from .. import distributed as _distributed
 from ..checks.pause_state import to_cpu
 from ..durable import save_checkpoint
-from ..errors import CheckpointWriteError, ResumePointsInUseError
+from ..errors import (
+    CheckpointWriteError,
+    ResumePointsInUseError,
+    UnsupportedResumeConfigurationError,
+)
 from ..finished import mark_finished
 from ..state import StrPath
 from ..storage import paths
@@ -53,6 +62,10 @@ from .files import (
     remove_stale_temp_files,
     retain_points,
 )
+from .sharded_points import list_sharded_points, retain_sharded_points, sharded_point_name
+
+if TYPE_CHECKING:
+    from ..sharded.detect import ShardedObjects
 
 __all__ = ["ResumePoint", "ResumePoints", "Snapshot"]
 
@@ -60,8 +73,11 @@ _log = logging.getLogger("trainer_resume")
 
 WhenBusy = Literal["skip", "wait"]
 # Builds the checkpoint of the current boundary, copying its tensors with the given
-# function (``copy(value, memo)``): the point's host copy on the writing rank.
-Snapshot = Callable[[Callable[[Any, dict], Any]], dict[str, Any]]
+# function (``copy(value, memo)``): the point's host copy on the writing rank. Given the
+# sharded objects too (``snapshot(copy, sharded)``), it leaves their states out.
+Snapshot = Callable[..., dict[str, Any]]
+# The trainer's sharded models and optimizers and its resume objects (see sharded.detect).
+Shards = Callable[[], "tuple[ShardedObjects, Mapping[str, Any]]"]
 
 _ACTIVE: weakref.WeakSet[ResumePoints] = weakref.WeakSet()
 
@@ -76,6 +92,32 @@ def _wait_for_writes_at_exit() -> None:
 # (the digest's helper thread). Hooks run last-registered first: this one, registered
 # after concurrent.futures was imported, lets the write in flight finish before that.
 getattr(threading, "_register_atexit", lambda hook: None)(_wait_for_writes_at_exit)
+
+
+# The writers' gloo group of each default group, made once and kept for the life of the
+# process: a process group that became garbage and is collected in a forked child (a
+# loader worker) hangs or aborts that child, so none is ever let go.
+_WRITER_GROUPS: list[tuple[Any, Any]] = []
+
+
+def _writers_group() -> Any:
+    """The group the sharded writers' collectives run on (``None``: the default group).
+
+    A group of their own beside the training thread's, except in a gloo group of one
+    process, where no collective waits on another rank. Making it is a collective: every
+    rank asks at the same boundary.
+    """
+    import torch.distributed as dist
+
+    if not (_distributed.is_distributed() or dist.get_backend() != "gloo"):
+        return None
+    world = dist.group.WORLD
+    for default, group in _WRITER_GROUPS:
+        if default is world:
+            return group
+    group = dist.new_group(backend="gloo")
+    _WRITER_GROUPS.append((world, group))
+    return group
 
 
 class ResumePoint:
@@ -222,6 +264,7 @@ class ResumePoints:
         self._unreported: ResumePoint | None = None
         self._requested: list[ResumePoint] = []
         self._last_time = time.monotonic()
+        self._group: Any = None  # where the sharded writers' collectives run, see _writers_group
 
     # ------------------------------------------------------------------ public
 
@@ -255,6 +298,8 @@ class ResumePoints:
         self.wait()
         marker = mark_finished(self.directory, completed_steps=completed_steps, key=key)
         remove_points(self.directory)
+        for _, path, _ in list_sharded_points(self.directory):
+            shutil.rmtree(path, ignore_errors=True)
         release_writer_lock(self.directory)
         return marker
 
@@ -278,6 +323,7 @@ class ResumePoints:
         key: bytes | None,
         combine: Callable[[Any], Any] | None = None,
         defer: bool = False,
+        shards: Shards | None = None,
     ) -> CheckpointWriteError | None:
         """Take a point if one is due or requested; return an unreported write failure.
 
@@ -286,10 +332,12 @@ class ResumePoints:
         ``combine`` makes of its snapshot (default: the mixin's ``gather_pause``).
         ``defer`` (agreed the same way) moves a due or requested point to the next
         boundary: the mixin's rule for a boundary where a loader's epoch just ended.
+        ``shards`` (the mixin's) names the sharded models when a point is taken: with
+        any, every rank writes its shards (see :mod:`.sharded_points`).
         """
         if _distributed.is_distributed():
             return self._collective_boundary(
-                completed_steps, snapshot, key, combine or _distributed.gather_pause, defer
+                completed_steps, snapshot, key, combine or _distributed.gather_pause, defer, shards
             )
         failure = self._take_failure()
         defer = self._defers(defer, completed_steps)
@@ -302,16 +350,26 @@ class ResumePoints:
             if self._busy() and self.when_busy == "skip" and not self._requested:
                 self._skip(completed_steps)
             else:
-                self.take(completed_steps, snapshot, key=key)
+                self.take(completed_steps, snapshot, key=key, shards=shards)
         return failure
 
-    def take(self, completed_steps: int, snapshot: Snapshot, *, key: bytes | None) -> ResumePoint:
+    def take(
+        self,
+        completed_steps: int,
+        snapshot: Snapshot,
+        *,
+        key: bytes | None,
+        shards: Shards | None = None,
+    ) -> ResumePoint:
         """Snapshot now (waiting for the write in flight first) and write in the background.
 
         A point already taken at this step serves again (one point per boundary).
         """
         last = self._last
-        if last is None or last.completed_steps != completed_steps or last.failed:
+        sharded, objects = shards() if shards is not None else (None, {})
+        if sharded and (last is None or last.completed_steps != completed_steps or last.failed):
+            last = self._take_sharded(completed_steps, snapshot, key, sharded, objects)
+        elif last is None or last.completed_steps != completed_steps or last.failed:
             self.wait()
             checkpoint = snapshot(self._buffers.copy)  # refuses what cannot be saved first
             try:
@@ -373,12 +431,45 @@ class ResumePoints:
             else CheckpointWriteError(f"{point.path}: {error!r}")
         )
 
-    def _submit(
-        self, checkpoint: Any, completed_steps: int, key: bytes | None, *, write: bool
+    def _take_sharded(
+        self,
+        completed_steps: int,
+        snapshot: Snapshot,
+        key: bytes | None,
+        sharded: ShardedObjects,
+        objects: Mapping[str, Any],
     ) -> ResumePoint:
-        point = ResumePoint(
-            paths.join(self.directory, point_name(completed_steps)), completed_steps
-        )
+        # Every rank, at the same boundary: the step waits only for the copies to host memory.
+        from ..sharded.write import dcp_state, host_copy
+
+        if paths.is_url(self.directory):  # refused when training starts; never written
+            raise UnsupportedResumeConfigurationError(
+                f"{self.directory}: resume points of a sharded model are directories every "
+                "rank writes to; give a path on a shared file system, not a URL"
+            )
+        self.wait()
+        self._group = _writers_group()
+        checkpoint = snapshot(self._buffers.copy, sharded)  # refuses what cannot be saved first
+        try:
+            staged = host_copy(dcp_state(objects, sharded))
+            if _distributed.world()[1] == 0:
+                hold_writer_lock(self.directory, self)
+        except BaseException:
+            self._buffers.recycle(self._buffers.take_made())
+            raise
+        return self._submit(checkpoint, completed_steps, key, write=True, sharded=(sharded, staged))
+
+    def _submit(
+        self,
+        checkpoint: Any,
+        completed_steps: int,
+        key: bytes | None,
+        *,
+        write: bool,
+        sharded: tuple[ShardedObjects, Any] | None = None,
+    ) -> ResumePoint:
+        name = sharded_point_name if sharded is not None else point_name
+        point = ResumePoint(paths.join(self.directory, name(completed_steps)), completed_steps)
         self._last = point
         self._last_time = time.monotonic()
         self._overdue = False
@@ -391,8 +482,8 @@ class ResumePoints:
         self._writing = point
         # Not a daemon: a normal interpreter exit waits for the point to be durable.
         self._writer = threading.Thread(
-            target=self._write,
-            args=(point, checkpoint, made, key),
+            target=self._write if sharded is None else self._write_sharded,
+            args=(point, checkpoint, made, key) + (() if sharded is None else sharded),
             name="trainer-resume-point",
             daemon=False,
         )
@@ -429,6 +520,39 @@ class ResumePoints:
                 self._unreported = point
         point._finish(error)
 
+    def _write_sharded(
+        self,
+        point: ResumePoint,
+        checkpoint: Any,
+        made: list[torch.Tensor],
+        key: bytes | None,
+        sharded: ShardedObjects,
+        staged: Any,
+    ) -> None:
+        from ..sharded.write import write_pause
+
+        error: BaseException | None = None
+        try:
+            try:
+                # Every rank's writer: its shards and rank file, then rank 0's commit; a
+                # failure on any rank fails the point on every rank (write_pause).
+                with _distributed.collectives_on(self._group):
+                    write_pause(point.path, checkpoint, {}, sharded, key=key, state=staged)
+            finally:
+                del checkpoint, staged
+                self._buffers.recycle(made)
+            if _distributed.world()[1] == 0:  # only now that the newer point is committed
+                retain_sharded_points(self.directory, point.completed_steps, self.keep)
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+            error = exc
+            _log.error("resume point %s could not be written: %s", point.path, exc)
+        if error is None:
+            self.written += 1
+        else:
+            with self._lock:
+                self._unreported = point
+        point._finish(error)
+
     def _collective_boundary(
         self,
         completed_steps: int,
@@ -436,6 +560,7 @@ class ResumePoints:
         key: bytes | None,
         combine: Callable[[Any], Any],
         defer: bool,
+        shards: Shards | None,
     ) -> CheckpointWriteError | None:
         rank = _distributed.world()[1]
         in_use: ResumePointsInUseError | None = None
@@ -448,7 +573,7 @@ class ResumePoints:
             [
                 self._due(completed_steps),
                 bool(self._requested),
-                rank == 0 and self._unreported is not None,
+                self._unreported is not None,  # only rank 0 writes, unless a model is sharded
                 in_use is not None,
                 self._defers(defer, completed_steps),
             ]
@@ -461,7 +586,8 @@ class ResumePoints:
         if failed:
             local = self._take_failure()
             failure = local or CheckpointWriteError(
-                f"{self.directory}: rank 0 could not write its last resume point; the older points are intact"
+                f"{self.directory}: another rank could not write its part of the last resume "
+                "point; the older points are intact"
             )
         if not (due or requested):
             return failure
@@ -469,10 +595,16 @@ class ResumePoints:
             self._overdue = True
             self._deferred_at = completed_steps
             return failure
-        # Rank 0 writes, so its writer decides for every rank whether the point waits.
-        busy = _distributed.any_ranks([rank == 0 and self._busy()])[0]
+        sharded, objects = shards() if shards is not None else (None, {})
+        # Rank 0 writes (every rank, for a sharded model): the writers decide for every
+        # rank whether the point waits.
+        busy = _distributed.any_ranks([(rank == 0 or bool(sharded)) and self._busy()])[0]
         if busy and self.when_busy == "skip" and not requested:
             self._skip(completed_steps)
+            return failure
+        if sharded:
+            point = self._take_sharded(completed_steps, snapshot, key, sharded, objects)
+            self._serve_requests(point)
             return failure
         if rank == 0:
             self.wait()

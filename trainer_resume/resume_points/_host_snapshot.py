@@ -63,8 +63,9 @@ class HostBuffers:
     def _copy_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         if first_dtensor(tensor, "") is not None:
             raise UnsupportedResumeConfigurationError(
-                "resume points of a sharded model (DTensor / fully_shard) are not supported yet: "
-                "train it unsharded (e.g. DistributedDataParallel) or run without resume_points"
+                "these resume points cannot hold a sharded model (DTensor / fully_shard): take "
+                "them with TrainingResumeMixin's resume_points (sharded points through "
+                "torch.distributed.checkpoint), or pause on a signal to a sharded pause directory"
             )
         tensor = tensor.detach()
         if tensor.layout != torch.strided or not tensor.is_contiguous():

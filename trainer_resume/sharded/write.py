@@ -38,6 +38,7 @@ from ..state import (
     PauseCheckpoint,
     ShardedFileEntry,
     ShardedManifest,
+    map_tensors,
 )
 from .detect import ShardedObjects
 from .manifest import (
@@ -49,7 +50,7 @@ from .manifest import (
     rank_file,
 )
 
-__all__ = ["dcp_failure", "dcp_state", "write_pause"]
+__all__ = ["dcp_failure", "dcp_state", "host_copy", "write_pause"]
 
 
 def dcp_state(objects: Mapping[str, Any], sharded: ShardedObjects) -> dict[str, Any]:
@@ -83,6 +84,31 @@ def dcp_state(objects: Mapping[str, Any], sharded: ShardedObjects) -> dict[str, 
     if gradients:
         state[GRADIENTS_KEY] = gradients
     return state
+
+
+def host_copy(state: Any) -> Any:
+    """A copy of a :func:`dcp_state` in host memory that later steps cannot change.
+
+    Each DTensor becomes a DTensor over a CPU copy of its local shard (same mesh,
+    placements, global shape and stride), each other tensor a CPU copy; aliases stay
+    aliases. What a resume point writes in the background while training goes on.
+    """
+    from torch.distributed.tensor import DTensor
+
+    def copy(tensor: Any) -> Any:
+        if isinstance(tensor, DTensor):
+            local = tensor.to_local().detach().to("cpu", copy=True)
+            return DTensor.from_local(
+                local,
+                tensor.device_mesh,
+                tensor.placements,
+                run_check=False,
+                shape=tensor.shape,
+                stride=tensor.stride(),
+            )
+        return tensor.detach().to("cpu", copy=True)
+
+    return map_tensors(state, copy, {})
 
 
 def dcp_failure(exc: BaseException) -> tuple[int | None, BaseException]:
@@ -137,7 +163,8 @@ def write_pause(
     sharded: ShardedObjects,
     *,
     key: bytes | None,
-) -> None:
+    state: Mapping[str, Any] | None = None,
+) -> tuple[ShardedManifest, Any]:
     """Every rank: write this rank's part of a sharded pause and take part in its commit.
 
     Args:
@@ -146,6 +173,11 @@ def write_pause(
         objects: The resume objects.
         sharded: Which of them go through DCP.
         key: The trainer's signing key for the rank files and the manifest.
+        state: The sharded state to write (a resume point's :func:`host_copy`);
+            default: the live objects' :func:`dcp_state`.
+
+    Returns:
+        The committed manifest and DCP's index of the shards (``Metadata``), as written.
 
     Raises:
         CheckpointWriteError: on every rank when any rank's part failed; the previous
@@ -170,8 +202,9 @@ def write_pause(
         # DCP announces a failure on any rank to every rank itself, as a
         # CheckpointException: a BaseException, which `except Exception` would miss.
         metadata = dcp.save(
-            dcp_state(objects, sharded),
+            dict(state) if state is not None else dcp_state(objects, sharded),
             storage_writer=dcp.FileSystemWriter(shards, sync_files=True),
+            process_group=_distributed.current_group(),
         )
     except (Exception, CheckpointException) as exc:
         raise _write_error(target, "writing the shards", exc) from exc
@@ -209,6 +242,7 @@ def write_pause(
     _distributed.commit(commit, target)
     if rank == 0:
         _remove_other_generations(target, generation)
+    return manifest, metadata
 
 
 def _remove_other_generations(target: str, keep: str) -> None:

@@ -1,0 +1,182 @@
+"""Sharded runs as torchtitan builds them, under ``torchrun`` with 2 gloo ranks.
+
+Blocks wrapped by ``checkpoint_wrapper``, then ``torch.compile`` (replacing the block),
+then ``fully_shard``: a SIGTERM to the job pauses every rank, and a new ``torchrun``
+resumes the pause compiled, bit-identically to the uninterrupted run, and eager (the
+paused state, exactly). Resume points of a sharded model: one rank SIGKILLed while it
+writes its part of a point leaves that point incomplete, and ``resume_latest()`` in a
+new ``torchrun`` continues from the newest committed one, bit-identically. Every child
+runs in a process of its own (``support/sharded_torchrun_child.py``), so no compiler
+thread lives in this one.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from support.compiled_runs import NO_COMPILER
+from support.lightning_procs import TESTS, TIMEOUT_S
+from support.sharded_torchrun_child import (
+    DYING_POINT,
+    PAUSE,
+    POINT_EVERY,
+    POINT_STEPS,
+    RESUMED_POINT,
+    STEPS,
+)
+
+from trainer_resume.testing import first_difference
+
+RANKS = (0, 1)
+
+
+def torchrun(job: str, out: Path, *, signal_when_ready: bool = False, fails: bool = False) -> str:
+    """Run ``sharded_torchrun_child JOB OUT`` under ``torchrun`` on 2 ranks; its output.
+
+    ``signal_when_ready``: once rank 0 prints ``READY``, SIGTERM the job's process group
+    (torchrun and its ranks, as a batch scheduler does).
+    """
+    environment = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "support.sharded_torchrun_child",
+        job,
+        str(out),
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=TESTS,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    output = b""
+    try:
+        assert process.stdout is not None
+        if signal_when_ready:
+            selector = selectors.DefaultSelector()
+            selector.register(process.stdout, selectors.EVENT_READ)
+            deadline = time.monotonic() + TIMEOUT_S
+            while b"READY" not in output:
+                remaining = deadline - time.monotonic()
+                assert remaining > 0, output.decode(errors="replace")[-3000:]
+                if selector.select(timeout=min(remaining, 1.0)):
+                    chunk = os.read(process.stdout.fileno(), 65536)
+                    if not chunk:  # ended without READY: no compiler here, or a failure
+                        break
+                    output += chunk
+            if b"READY" in output:
+                os.killpg(process.pid, signal.SIGTERM)
+        rest, _ = process.communicate(timeout=TIMEOUT_S)
+        output += rest
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    text = output.decode(errors="replace")
+    # After the SIGTERM torchrun re-raises it (exit 1) once its ranks exited.
+    signalled = b"READY" in output and signal_when_ready
+    if fails:  # a rank was killed: torchrun stops the others and fails
+        assert process.returncode not in (0, None), text[-4000:]
+    else:
+        assert process.returncode == (1 if signalled else 0), text[-4000:]
+    return text
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("sharded_torchrun")
+    torchrun("pause", out, signal_when_ready=True)
+    if (out / NO_COMPILER).exists():
+        pytest.skip((out / NO_COMPILER).read_text())
+    torchrun("resume", out)
+    return {
+        job: [torch.load(out / f"{job}-rank{rank}.pt", weights_only=True) for rank in RANKS]
+        for job in ("pause", "resume")
+    }
+
+
+def _assert_same(expected: Any, actual: Any, where: str) -> None:
+    difference = first_difference(expected, actual)
+    assert difference is None, f"{where}: {difference.describe()}"
+
+
+@pytest.mark.slow
+def test_compiled_blocks_paused_by_sigterm_resume_in_a_new_torchrun_bitwise_equal(compiled):
+    for rank in RANKS:
+        paused, resumed = compiled["pause"][rank], compiled["resume"][rank]
+        assert paused["paused_at"] == PAUSE
+        _assert_same(paused["at_pause"], resumed["at_resume"], f"rank {rank} right after resume")
+        _assert_same(paused["uninterrupted"], resumed["end"], f"rank {rank} at step {STEPS}")
+
+
+@pytest.mark.slow
+def test_a_pause_of_compiled_blocks_resumes_into_eager_blocks_with_the_paused_state(compiled):
+    for rank in RANKS:
+        _assert_same(
+            compiled["pause"][rank]["at_pause"],
+            compiled["resume"][rank]["eager_at_resume"],
+            f"rank {rank}, eager, right after resume",
+        )
+
+
+@pytest.fixture(scope="module")
+def points(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("sharded_points")
+    torchrun("points", out, fails=True)
+    left = sorted(os.listdir(out / "points"))
+    torchrun("latest", out)
+    return {
+        "left": left,
+        **{
+            job: [torch.load(out / f"{job}-rank{rank}.pt", weights_only=True) for rank in RANKS]
+            for job in ("points", "latest")
+        },
+    }
+
+
+@pytest.mark.slow
+def test_a_rank_killed_writing_a_point_leaves_it_incomplete_and_the_earlier_ones_committed(
+    points,
+):
+    assert f"point-{DYING_POINT:012d}.sharded" in points["left"]
+    for steps in range(POINT_EVERY, DYING_POINT, POINT_EVERY):
+        assert f"point-{steps:012d}.sharded" in points["left"]
+
+
+@pytest.mark.slow
+def test_resume_latest_in_a_new_torchrun_continues_bitwise_from_the_newest_committed_point(
+    points,
+):
+    for rank in RANKS:
+        reference, resumed = points["points"][rank], points["latest"][rank]
+        assert resumed["resumed_from"].endswith(f"point-{RESUMED_POINT:012d}.sharded")
+        _assert_same(reference["at_resumed_point"], resumed["at_resume"], f"rank {rank} at resume")
+        _assert_same(reference["uninterrupted"], resumed["end"], f"rank {rank} at the end")
+
+
+@pytest.mark.slow
+def test_points_are_removed_only_for_newer_committed_ones_keeping_two(points):
+    expected = [(POINT_STEPS - POINT_EVERY, True), (POINT_STEPS, True)]
+    assert points["latest"][0]["points"] == expected
