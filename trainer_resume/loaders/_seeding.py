@@ -107,16 +107,26 @@ class OwnGenerators:
 
     :meth:`run` puts the kept states in place (nothing before the first read, which
     seeds them itself), runs the read, keeps the states it left (:meth:`after`), and
-    gives the caller's back, also on errors (through :class:`CallerGenerators`).
+    gives the caller's back, also on errors. It runs once per batch: over this
+    process's raw views of the generators it swaps bytes in and out, and otherwise
+    goes through :class:`CallerGenerators` and the public accessors.
     """
 
-    __slots__ = ("_caller", "_states")
+    __slots__ = ("_caller", "_states", "_swap")
 
     def __init__(self) -> None:
         self._caller = caller_generators()
         self._states: Snapshot | None = None
+        self._swap = _own_swap(layout())
 
     def run(self, read: Callable[[], T]) -> T:
+        swap = self._swap
+        if swap is not None:
+            done, result, states = swap(self._states, read)
+            if done:
+                self._states = states
+                return result  # type: ignore[return-value]
+
         def own() -> T:
             result = read()
             self._states = capture()
@@ -133,3 +143,55 @@ class OwnGenerators:
         if self._states is None:
             raise RuntimeError("OwnGenerators.after() before any read")
         return self._states
+
+
+def _own_swap(
+    place: Any,
+) -> Callable[[Snapshot | None, Callable[[], Any]], tuple[bool, Any, Snapshot | None]] | None:
+    """``swap(own, read)``: ``read()`` under ``own``'s states, returning ``(True, result, states after)``.
+
+    ``(False, None, None)`` without reading where the raw views do not hold (a NumPy
+    generator replaced, a state kept in the public form): the caller then swaps
+    through the public accessors. ``None`` where this process has no raw views.
+    """
+    python, gauss, instance = place.python, place.gauss, place.python_instance
+    numpy_state, get_state, set_state = place.numpy_state, _TORCH.get_state, _TORCH.set_state
+    key = place.numpy_key()
+    bit_generator = place.numpy_bit_generator
+    if python is None or key is None or gauss is None:
+        return None
+
+    def swap(own: Snapshot | None, read: Callable[[], Any]) -> tuple[bool, Any, Snapshot | None]:
+        with hold_generators():
+            if numpy_state._bit_generator is not bit_generator or (
+                own is not None
+                and not (
+                    type(own.python) is bytes
+                    and type(own.numpy) is bytes
+                    and type(own.torch) is torch.Tensor
+                )
+            ):
+                return False, None, None
+            python_state, gauss_next = bytes(python), instance.gauss_next
+            numpy_state_bytes, numpy_gauss = bytes(key), bytes(gauss)
+            torch_state = get_state()
+            try:
+                if own is not None:
+                    set_state(own.torch)
+                    python[:] = own.python
+                    instance.gauss_next = own.gauss_next
+                    key[:] = own.numpy
+                    gauss[:] = own.numpy_gauss
+                result = read()
+                after = Snapshot(
+                    bytes(python), instance.gauss_next, bytes(key), bytes(gauss), get_state()
+                )
+            finally:
+                set_state(torch_state)
+                python[:] = python_state
+                instance.gauss_next = gauss_next
+                key[:] = numpy_state_bytes
+                gauss[:] = numpy_gauss
+            return True, result, after
+
+    return swap

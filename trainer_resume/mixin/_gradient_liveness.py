@@ -61,13 +61,14 @@ class _Record:
         self.param = weakref.ref(param)
         self.grad: weakref.ref[torch.Tensor] | None = None  # the gradient last stepped on
         self.version = -1  # its version counter then
-        self.stepped: set[int] = set()  # the optimizers that stepped on it (their serials)
+        # the optimizers that stepped on it (their serials; a set shared, never changed)
+        self.stepped: frozenset[int] = frozenset()
         self.pending = False  # stepped on, and no backward has reached the parameter since
         self.cleared = False  # a backward after a step found None and the spent tensor gone
         self.kept = False  # a backward after a step found a gradient (or the spent one held)
 
     def forget(self) -> None:
-        self.grad, self.version, self.stepped = None, -1, set()
+        self.grad, self.version, self.stepped = None, -1, frozenset()
         self.pending = self.cleared = self.kept = False
 
 
@@ -84,6 +85,7 @@ class _Tracker:
         self.optimizers: dict[int, tuple[weakref.ref[Any], int]] = {}
         self.handle: Any = None
         self._serials = itertools.count()
+        self._singletons: dict[int, frozenset[int]] = {}
         self._pruned_size = 0
 
     def serial(self, optimizer: Any, *, add: bool) -> int | None:
@@ -97,26 +99,39 @@ class _Tracker:
         return entry[1]
 
     def after_step(self, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
+        # Runs at every optimizer step: one pass over the parameters, and for each the
+        # fewest Python operations (no allocation but the weak reference to a new
+        # gradient; the set of steppers is shared until a second owner steps).
         with self.lock:
             stepper = self.serial(optimizer, add=True)
+            only = self._only(stepper)
+            records = self.records
+            ref = weakref.ref
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     grad = param.grad
                     if grad is None:
                         continue
-                    record = self._record(param)
-                    if record is None:
-                        continue
-                    if (
-                        record.grad is not None
-                        and record.grad() is grad
-                        and record.version == grad._version
-                    ):
-                        record.stepped.add(stepper)  # another owner, the same gradient
+                    record = records.get(id(param))
+                    if record is None or record.param() is not param:
+                        record = self._record(param)
+                        if record is None:
+                            continue
+                    last = record.grad
+                    if last is not None and last() is grad and record.version == grad._version:
+                        if stepper not in record.stepped:  # another owner, the same gradient
+                            record.stepped = record.stepped | only
                     else:
-                        record.grad, record.version = weakref.ref(grad), grad._version
-                        record.stepped = {stepper}
+                        record.grad, record.version = ref(grad), grad._version
+                        record.stepped = only
                         record.pending = True
+
+    def _only(self, stepper: int) -> frozenset[int]:
+        """The set holding ``stepper`` alone, one shared object per optimizer."""
+        only = self._singletons.get(stepper)
+        if only is None:
+            only = self._singletons[stepper] = frozenset((stepper,))
+        return only
 
     def before_accumulate(self, param: torch.Tensor) -> None:
         record = self.records.get(id(param))
@@ -151,6 +166,8 @@ class _Tracker:
     def _prune(self) -> None:
         self.records = {key: r for key, r in self.records.items() if r.param() is not None}
         self.optimizers = {key: o for key, o in self.optimizers.items() if o[0]() is not None}
+        live = {serial for _, serial in self.optimizers.values()}
+        self._singletons = {key: s for key, s in self._singletons.items() if key in live}
         self._pruned_size = len(self.records)
 
 
@@ -169,12 +186,16 @@ def _before_accumulate_hook(param: torch.Tensor) -> Any:
     # A hook on a leaf runs before its gradient is accumulated; it holds the parameter
     # weakly, so the hook keeps nothing alive.
     owner = weakref.ref(param)
+    key = id(param)
+    tracker = _TRACKER
 
     @_eager
     def hook(grad: torch.Tensor) -> None:
-        live = owner()
-        if live is not None:
-            _TRACKER.before_accumulate(live)
+        record = tracker.records.get(key)
+        if record is not None and record.pending:  # else nothing to see, without the lock
+            live = owner()
+            if live is not None:
+                tracker.before_accumulate(live)
 
     # Pickling the parameter leaves the hook out, and torch need not warn about it.
     return unserializable_hook(hook)
