@@ -18,7 +18,9 @@ them alike; Lightning runs its own loop, so it is timed in runs of its own after
 Each figure is wall-clock µs per step, with the main thread's CPU time beside it (what
 the loop itself pays, whatever else runs on the machine); the report gives the median
 over rounds, every round's spread (min-max), and the median of the per-round ratios to
-the bare loop of the same round, the figure the targets are checked against.
+the bare loop of the same round, the figure the targets are checked against. Every variant
+but the library's steps without the library's process-wide optimizer step hook (taken out
+while it steps), as it would in a process without trainer-resume.
 
     python -m benchmarks.step_overhead --quick
 
@@ -29,12 +31,13 @@ benchmarks`` for the targets in benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -43,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from benchmarks._common import environment, print_table, write_json
 from trainer_resume import TrainingResumeMixin, training_step
 from trainer_resume.loaders import ResumableDataLoader
+from trainer_resume.mixin import _gradient_liveness
 
 FEATURES = 16
 BATCH = 32
@@ -174,6 +178,25 @@ def _timed(step: Callable[[], object], steps: int) -> tuple[float, float]:
     )
 
 
+@contextlib.contextmanager
+def _as_without_the_library(variant: str) -> Iterator[None]:
+    """Every variant but the library's steps as in a process without trainer-resume: the
+    process-wide optimizer step hook the library installs (``mixin/_gradient_liveness.py``,
+    which also hooks each parameter an optimizer steps) is taken out while it steps, and
+    put back after, so the bare loops pay none of the library's gradient tracking."""
+    tracker = _gradient_liveness._TRACKER
+    if variant == "library" or tracker.handle is None:
+        yield
+        return
+    with _gradient_liveness._INSTALL:
+        tracker.handle.remove()
+        tracker.handle = None
+    try:
+        yield
+    finally:
+        _gradient_liveness.track_gradients()
+
+
 class Runner:
     """One variant of one case, built once: its step, and how to stop its workers."""
 
@@ -295,14 +318,16 @@ def measure_case(
     wall: dict[str, list[float]] = {variant: [] for variant in variants}
     cpu: dict[str, list[float]] = {variant: [] for variant in variants}
     try:
-        for runner in runners.values():
-            for _ in range(warmup):
-                runner.step()
+        for variant, runner in runners.items():
+            with _as_without_the_library(variant):
+                for _ in range(warmup):
+                    runner.step()
         gc.collect()
         for number in range(rounds):
             shift = number % len(interleaved)
             for variant in interleaved[shift:] + interleaved[:shift]:
-                seconds, used = _timed(runners[variant].step, steps)
+                with _as_without_the_library(variant):
+                    seconds, used = _timed(runners[variant].step, steps)
                 wall[variant].append(seconds)
                 cpu[variant].append(used)
     finally:
@@ -310,7 +335,8 @@ def measure_case(
             runner.close()
     if "lightning" in variants:
         for _ in range(LIGHTNING_RUNS):
-            seconds, used = run_lightning(case, warmup, steps * 5)
+            with _as_without_the_library("lightning"):
+                seconds, used = run_lightning(case, warmup, steps * 5)
             wall["lightning"].append(seconds)
             cpu["lightning"].append(used)
     return wall, cpu
