@@ -11,8 +11,9 @@ sharded model.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,6 +57,20 @@ def refuse_sharded_url(path: StrPath, sharded: ShardedObjects) -> None:
         )
 
 
+@contextlib.contextmanager
+def _agreed(collective: bool) -> Iterator[None]:
+    """Under a process group: a refusal inside is announced to every rank before it is
+    raised, and the ranks agree after it, so none waits forever in a later collective."""
+    try:
+        yield
+    except Exception as error:
+        if collective:
+            _distributed.announce_refusal(error, "pause()")
+        raise
+    if collective:
+        _distributed.agree(None, "pause()")
+
+
 def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, base: type) -> None:
     """The body of ``pause()`` (under the lock, between steps).
 
@@ -65,10 +80,8 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, b
     if guard.audit is not None:  # paused before the first step: check the hooks now
         audit, guard.audit = guard.audit, None
         guard.audit = audit(trainer)
-    # Under a process group every rank takes part in each collective below, so a
-    # refusal on one rank is announced to all before it is raised (none waits forever).
     collective = _distributed.is_distributed()
-    try:
+    with _agreed(collective):
         if guard.start_check is not None:  # before the first step, as that step would
             check_hook_results(trainer)
             watch_windows(trainer)
@@ -78,12 +91,6 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, b
         refuse_unreduced_gradients(trainer._resume_objects(), sharded)
         refuse_sharded_url(path, sharded)
         checkpoint = pause_checkpoint(trainer, guard, sharded=sharded)
-    except Exception as error:
-        if collective:
-            _distributed.announce_refusal(error, "pause()")
-        raise
-    if collective:
-        _distributed.agree(None, "pause()")
     opened: ShardedPause | None = None
     if sharded:
         key = settings_of(trainer, "pause()").key
@@ -112,14 +119,8 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, b
     if guard.requested_path is not None and os.fspath(guard.requested_path) == os.fspath(path):
         guard.requested_path = None
     # A pause no resume would accept is a defect: found here, by the run that wrote it.
-    try:
+    with _agreed(collective):
         prove_written_pause(trainer, checkpoint, os.fspath(path), opened=opened, base=base)
-    except Exception as error:
-        if collective:
-            _distributed.announce_refusal(error, "pause()")
-        raise
-    if collective:
-        _distributed.agree(None, "pause()")
 
 
 def point_shards(trainer: TrainingResumeMixin) -> tuple[ShardedObjects, Mapping[str, Any]]:

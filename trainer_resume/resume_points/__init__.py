@@ -513,6 +513,10 @@ class ResumePoints:
                 error = None
             else:
                 _log.error("resume point %s could not be written: %s", point.path, exc)
+        self._settle(point, error)
+
+    def _settle(self, point: ResumePoint, error: BaseException | None) -> None:
+        # A written point counts; a failed one is raised in the training thread next step.
         if error is None:
             self.written += 1
         else:
@@ -546,12 +550,7 @@ class ResumePoints:
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread
             error = exc
             _log.error("resume point %s could not be written: %s", point.path, exc)
-        if error is None:
-            self.written += 1
-        else:
-            with self._lock:
-                self._unreported = point
-        point._finish(error)
+        self._settle(point, error)
 
     def _collective_boundary(
         self,
