@@ -14,6 +14,7 @@ import torch
 from trainer_resume.rng import (
     derive_seed,
     derive_seeds,
+    seed_deriver,
     random_state,
     restore_random_state,
     rng_scope,
@@ -358,6 +359,23 @@ def test_derive_seed_matches_the_documented_algorithm():
         for _ in range(40):
             values = tuple(generator.randrange(-(1 << 70), 1 << 70) for _ in range(count))
             assert derive_seed(*values) == _reference_derive_seed(*values)
+
+
+def test_seed_deriver_gives_what_derive_seed_gives_for_its_base_and_salt():
+    generator = random.Random(11)
+    for _ in range(20):
+        first, last = (generator.randrange(-(1 << 70), 1 << 70) for _ in range(2))
+        derive = seed_deriver(first, last)
+        for _ in range(20):
+            value = generator.randrange(-(1 << 70), 1 << 70)
+            assert derive(value) == _reference_derive_seed(first, value, last)
+
+
+def test_seed_deriver_refuses_a_base_or_salt_that_is_not_an_int():
+    with pytest.raises(TypeError, match="ints"):
+        seed_deriver(1.5, 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ints"):
+        seed_deriver(1, True)
 
 
 def test_derive_seed_is_order_and_count_sensitive():

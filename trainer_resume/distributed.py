@@ -85,9 +85,13 @@ DISTRIBUTED_KEY = "distributed"
 # ----------------------------------------------------------------------- the group
 
 
+_AVAILABLE = dist.is_available()  # fixed by the torch build
+
+
 def is_distributed() -> bool:
     """True when a ``torch.distributed`` process group with more than one rank is initialized."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    # Asked after every training step: the availability is read once.
+    return _AVAILABLE and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def world() -> tuple[int, int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -109,6 +109,26 @@ def derive_seed(*values: int) -> int:
             raise TypeError(f"derive_seed takes ints, got {type(value).__name__}: {value!r}")
         state = _splitmix64(state ^ (value & _MASK64))
     return _splitmix64(state ^ len(values)) & _MASK63
+
+
+def seed_deriver(first: int, last: int) -> Callable[[int], int]:
+    """``lambda value: derive_seed(first, value, last)``, with ``first`` mixed once.
+
+    For seeds derived once per batch from a fixed base and salt: the function takes
+    an ``int`` (unchecked) and gives exactly what :func:`derive_seed` gives.
+
+    Raises:
+        TypeError: ``first`` or ``last`` is not an ``int``.
+    """
+    derive_seed(first, 0, last)  # the same checks of first and last
+    head = _splitmix64(_DERIVE_INIT ^ (first & _MASK64))
+    tail = last & _MASK64
+
+    def derive(value: int) -> int:
+        state = _splitmix64(head ^ (value & _MASK64))
+        return _splitmix64(_splitmix64(state ^ tail) ^ 3) & _MASK63
+
+    return derive
 
 
 def derive_seeds(base: int, first: int, count: int, *, stride: int = 1) -> list[int]:

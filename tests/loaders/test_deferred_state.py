@@ -46,3 +46,34 @@ def test_a_deferred_state_built_after_reading_on_is_the_state_dict_of_its_moment
     if taken_after == 2 and "iterable" in kind:  # each build is a copy of its own
         generators = built["sampler"]["workers"][0]["generators"]
         assert generators["torch"] is not again["sampler"]["workers"][0]["generators"]["torch"]
+
+
+@pytest.mark.parametrize("kind", list(_loaders()))
+def test_a_boundary_record_is_the_deferred_state_and_epoch_ended_of_its_moment(kind: str) -> None:
+    loader = _loaders()[kind]()
+    batches = iter(loader)
+    seen_end = False
+    for _ in range(12):  # past the end of an epoch (10 batches) or a pass (5)
+        try:
+            next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            continue
+        build, ended = loader.boundary_record()
+        assert ended is loader.epoch_ended
+        seen_end = seen_end or ended
+        assert first_difference(build(), loader.state_dict()) is None
+    assert seen_end
+
+
+def test_a_boundary_record_takes_a_subclass_s_own_epoch_end() -> None:
+    class EveryBatchEndsAnEpoch(ResumableDataLoader):
+        @property
+        def epoch_ended(self) -> bool:
+            return True
+
+    loader = EveryBatchEndsAnEpoch(AugmentedDataset(40), batch_size=4, resumable=True)
+    next(iter(loader))
+    build, ended = loader.boundary_record()
+    assert ended is True
+    assert first_difference(build(), loader.state_dict()) is None

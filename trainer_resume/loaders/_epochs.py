@@ -333,21 +333,35 @@ class EpochSource:
             sampler_epoch = (
                 self.sampler.epoch if isinstance(self.sampler, DistributedSampler) else None
             )
+        return self._state(
+            self._epoch, self._offset, self._delivered, generator_state, sampler_epoch
+        )
+
+    def _state(
+        self, epoch: int, offset: int, delivered: int, generator_state: Any, sampler_epoch: Any
+    ) -> EpochSamplerState:
         return {
             keys.FORMAT: keys.EPOCH_SAMPLER_FORMAT,
             keys.SETTINGS: dict(self._settings),
-            keys.EPOCH: self._epoch,
-            keys.OFFSET: self._offset,
-            keys.DELIVERED: self._delivered,
+            keys.EPOCH: epoch,
+            keys.OFFSET: offset,
+            keys.DELIVERED: delivered,
             keys.GENERATOR: generator_state,
             keys.SAMPLER_EPOCH: sampler_epoch,
         }  # type: ignore[return-value]
 
     def position(self) -> Callable[[], EpochSamplerState]:
-        """The delivered position now, its state built later: :meth:`state` holds only
-        integers, a copy of the settings and a generator state nothing changes in place."""
-        state = self.state()
-        return lambda: state
+        """The delivered position now, its state built later: the state holds only
+        integers, a copy of the settings (never changed) and a generator state nothing
+        changes in place. Within a computed epoch only the integers are taken now."""
+        computed = self._computed
+        epoch = self._epoch
+        if computed is None or computed.number != epoch:
+            state = self.state()
+            return lambda: state
+        offset, delivered = self._offset, self._delivered
+        generator_state, sampler_epoch = computed.generator_state, computed.sampler_epoch
+        return lambda: self._state(epoch, offset, delivered, generator_state, sampler_epoch)
 
     def validate(self, state: Mapping[str, Any]) -> None:
         what = "epoch sampler state"

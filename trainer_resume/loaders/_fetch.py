@@ -28,7 +28,7 @@ from typing import Any
 
 from torch.utils.data import Dataset, get_worker_info
 
-from ..rng import derive_seed, derive_seeds, seed_cpu_generators
+from ..rng import derive_seeds, seed_cpu_generators, seed_deriver
 from ._seeding import run_seeded, seed_batch
 
 __all__ = ["BatchFetcher", "FetchFailure", "as_is", "batch_seed"]
@@ -37,8 +37,18 @@ _COLLATE_SALT = 0x636F_6C6C_6174_65  # b"collate": keeps batch seeds apart from 
 
 
 def batch_seed(augmentation_seed: int, first_position: int) -> int:
-    """Seed of the batch starting at ``first_position`` (per-sample seeding: of its ``collate_fn``)."""
-    return derive_seed(augmentation_seed, first_position, _COLLATE_SALT)
+    """Seed of the batch starting at ``first_position`` (per-sample seeding: of its ``collate_fn``):
+    ``derive_seed(augmentation_seed, first_position, _COLLATE_SALT)``."""
+    derive = _BATCH_SEEDS.get(augmentation_seed)
+    if derive is None:
+        if len(_BATCH_SEEDS) >= 64:  # a few loaders' seeds at a time
+            _BATCH_SEEDS.clear()
+        derive = _BATCH_SEEDS[augmentation_seed] = seed_deriver(augmentation_seed, _COLLATE_SALT)
+    return derive(first_position)
+
+
+# augmentation seed -> its batch seeds as a function of the first position (runs per batch)
+_BATCH_SEEDS: dict[int, Callable[[int], int]] = {}
 
 
 def _seeded_per_sample() -> None:

@@ -533,6 +533,21 @@ class ResumableDataLoader(DataLoader):
         self._settle()
         return self._defer_state(stream)
 
+    def boundary_record(self) -> tuple[Callable[[], LoaderState], bool]:
+        """:meth:`deferred_state_dict` and :attr:`epoch_ended`, read together.
+
+        What a trainer records at every step boundary, in one call (it runs once per
+        step).
+
+        Raises:
+            Same as :meth:`state_dict`.
+        """
+        build = self.deferred_state_dict()  # settles: epoch_ended is known after it
+        if type(self).epoch_ended is not ResumableDataLoader.epoch_ended:
+            return build, self.epoch_ended is True  # a subclass's own
+        active = self._active
+        return build, active is not None and active.ended
+
     def validate_state_dict(self, state: Mapping[str, Any]) -> None:
         """Check ``state`` completely against this loader; changes nothing.
 

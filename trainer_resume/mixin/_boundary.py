@@ -87,12 +87,23 @@ def record_boundary(trainer: Any, guard: Any) -> None:
         trainer: The trainer (its loaders read through ``resume_loaders``).
         guard: Its ``StepGuard``; ``guard.boundary`` is replaced.
     """
-    states: dict[str, Any] | None
+    # It runs after every step: one pass, one call per ResumableDataLoader.
+    states: dict[str, Any] | None = {}
+    ended = False
     try:
         loaders = resume_loaders(trainer)
-        states = {name: _position(loader) for name, loader in loaders.items()}
+        others = []
+        for name, loader in loaders.items():
+            # Looked up on the class, as deferred_state_dict (see _position).
+            record = getattr(type(loader), "boundary_record", None)
+            if record is not None:
+                states[name], seen = record(loader)  # type: ignore[index]
+                ended = ended or seen
+            else:
+                states[name] = _position(loader)  # type: ignore[index]
+                others.append(loader)
         # After state_dict(): over an IterableDataset it reads on to know a pass ended.
-        ended = any(loader_epoch_ended(loader) for loader in loaders.values())
+        ended = ended or any(loader_epoch_ended(loader) for loader in others)
     except Exception:  # noqa: BLE001 - the same calls raise again, to the caller, when a pause reads live
         # A hook or loader that cannot answer here (not implemented, loaders not built
         # yet at initialisation, a loader that is not resumable) answers the same at
