@@ -14,10 +14,10 @@ import torch
 from trainer_resume.rng import (
     derive_seed,
     derive_seeds,
-    seed_deriver,
     random_state,
     restore_random_state,
     rng_scope,
+    seed_deriver,
     validate_random_state,
 )
 
