@@ -10,6 +10,11 @@ shows: a bare step is about a hundred microseconds. For each loader case:
   per-step cost, not a target), and Lightning's ``Trainer.fit`` over the same ``DataLoader``
   (``max_steps``; timed by a callback from the first timed batch to the last).
 
+For context, not targets: in the map-style case without workers, the bare loop plus the
+library's per-batch seeding alone (what every such batch needs to replay its
+augmentation: the global generators seeded, the caller's handed back), and, after the
+cases, the gradient tracking's cost per parameter on a model of 200 parameters.
+
 Cases: map-style (``shuffle=True``), 0 workers; an ``IterableDataset`` with
 ``state_dict()``, 0 workers; the same with 2 workers. Per case every variant is built once
 and warmed up (``--warmup`` steps), then ``--rounds`` rounds time ``--steps`` steps of each
@@ -46,20 +51,28 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from benchmarks._common import environment, print_table, write_json
 from trainer_resume import TrainingResumeMixin, training_step
 from trainer_resume.loaders import ResumableDataLoader
+from trainer_resume.loaders._seeding import caller_generators, seed_batch
 from trainer_resume.mixin import _gradient_liveness
 
 FEATURES = 16
 BATCH = 32
 SIZE = 1 << 22  # items: no pass ends inside a timed run
 CASES = ("map, 0 workers", "iterable, 0 workers", "iterable, 2 workers")
-VARIANTS = ("bare", "library", "torchdata", "lightning")
+VARIANTS = ("bare", "seeding", "library", "torchdata", "lightning")
 LABELS = {
     "bare": "bare loop, DataLoader",
+    "seeding": "bare loop + per-batch seeding alone",
     "library": "@training_step, ResumableDataLoader",
     "torchdata": "bare loop, StatefulDataLoader",
     "lightning": "Lightning Trainer.fit, DataLoader",
 }
 LIGHTNING_RUNS = 3  # Lightning is context, not a target: a few runs of its own loop
+# The seeding variant is context for the map-style case without workers, the one case
+# where the main thread seeds each batch (the seed and the hand-back of the caller's
+# generators, as the library's fetch does), so its share of the library's cost shows.
+SEEDING_CASES = ("map, 0 workers",)
+# Context too: the gradient tracking's cost per parameter on a model with many.
+TRACKING_LAYERS = 100  # Linear(8, 8) layers: 200 parameters
 # The step boundary's targets: library / bare, medians of the per-round ratios.
 TARGETS = {"map, 0 workers": 1.10, "iterable, 0 workers": 1.10, "iterable, 2 workers": 1.05}
 
@@ -206,6 +219,17 @@ class Runner:
             trainer = Trainer(self.loader)  # type: ignore[arg-type]
             self.iterator: Any = None
             self.step: Callable[[], object] = trainer.step
+        elif variant == "seeding":
+            model, optimizer = _model()
+            batches = self.iterator = iter(self.loader)
+            run, seeds = caller_generators().run, iter(range(1 << 62))
+
+            def seeded() -> torch.Tensor:
+                seed = next(seeds)
+                run(lambda: seed_batch(seed), _nothing)
+                return _train(model, optimizer, next(batches))
+
+            self.step = seeded
         else:
             model, optimizer = _model()
             batches = self.iterator = iter(self.loader)
@@ -218,6 +242,49 @@ class Runner:
         shutdown = getattr(self.iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+
+
+def _nothing() -> None:
+    return None
+
+
+def gradient_tracking(rounds: int, steps: int) -> dict[str, Any]:
+    """A step of a model with many parameters, with and without the library's gradient
+    tracking (its optimizer step hook and parameter hooks), interleaved: the cost per
+    parameter per step (zero_grad, one backward, step)."""
+    inputs = torch.randn(4, 8)
+
+    def build() -> Callable[[], object]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(TRACKING_LAYERS)])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step() -> None:
+            optimizer.zero_grad()
+            model(inputs).square().mean().backward()
+            optimizer.step()
+
+        return step
+
+    _gradient_liveness.track_gradients()
+    steps_of = {"bare": build(), "library": build()}
+    parameters = 2 * TRACKING_LAYERS
+    cpu: dict[str, list[float]] = {name: [] for name in steps_of}
+    for number in range(rounds):
+        names = list(steps_of) if number % 2 == 0 else list(reversed(steps_of))
+        for name in names:
+            with _as_without_the_library(name):
+                steps_of[name]()  # the library hooks its parameters at their first step
+                cpu[name].append(_timed(steps_of[name], steps)[1])
+    per_parameter = [
+        (ours - theirs) / parameters for ours, theirs in zip(cpu["library"], cpu["bare"])
+    ]
+    return {
+        "parameters": parameters,
+        "cpu_us_per_step": cpu,
+        "us_per_parameter": per_parameter,
+        "median_us_per_parameter": statistics.median(per_parameter),
+    }
 
 
 def run_lightning(case: str, warmup: int, steps: int) -> tuple[float, float]:
@@ -313,10 +380,15 @@ def measure_case(
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Every variant built once, then ``rounds`` rounds of ``steps`` steps each, the order
     rotating from round to round (Lightning runs its own loop: a run per round, after)."""
-    interleaved = [variant for variant in variants if variant != "lightning"]
+    interleaved = [
+        variant
+        for variant in variants
+        if variant != "lightning" and (variant != "seeding" or case in SEEDING_CASES)
+    ]
     runners = {variant: Runner(variant, case) for variant in interleaved}
-    wall: dict[str, list[float]] = {variant: [] for variant in variants}
-    cpu: dict[str, list[float]] = {variant: [] for variant in variants}
+    timed = [variant for variant in variants if variant in interleaved or variant == "lightning"]
+    wall: dict[str, list[float]] = {variant: [] for variant in timed}
+    cpu: dict[str, list[float]] = {variant: [] for variant in timed}
     try:
         for variant, runner in runners.items():
             with _as_without_the_library(variant):
@@ -404,6 +476,28 @@ def main(argv: list[str] | None = None) -> None:
                 f"target {case}: library <= {target:.2f}x bare: {ratio:.3f}x "
                 f"{'met' if ratio <= target else 'MISSED'}\n"
             )
+    tracking = gradient_tracking(rounds=9 if args.quick else 21, steps=100)
+    print_table(
+        f"Gradient tracking, {tracking['parameters']} parameters ({TRACKING_LAYERS} x "
+        "Linear(8, 8), SGD, zero_grad first): main-thread CPU µs per step, interleaved "
+        "rounds (context, not a target)",
+        ["variant", "median µs/step", "min-max", "µs per parameter per step (median, min-max)"],
+        [
+            [
+                "bare",
+                f"{statistics.median(tracking['cpu_us_per_step']['bare']):.0f}",
+                _spread(tracking["cpu_us_per_step"]["bare"]),
+                "",
+            ],
+            [
+                "with the library's gradient tracking",
+                f"{statistics.median(tracking['cpu_us_per_step']['library']):.0f}",
+                _spread(tracking["cpu_us_per_step"]["library"]),
+                f"{tracking['median_us_per_parameter']:.2f} "
+                f"({_spread(tracking['us_per_parameter'], 2)})",
+            ],
+        ],
+    )
     load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"load average before {load_before}, after {load_after}")
     path = write_json(
@@ -416,6 +510,7 @@ def main(argv: list[str] | None = None) -> None:
             "rounds": rounds,
             "targets": TARGETS,
             "cases": summary,
+            "gradient_tracking": tracking,
             "load_average_before": load_before,
             "load_average_after": load_after,
             "environment": environment(),
