@@ -7,9 +7,7 @@
 * **Large** (~100M parameters + AdamW, gradients kept: about 1.7 GB): ``pause()``'s write
   bandwidth (file bytes / seconds) against plain 16 MiB writes of as many bytes followed
   by fsync, and ``resume()``'s read bandwidth from the evicted pause file against plain
-  16 MiB reads of the evicted plain file, in the same run (alternating each round). Beside
-  them, for context (not a target): the same reads into fresh tensors kept to the end, as
-  any loader reads (each page's first touch is paid in the read).
+  16 MiB reads of the evicted plain file, in the same run (alternating each round).
 
     python -m benchmarks.cold_resume --quick
 
@@ -84,21 +82,6 @@ def plain_read(path: Path) -> None:
             pass
 
 
-def fresh_read(path: Path) -> None:
-    """The whole file in 16 MiB reads, each into a fresh tensor kept to the end: what any
-    loader does (torch.load too), so the first touch of each page is paid in the read."""
-    size = path.stat().st_size
-    kept: list[torch.Tensor] = []
-    with open(path, "rb", buffering=0) as file:
-        while size > 0:
-            storage = torch.empty(min(CHUNK, size), dtype=torch.uint8)
-            got = file.readinto(memoryview(storage.numpy()))
-            if not got:
-                break
-            size -= got
-            kept.append(storage)
-
-
 def _trainer(label: str, gradients: bool) -> BenchTrainer:
     model, optimizer = build_model(*SIZES[label])
     if gradients:  # the gradients of a step in progress, saved by the pause
@@ -146,7 +129,6 @@ def large_bandwidth(directory: Path, rounds: int) -> dict[str, Any]:
         "plain_write": [],
         "resume_read": [],
         "plain_read": [],
-        "fresh_read": [],
     }
     written = [0]  # the pause file's size, for the plain writes
     for number in range(rounds):
@@ -170,9 +152,9 @@ def large_bandwidth(directory: Path, rounds: int) -> dict[str, Any]:
         reads: list[tuple[str, Callable[[], object]]] = [
             ("resume_read", lambda: trainer.resume(pause_path)),
             ("plain_read", lambda: plain_read(plain_path)),
-            ("fresh_read", lambda: fresh_read(plain_path)),
         ]
-        reads = reads[number % 3 :] + reads[: number % 3]  # each goes first in turn
+        if number % 2:
+            reads.reverse()
         for name, action in reads:
             evict(pause_path)
             evict(plain_path)
@@ -185,14 +167,9 @@ def large_bandwidth(directory: Path, rounds: int) -> dict[str, Any]:
     read_ratios = [
         ours / theirs for ours, theirs in zip(bandwidth["resume_read"], bandwidth["plain_read"])
     ]
-    fresh_ratios = [
-        ours / theirs for ours, theirs in zip(bandwidth["resume_read"], bandwidth["fresh_read"])
-    ]
     return {
         "parameters": sum(parameter.numel() for parameter in trainer.model.parameters()),
         "file_bytes": size,
-        "fresh_read_ratios": fresh_ratios,
-        "median_fresh_read_ratio": statistics.median(fresh_ratios),
         "seconds": result,
         "bytes_per_s": bandwidth,
         "write_ratios": write_ratios,
@@ -263,11 +240,6 @@ def main(argv: list[str] | None = None) -> None:
                     "ratio resume() / plain reads",
                     f"{large['median_read_ratio']:.3f}",
                     _spread(large["read_ratios"]),
-                ],
-                [
-                    "context: resume() / reads into fresh memory",
-                    f"{large['median_fresh_read_ratio']:.3f}",
-                    _spread(large["fresh_read_ratios"]),
                 ],
             ],
         )
