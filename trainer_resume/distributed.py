@@ -60,6 +60,7 @@ __all__ = [
     "DistributedPauseState",
     "RankPauseState",
     "agree",
+    "agreed",
     "agreed_pause",
     "announce_refusal",
     "any_rank",
@@ -209,6 +210,24 @@ def announce_refusal(error: BaseException, action: str) -> None:
         agree(error, action)
     except Exception:  # noqa: BLE001 - every rank failed; this one raises its own error
         pass
+
+
+@contextmanager
+def agreed(action: str, collective: bool = True) -> Generator[None, None, None]:
+    """Run the body as a step every rank agrees on (``collective``; else it just runs).
+
+    An error raised inside is announced to the other ranks (:func:`announce_refusal`)
+    and raised here; after a body that returned, :func:`agree` raises on this rank when
+    another refused. So no rank waits forever in a later collective.
+    """
+    try:
+        yield
+    except Exception as error:
+        if collective:
+            announce_refusal(error, action)
+        raise
+    if collective:
+        agree(None, action)
 
 
 def rank_zero_result(compute: Callable[[], Any]) -> Any:

@@ -11,9 +11,8 @@ sharded model.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,20 +56,6 @@ def refuse_sharded_url(path: StrPath, sharded: ShardedObjects) -> None:
         )
 
 
-@contextlib.contextmanager
-def _agreed(collective: bool) -> Iterator[None]:
-    """Under a process group: a refusal inside is announced to every rank before it is
-    raised, and the ranks agree after it, so none waits forever in a later collective."""
-    try:
-        yield
-    except Exception as error:
-        if collective:
-            _distributed.announce_refusal(error, "pause()")
-        raise
-    if collective:
-        _distributed.agree(None, "pause()")
-
-
 def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, base: type) -> None:
     """The body of ``pause()`` (under the lock, between steps).
 
@@ -81,7 +66,7 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, b
         audit, guard.audit = guard.audit, None
         guard.audit = audit(trainer)
     collective = _distributed.is_distributed()
-    with _agreed(collective):
+    with _distributed.agreed("pause()", collective):
         if guard.start_check is not None:  # before the first step, as that step would
             check_hook_results(trainer)
             watch_windows(trainer)
@@ -119,7 +104,7 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, b
     if guard.requested_path is not None and os.fspath(guard.requested_path) == os.fspath(path):
         guard.requested_path = None
     # A pause no resume would accept is a defect: found here, by the run that wrote it.
-    with _agreed(collective):
+    with _distributed.agreed("pause()", collective):
         prove_written_pause(trainer, checkpoint, os.fspath(path), opened=opened, base=base)
 
 

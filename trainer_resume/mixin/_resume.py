@@ -57,14 +57,9 @@ def resume_from(
     """
     location = os.fspath(path)
     collective = _distributed.is_distributed()
-    try:
+    # Every rank checks the file: restore everywhere or nowhere.
+    with _distributed.agreed("resume()", collective):
         checkpoint, states, opened = read_and_check(trainer, path, read, base=base)
-    except Exception as error:
-        if collective:
-            _distributed.announce_refusal(error, "resume()")
-        raise
-    if collective:  # every rank checked the file: restore everywhere or nowhere
-        _distributed.agree(None, "resume()")
     # Every rank reads its shards before any state changes; a failure is raised on
     # every rank with nothing restored (collective, see ShardedPause.load).
     staged = opened.load(trainer._resume_objects()) if opened is not None else None
@@ -76,15 +71,8 @@ def resume_from(
 
 def check_resumable_at(trainer: TrainingResumeMixin, path: StrPath, *, base: type) -> None:
     """The body of ``check_resumable()``: the checks of ``resume()``, agreed by every rank."""
-    collective = _distributed.is_distributed()
-    try:
+    with _distributed.agreed("check_resumable()", _distributed.is_distributed()):
         read_and_check(trainer, path, base=base)
-    except Exception as error:
-        if collective:
-            _distributed.announce_refusal(error, "check_resumable()")
-        raise
-    if collective:
-        _distributed.agree(None, "check_resumable()")
 
 
 def read_and_check(

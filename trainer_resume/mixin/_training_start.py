@@ -43,15 +43,8 @@ def check_hook_results(trainer: Any) -> None:
 
 def check_at_training_start(trainer: Any) -> None:
     """Before the first step: :func:`check_hook_results`, agreed by every rank."""
-    if not _distributed.is_distributed():
+    with _distributed.agreed(_FIRST_STEP, _distributed.is_distributed()):
         check_hook_results(trainer)
-        return
-    try:
-        check_hook_results(trainer)
-    except Exception as error:
-        _distributed.announce_refusal(error, _FIRST_STEP)
-        raise
-    _distributed.agree(None, _FIRST_STEP)
 
 
 def restore_foreign_loaders(
