@@ -9,17 +9,14 @@ with or without this library (pytorch/pytorch#135712), as docs/distributed.md sa
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from support import torchrun
 from support.ddp_workers import SIZE
 from support.elastic_child import BATCH, EPOCHS, POINT_EVERY, assert_same_final_state
-from support.lightning_procs import TESTS
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,48 +28,22 @@ STEPS_PER_EPOCH = SIZE // (BATCH * WORLD)  # 6
 KILL_STEP = 10  # mid-way through the second epoch (steps 7 to 12)
 RESUMED_AT = KILL_STEP // POINT_EVERY * POINT_EVERY  # the newest point: step 8
 TIMEOUT_S = 600.0  # bounds a hang: two generations of two ranks import torch
-ENVIRONMENT = dict(
-    os.environ,
-    PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
-    OMP_NUM_THREADS="1",
-    PYTHONUNBUFFERED="1",
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-)
+ENVIRONMENT = torchrun.environment(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
 
 
 def _torchrun(out: Path, *arguments: str, max_restarts: int) -> None:
     """Run the epoch-loop child under torchrun; asserts it exits 0."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(WORLD),
-        "--max-restarts",
-        str(max_restarts),
-        "-m",
-        "support.elastic_child",
-        str(out),
-        *arguments,
-    ]
+    command = torchrun.command(
+        "support.elastic_child", str(out), *arguments, ranks=WORLD, max_restarts=max_restarts
+    )
     log = out / "torchrun.txt"
     # Its own session, so that a timeout ends every process it started.
-    with open(log, "w") as output:
-        process = subprocess.Popen(
-            command,
-            cwd=TESTS,
-            env=ENVIRONMENT,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    with open(log, "wb") as output:
+        process = torchrun.start(command, ENVIRONMENT, output)
         try:
             code = process.wait(timeout=TIMEOUT_S)
         finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=60)
+            torchrun.kill_if_running(process)
     assert code == 0, log.read_text(errors="replace")[-4000:]
 
 

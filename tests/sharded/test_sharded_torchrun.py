@@ -13,18 +13,13 @@ thread lives in this one.
 from __future__ import annotations
 
 import os
-import selectors
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support import torchrun as launch
 from support.compiled_runs import NO_COMPILER
-from support.lightning_procs import TESTS, TIMEOUT_S
 from support.sharded_torchrun_child import (
     DYING_POINT,
     PAUSE,
@@ -43,64 +38,21 @@ def torchrun(job: str, out: Path, *, signal_when_ready: bool = False, fails: boo
     """Run ``sharded_torchrun_child JOB OUT`` under ``torchrun`` on 2 ranks; its output.
 
     ``signal_when_ready``: once rank 0 prints ``READY``, SIGTERM the job's process group
-    (torchrun and its ranks, as a batch scheduler does).
+    (torchrun and its ranks, as a batch scheduler does); a job that ends without it (no
+    compiler here, or a failure) is taken as it ended.
     """
-    environment = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
+    code, output = launch.run_signalled(
+        launch.command("support.sharded_torchrun_child", job, str(out)),
+        launch.environment(),
+        signal_when_ready=signal_when_ready,
     )
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "support.sharded_torchrun_child",
-        job,
-        str(out),
-    ]
-    process = subprocess.Popen(
-        command,
-        cwd=TESTS,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    output = b""
-    try:
-        assert process.stdout is not None
-        if signal_when_ready:
-            selector = selectors.DefaultSelector()
-            selector.register(process.stdout, selectors.EVENT_READ)
-            deadline = time.monotonic() + TIMEOUT_S
-            while b"READY" not in output:
-                remaining = deadline - time.monotonic()
-                assert remaining > 0, output.decode(errors="replace")[-3000:]
-                if selector.select(timeout=min(remaining, 1.0)):
-                    chunk = os.read(process.stdout.fileno(), 65536)
-                    if not chunk:  # ended without READY: no compiler here, or a failure
-                        break
-                    output += chunk
-            if b"READY" in output:
-                os.killpg(process.pid, signal.SIGTERM)
-        rest, _ = process.communicate(timeout=TIMEOUT_S)
-        output += rest
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
     text = output.decode(errors="replace")
     # After the SIGTERM torchrun re-raises it (exit 1) once its ranks exited.
-    signalled = b"READY" in output and signal_when_ready
+    signalled = launch.READY in output and signal_when_ready
     if fails:  # a rank was killed: torchrun stops the others and fails
-        assert process.returncode not in (0, None), text[-4000:]
+        assert code not in (0, None), text[-4000:]
     else:
-        assert process.returncode == (1 if signalled else 0), text[-4000:]
+        assert code == (1 if signalled else 0), text[-4000:]
     return text
 
 
