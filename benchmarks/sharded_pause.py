@@ -46,13 +46,38 @@ def _path_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
+def sharded_rank_model(rank: int, init: str, width: int, layers: int) -> tuple[Any, Any]:
+    """In a rank's process: join the gloo group at ``init`` (one thread), and build the
+    benchmark model (``layers`` x ``Linear(width, width)``, each layer and the whole
+    ``fully_shard``-ed on a CPU mesh of the world) and its AdamW."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=600),
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(layers)))
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
 def _rank(rank: int, init: str, options: dict[str, Any], out: str) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from trainer_resume.durable import save_checkpoint
     from trainer_resume.mixin import TrainingResumeMixin
@@ -68,22 +93,8 @@ def _rank(rank: int, init: str, options: dict[str, Any], out: str) -> None:
         def _resume_loaders(self) -> dict[str, Any]:
             return {}
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=600),
-    )
-    width, layers = options["width"], options["layers"]
-    torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(layers)))
-    mesh = init_device_mesh("cpu", (WORLD,))
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    width = options["width"]
+    model, optimizer = sharded_rank_model(rank, init, width, options["layers"])
     model(torch.randn(2, width)).square().mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

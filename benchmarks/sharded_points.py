@@ -21,39 +21,24 @@ import os
 import statistics
 import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import print_table, write_json
+from benchmarks.sharded_pause import WORLD, sharded_rank_model
 
-WORLD = 2
 EVERY = 10
 
 
 def _rank(rank: int, init: str, options: dict[str, Any], out: str) -> None:
     import torch
     import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from trainer_resume import ResumePoints
     from trainer_resume.mixin import TrainingResumeMixin, training_step
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD,
-        timeout=timedelta(seconds=600),
-    )  # fmt: skip
-    width, layers = options["width"], options["layers"]
-    torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(layers)))
-    mesh = init_device_mesh("cpu", (WORLD,))
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    width = options["width"]
+    model, optimizer = sharded_rank_model(rank, init, width, options["layers"])
 
     class Trainer(TrainingResumeMixin):
         def __init__(self, points: ResumePoints) -> None:
