@@ -150,6 +150,34 @@ def test_when_every_listed_point_vanished_the_directory_is_listed_again(tmp_path
     assert trainer.completed_steps == 6
 
 
+def test_a_point_removed_between_listing_and_looking_at_it_lists_again_and_takes_the_new_one(
+    tmp_path, monkeypatch
+):
+    # keep=1 beside a running writer: the listing names step 4's point only (step 6's was
+    # renamed in after the listing began), and retention removes step 4's before it is
+    # looked at. The run must not start from nothing.
+    from trainer_resume.resume_points import files
+
+    _written(tmp_path, 6)
+    os.remove(tmp_path / point_name(2))
+    listings: list[list[str]] = []
+    real = files._entries
+
+    def listed(location: str) -> list[str]:
+        names = real(location)
+        if not listings:
+            names = [name for name in names if name != point_name(6)]
+            os.remove(tmp_path / point_name(4))
+        listings.append(names)
+        return names
+
+    monkeypatch.setattr(files, "_entries", listed)
+    trainer = TinyTrainer()
+    assert trainer.resume_latest(tmp_path) == str(tmp_path / point_name(6))
+    assert trainer.completed_steps == 6
+    assert len(listings) == 2
+
+
 HOLD = """
 import sys
 from trainer_resume import ResumePoints

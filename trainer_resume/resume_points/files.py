@@ -117,7 +117,7 @@ def candidates(
     its step, and skipped with a warning when that fails.
     """
     location = paths.location(directory)
-    points, pauses = _listing(location)
+    points, pauses, _ = _listing(location)
     found = [Candidate(path, steps, True) for steps, path in points]
     for path in pauses:
         try:
@@ -192,8 +192,8 @@ def _newest_listed(
     location: str, read: Load, steps_of: StepsOf, exclude: set[str]
 ) -> tuple[Found | None, bool]:
     """The newest valid file of one listing, and whether a candidate vanished on the way."""
-    points, pauses = _listing(location)
-    vanished = False
+    # A listing that lost an entry may have missed the point that replaced it.
+    points, pauses, vanished = _listing(location)
     best: Found | None = None  # the pause file with the most steps: its step is in its contents
     for path in pauses:
         if path in exclude:
@@ -230,13 +230,16 @@ def _newest_listed(
     return best, vanished
 
 
-def _listing(location: str) -> tuple[list[tuple[int, str]], list[str]]:
+def _listing(location: str) -> tuple[list[tuple[int, str]], list[str], bool]:
     """The regular files of a directory: points by step from their names, oldest first,
-    and the other (pause) files. A point name that is no regular file is skipped with
-    a warning; symlinks are not followed."""
+    the other (pause) files, and whether a listed entry vanished before it was looked
+    at (a writer's retention removed it: a newer point may have come in its place). A
+    point name that is no regular file is skipped with a warning; symlinks are not
+    followed."""
     marker = paths.basename(finished_marker_path(location))
     points: list[tuple[int, str]] = []
     pauses: list[str] = []
+    vanished = False
     for entry in _entries(location):
         if entry.startswith(".") or entry == marker:
             continue
@@ -251,6 +254,7 @@ def _listing(location: str) -> tuple[list[tuple[int, str]], list[str]]:
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
+            vanished = True
             continue
         if not stat.S_ISREG(mode):
             if match:
@@ -261,7 +265,7 @@ def _listing(location: str) -> tuple[list[tuple[int, str]], list[str]]:
             points.append((int(match.group(1)), path))
         else:
             pauses.append(path)
-    return sorted(points), pauses
+    return sorted(points), pauses, vanished
 
 
 def retain_points(directory: StrPath, newest: int, keep: int) -> list[str]:
