@@ -114,8 +114,10 @@ def test_a_worker_dying_while_iter_starts_the_workers_is_a_fetch_failure_that_cl
     monkeypatch, make
 ):
     # Where torch raises it when a worker dies before iter() returned: from iter() itself.
-    reference = iter(make())
+    uninterrupted = make()
+    reference = iter(uninterrupted)
     expected = [next(reference) for _ in range(4)]
+    uninterrupted.close()
     loader = make()
     started = DataLoader._get_iterator
 

@@ -48,8 +48,11 @@ __all__ = ["DirectCopy", "Record", "Unplannable", "is_tensor_record", "plan_reco
 # ones are served from blocks of _BLOCK bytes (one system call for many records).
 _DIRECT_MIN = 256 << 10
 _BLOCK = 1 << 20
-# Direct reads go in pieces of this size, each hashed while the next is read.
+# Direct reads go in pieces of this size, each hashed while the next is read; over the
+# payload's last bytes they shrink to a quarter of what is left (not below _TAIL_PIECE),
+# since the digest is ready only once the last piece read has been hashed.
 _PIECE = 4 << 20
+_TAIL_PIECE = 256 << 10
 # Room for a local header's name and extra field (torch pads records to 64 bytes).
 _HEADER_SLACK = 256
 
@@ -251,7 +254,8 @@ class _HashedStream:
                 self._block = self._block[take:]
                 done += take
             elif len(view) - done >= _DIRECT_MIN:
-                piece = view[done : done + _PIECE]
+                left = self._length - self._read
+                piece = view[done : done + min(_PIECE, max(_TAIL_PIECE, left >> 2))]
                 self._fill(piece)
                 done += len(piece)
             else:
