@@ -193,6 +193,9 @@ BEFORE_UNPICKLING: dict[str, Callable[[bytes], bytes]] = {
     "central-directory-size": lambda p: _damage_at(p, b"PK\x06\x06", 40),
     "zip64-end-record-signature": lambda p: _damage_at(p, b"PK\x06\x06", 1),
     "local-header-of-last-entry": lambda p: _damage_at(p, b"PK\x03\x04", 2),
+    # The last entry's local header names another entry, or gives its name another length.
+    "local-header-name-of-last-entry": lambda p: _damage_at(p, b"PK\x03\x04", 30),
+    "local-header-name-length-of-last-entry": lambda p: _damage_at(p, b"PK\x03\x04", 26),
     "end-record-removed": lambda p: p[: p.rindex(b"PK\x05\x06")],
     "truncated-by-100": lambda p: p[:-100],
     "first-half-only": lambda p: p[: len(p) // 2],

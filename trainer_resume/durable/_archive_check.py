@@ -113,13 +113,15 @@ def _records(payload: Payload, where: str) -> dict[str, tuple[int, int]]:
     records: dict[str, tuple[int, int]] = {}
     for entry in entries:
         name, start = entry.filename, entry.header_offset
-        head = payload.read(start, start + LOCAL_HEADER.size)
+        # The local header and the name it should hold, in one read.
+        expected = len(name.encode("utf-8", "surrogateescape"))
+        head = payload.read(start, start + LOCAL_HEADER.size + expected)
         if len(head) < LOCAL_HEADER.size:
             raise CheckpointFormatError(f"{where}: zip entry {name!r} starts outside the payload")
-        magic, name_length, extra_length = LOCAL_HEADER.unpack(head)
+        magic, name_length, extra_length = LOCAL_HEADER.unpack(head[: LOCAL_HEADER.size])
         name_start = start + LOCAL_HEADER.size
-        stored_name = payload.read(name_start, name_start + name_length)
-        if not names_entry(magic, stored_name, name):
+        stored_name = head[LOCAL_HEADER.size :]
+        if name_length != expected or not names_entry(magic, stored_name, name):
             raise CheckpointFormatError(f"{where}: zip entry {name!r} has no matching local header")
         if not is_stored(entry):
             raise CheckpointFormatError(f"{where}: zip entry {name!r} is compressed")

@@ -29,6 +29,7 @@ place costs one pass over the bytes and 1x the memory.)
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import io
 import zipfile
@@ -187,9 +188,18 @@ class DirectCopy:
 
     def read(self, start: int, end: int) -> bytes:
         """The payload's bytes from ``start`` to ``end`` (clipped to its size)."""
+        end = min(end, self.size)
+        if start >= end:
+            return b""
+        index = bisect.bisect_right(self._starts, start) - 1
+        if index >= 0:  # within one piece (a local header, a name): sliced, no reader
+            inside = start - self._starts[index]
+            view = self._views[index]
+            if inside + end - start <= len(view):
+                return bytes(view[inside : inside + end - start])
         reader = self.reader()
         reader.seek(start)
-        return reader.read(max(0, min(end, self.size) - start)) or b""
+        return reader.read(end - start) or b""
 
     def storage(self, name: str, nbytes: int) -> torch.Tensor | None:
         """The uint8 tensor read from record ``name``, if it holds exactly ``nbytes``."""
