@@ -12,7 +12,10 @@ shows: a bare step is about a hundred microseconds. For each loader case:
 
 For context, not targets: in the map-style case without workers, the bare loop plus the
 library's per-batch seeding alone (what every such batch needs to replay its
-augmentation: the global generators seeded, the caller's handed back), and, after the
+augmentation: the global generators seeded, the caller's handed back); in both cases
+without workers, where the rest goes: the bare loop over the ``ResumableDataLoader``
+alone (no trainer), and the library's step without its gradient tracking (the
+process-wide optimizer step hook taken out, so no parameter is hooked); and, after the
 cases, the gradient tracking's cost per parameter on a model of 200 parameters.
 
 Cases: map-style (``shuffle=True``), 0 workers; an ``IterableDataset`` with
@@ -58,10 +61,12 @@ FEATURES = 16
 BATCH = 32
 SIZE = 1 << 22  # items: no pass ends inside a timed run
 CASES = ("map, 0 workers", "iterable, 0 workers", "iterable, 2 workers")
-VARIANTS = ("bare", "seeding", "library", "torchdata", "lightning")
+VARIANTS = ("bare", "seeding", "loader", "untracked", "library", "torchdata", "lightning")
 LABELS = {
     "bare": "bare loop, DataLoader",
     "seeding": "bare loop + per-batch seeding alone",
+    "loader": "bare loop, ResumableDataLoader alone",
+    "untracked": "@training_step without gradient tracking",
     "library": "@training_step, ResumableDataLoader",
     "torchdata": "bare loop, StatefulDataLoader",
     "lightning": "Lightning Trainer.fit, DataLoader",
@@ -71,6 +76,10 @@ LIGHTNING_RUNS = 3  # Lightning is context, not a target: a few runs of its own 
 # where the main thread seeds each batch (the seed and the hand-back of the caller's
 # generators, as the library's fetch does), so its share of the library's cost shows.
 SEEDING_CASES = ("map, 0 workers",)
+# Context too, where the main process pays the loader's work: how the library's cost splits
+# between the loader, the step (guard, boundary) and the gradient tracking.
+SPLIT_VARIANTS = ("loader", "untracked")
+SPLIT_CASES = ("map, 0 workers", "iterable, 0 workers")
 # Context too: the gradient tracking's cost per parameter on a model with many.
 TRACKING_LAYERS = 100  # Linear(8, 8) layers: 200 parameters
 # The step boundary's targets: library / bare, medians of the per-round ratios.
@@ -214,8 +223,8 @@ class Runner:
     """One variant of one case, built once: its step, and how to stop its workers."""
 
     def __init__(self, variant: str, case: str) -> None:
-        self.loader = _loader("bare" if variant == "bare" else variant, case)
-        if variant == "library":
+        self.loader = _loader(_LOADERS.get(variant, variant), case)
+        if variant in ("library", "untracked"):
             trainer = Trainer(self.loader)  # type: ignore[arg-type]
             self.iterator: Any = None
             self.step: Callable[[], object] = trainer.step
@@ -246,6 +255,10 @@ class Runner:
 
 def _nothing() -> None:
     return None
+
+
+# The loader each context variant steps over (the others: their own name's).
+_LOADERS = {"seeding": "bare", "loader": "library", "untracked": "library"}
 
 
 def gradient_tracking(rounds: int, steps: int) -> dict[str, Any]:
@@ -383,7 +396,9 @@ def measure_case(
     interleaved = [
         variant
         for variant in variants
-        if variant != "lightning" and (variant != "seeding" or case in SEEDING_CASES)
+        if variant != "lightning"
+        and (variant != "seeding" or case in SEEDING_CASES)
+        and (variant not in SPLIT_VARIANTS or case in SPLIT_CASES)
     ]
     runners = {variant: Runner(variant, case) for variant in interleaved}
     timed = [variant for variant in variants if variant in interleaved or variant == "lightning"]
