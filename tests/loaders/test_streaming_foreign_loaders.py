@@ -54,6 +54,10 @@ def test_an_undeclared_stateful_dataloader_is_refused_before_the_first_step(
         trainer.pause(tmp_path / "pause.ckpt")  # nor can it be paused, and no file is left
     assert at_pause.value.detail == refused.value.detail
     assert not (tmp_path / "pause.ckpt").exists()
+    # torchdata's state_dict() before any iter() starts the workers: stop them here rather
+    # than when a later test collects the loader.
+    if loader._iterator is not None:
+        loader._iterator._shutdown_workers()
 
 
 def test_a_streaming_librarys_own_loader_is_refused_undeclared_and_taken_declared(
