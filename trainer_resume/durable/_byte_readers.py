@@ -9,7 +9,7 @@ import io
 import os
 from typing import Any, Protocol
 
-__all__ = ["FileWindow", "PiecesReader", "PositionalReader", "Source", "pread"]
+__all__ = ["FileWindow", "PiecesReader", "PositionalReader", "Source", "piece_at", "pread"]
 
 
 class PositionalReader(Protocol):
@@ -70,6 +70,13 @@ class FileWindow(_Seekable):
         return got
 
 
+def piece_at(starts: list[int], views: list[memoryview], position: int) -> tuple[memoryview, int]:
+    """The piece holding ``position`` (``views[i]`` starts at ``starts[i]``, ascending, no
+    gaps) and where ``position`` lies in it."""
+    index = bisect.bisect_right(starts, position) - 1
+    return views[index], position - starts[index]
+
+
 class PiecesReader(_Seekable):
     """``size`` bytes held as consecutive pieces: ``views[i]`` starts at ``starts[i]``
     (ascending, no gaps). Nothing is copied until it is read."""
@@ -82,9 +89,7 @@ class PiecesReader(_Seekable):
         target = memoryview(buffer).cast("B")
         done = 0
         while done < len(target) and self._pos < self._size:
-            index = bisect.bisect_right(self._starts, self._pos) - 1
-            view = self._views[index]
-            inside = self._pos - self._starts[index]
+            view, inside = piece_at(self._starts, self._views, self._pos)
             take = min(len(target) - done, len(view) - inside)
             target[done : done + take] = view[inside : inside + take]
             done += take

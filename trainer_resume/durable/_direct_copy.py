@@ -29,7 +29,6 @@ place costs one pass over the bytes and 1x the memory.)
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import io
 import zipfile
@@ -41,7 +40,7 @@ import torch
 
 from ..errors import CheckpointCorruptedError
 from ._archive_check import LOCAL_HEADER, is_stored, names_entry
-from ._byte_readers import FileWindow, PiecesReader, Source, pread
+from ._byte_readers import FileWindow, PiecesReader, Source, piece_at, pread
 
 __all__ = ["DirectCopy", "Record", "Unplannable", "is_tensor_record", "plan_records"]
 
@@ -191,10 +190,8 @@ class DirectCopy:
         end = min(end, self.size)
         if start >= end:
             return b""
-        index = bisect.bisect_right(self._starts, start) - 1
-        if index >= 0:  # within one piece (a local header, a name): sliced, no reader
-            inside = start - self._starts[index]
-            view = self._views[index]
+        if start >= 0:  # within one piece (a local header, a name): sliced, no reader
+            view, inside = piece_at(self._starts, self._views, start)
             if inside + end - start <= len(view):
                 return bytes(view[inside : inside + end - start])
         reader = self.reader()
