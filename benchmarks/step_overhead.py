@@ -72,14 +72,17 @@ LABELS = {
     "lightning": "Lightning Trainer.fit, DataLoader",
 }
 LIGHTNING_RUNS = 3  # Lightning is context, not a target: a few runs of its own loop
-# The seeding variant is context for the map-style case without workers, the one case
-# where the main thread seeds each batch (the seed and the hand-back of the caller's
-# generators, as the library's fetch does), so its share of the library's cost shows.
-SEEDING_CASES = ("map, 0 workers",)
-# Context too, where the main process pays the loader's work: how the library's cost splits
-# between the loader, the step (guard, boundary) and the gradient tracking.
-SPLIT_VARIANTS = ("loader", "untracked")
-SPLIT_CASES = ("map, 0 workers", "iterable, 0 workers")
+# The context variants and the cases they run in (the others run in every case): the
+# seeding in the map-style case without workers, the one case where the main thread seeds
+# each batch (the seed and the hand-back of the caller's generators, as the library's
+# fetch does), so its share of the library's cost shows; where the main process pays the
+# loader's work, how the library's cost splits between the loader, the step (guard,
+# boundary) and the gradient tracking.
+CONTEXT_CASES = {
+    "seeding": ("map, 0 workers",),
+    "loader": ("map, 0 workers", "iterable, 0 workers"),
+    "untracked": ("map, 0 workers", "iterable, 0 workers"),
+}
 # Context too: the gradient tracking's cost per parameter on a model with many.
 TRACKING_LAYERS = 100  # Linear(8, 8) layers: 200 parameters
 # The step boundary's targets: library / bare, medians of the per-round ratios.
@@ -396,9 +399,7 @@ def measure_case(
     interleaved = [
         variant
         for variant in variants
-        if variant != "lightning"
-        and (variant != "seeding" or case in SEEDING_CASES)
-        and (variant not in SPLIT_VARIANTS or case in SPLIT_CASES)
+        if variant != "lightning" and case in CONTEXT_CASES.get(variant, CASES)
     ]
     runners = {variant: Runner(variant, case) for variant in interleaved}
     timed = [variant for variant in variants if variant in interleaved or variant == "lightning"]
