@@ -137,11 +137,26 @@ def any_rank(flag: bool) -> bool:
     return any_ranks([flag])[0]
 
 
+# The work of the latest ``any_ranks``: see there.
+_held_work: list[Any] = [None]
+
+
 def any_ranks(flags: Sequence[bool]) -> list[bool]:
-    """``any_rank`` of several flags in one collective."""
+    """``any_rank`` of several flags in one collective.
+
+    Its work is held here until the next call, which releases it on a Python thread.
+    Released by the backend's own thread (gloo's run loop, NCCL's watchdog), a work
+    holding a tensor made in Python takes the GIL there with a thread state created
+    for the occasion; this runs at every step boundary, and a fork at that instant
+    (a loader starting its workers for the next epoch) hangs the child on CPython
+    3.10 before 3.10.15 and 3.11 before 3.11.8 (CPython gh-112275).
+    """
     value = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int32, device=_device())
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=current_group())
-    return [bool(item) for item in value.tolist()]
+    work = dist.all_reduce(value, op=dist.ReduceOp.MAX, group=current_group(), async_op=True)
+    work.wait()
+    result = [bool(item) for item in value.tolist()]
+    _held_work[0] = work  # the previous one is released here, by this thread
+    return result
 
 
 def _described(error: BaseException | str | None) -> tuple[int | None, str] | None:

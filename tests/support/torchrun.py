@@ -1,6 +1,11 @@
 """Launch a ``support`` child under ``torchrun`` on one machine, as users launch a job:
 in a session of its own (a signal to the job reaches torchrun and its ranks), with a
-deadline after which every process it started is killed."""
+deadline after which every process it started is killed.
+
+torch elastic starts each rank in a session of its own, so killing the job's session
+alone would leave the ranks (and their loader workers) running after a hang: the kill
+here goes to every descendant of the launched process as well.
+"""
 
 from __future__ import annotations
 
@@ -55,11 +60,67 @@ def start(launch: list[str], env: dict[str, str], output: int | IO[bytes]) -> su
     )
 
 
+def descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (children, their children, ...), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                # "pid (name) state ppid ...": the name may hold spaces and parentheses.
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    pending = list(children.get(pid, []))
+    while pending:
+        child = pending.pop()
+        found.append(child)
+        pending.extend(children.get(child, []))
+    return found
+
+
 def kill_if_running(process: subprocess.Popen) -> None:
-    """SIGKILL the job's whole session if it is still running."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=60)
+    """SIGKILL the job if it is still running: its session and every process below it,
+    whatever session they are in."""
+    if process.poll() is not None:
+        return
+    for _ in range(3):  # again for what was being started during the first round
+        for pid in descendants(process.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait(timeout=60)
+
+
+def run(
+    launch: list[str], env: dict[str, str], *, timeout: float = TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """Run ``launch`` to its end (every process holding its output included); its exit
+    status and output (stdout and stderr together) as ``stdout``.
+
+    Raises:
+        AssertionError: it did not end within ``timeout`` seconds; every process it
+            started is killed first and the message holds the end of its output.
+    """
+    process = start(launch, env, subprocess.PIPE)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_if_running(process)
+        output, _ = process.communicate(timeout=60)
+        text = output.decode(errors="replace")[-6000:]
+        raise AssertionError(f"{' '.join(launch[1:])} did not end in {timeout} s:\n{text}") from None
+    finally:
+        kill_if_running(process)
+    return subprocess.CompletedProcess(launch, process.returncode, output.decode(errors="replace"))
 
 
 def run_signalled(
@@ -89,7 +150,13 @@ def run_signalled(
                     output += chunk
             if READY in output:
                 os.killpg(process.pid, signal.SIGTERM)
-        rest, _ = process.communicate(timeout=TIMEOUT_S)
+        try:
+            rest, _ = process.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            kill_if_running(process)
+            rest, _ = process.communicate(timeout=60)
+            text = (output + rest).decode(errors="replace")[-6000:]
+            raise AssertionError(f"the job did not end in {TIMEOUT_S} s:\n{text}") from None
         output += rest
     finally:
         kill_if_running(process)

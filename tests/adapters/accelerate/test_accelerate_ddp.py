@@ -19,6 +19,7 @@ import sys
 
 import pytest
 import torch
+from support import torchrun
 from support.accelerate_loop import EVALUATION_SIZE, assert_identical, load_results
 
 TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,14 +44,8 @@ def launch(workdir, name: str, phases: list[dict], processes: int) -> subprocess
             "support.accelerate_loop",
             str(spec),
         ]
-    return subprocess.run(
-        command,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,  # the launcher's own group, away from pytest's
-    )
+    # The launcher's own session, away from pytest's; a hang fails with the output.
+    return torchrun.run(command, environment, timeout=300)
 
 
 def interleaved(first: list, second: list) -> list:
@@ -79,7 +74,7 @@ def test_two_processes_pause_exactly_and_resume_on_one_process_sample_exactly(tm
     )
     # torchrun ends with an error status after forwarding a SIGTERM, whatever the ranks
     # did: every rank's own report is checked below.
-    assert os.path.exists(path("paused7.rank1.pt")), first.stderr[-4000:]
+    assert os.path.exists(path("paused7.rank1.pt")), first.stdout[-4000:]
     resumed = launch(
         tmp_path,
         "resume",
@@ -89,7 +84,7 @@ def test_two_processes_pause_exactly_and_resume_on_one_process_sample_exactly(tm
         ],
         processes=2,
     )
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
     single = launch(
         tmp_path,
         "single",
@@ -99,7 +94,7 @@ def test_two_processes_pause_exactly_and_resume_on_one_process_sample_exactly(tm
         ],
         processes=1,
     )
-    assert single.returncode == 0, single.stderr[-4000:]
+    assert single.returncode == 0, single.stdout[-4000:]
 
     references = [load_results(path("reference"), rank) for rank in range(2)]
     assert [len(reference["losses"]) for reference in references] == [STEPS, STEPS]

@@ -1,0 +1,49 @@
+"""A launched job that outlives its deadline fails the test with its output, and every
+process it started is killed, also those in sessions of their own (as torch elastic
+starts each rank): a hang neither loses what the job printed nor leaves processes behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from support import torchrun
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+
+JOB = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    rank = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    open(sys.argv[1], "w").write(str(rank.pid))
+    print("rank started", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _ended(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"  # killed, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+def test_a_job_past_its_deadline_fails_with_its_output_and_leaves_no_process(
+    tmp_path: Path,
+) -> None:
+    pid_file = tmp_path / "rank.pid"
+    with pytest.raises(AssertionError, match="did not end in 3 s:\nrank started"):
+        torchrun.run([sys.executable, "-c", JOB, str(pid_file)], dict(os.environ), timeout=3)
+    rank = int(pid_file.read_text())
+    deadline = time.monotonic() + 30
+    while not _ended(rank) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ended(rank)
