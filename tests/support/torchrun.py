@@ -117,7 +117,9 @@ def run(
         kill_if_running(process)
         output, _ = process.communicate(timeout=60)
         text = output.decode(errors="replace")[-6000:]
-        raise AssertionError(f"{' '.join(launch[1:])} did not end in {timeout} s:\n{text}") from None
+        raise AssertionError(
+            f"{' '.join(launch[1:])} did not end in {timeout} s:\n{text}"
+        ) from None
     finally:
         kill_if_running(process)
     return subprocess.CompletedProcess(launch, process.returncode, output.decode(errors="replace"))
