@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from support.process_tree import kill_tree
+
 # The children run as ``python -m support.<module>`` and import their siblings as
 # ``support.<module>``: the tests folder goes first on their PYTHONPATH.
 TESTS = Path(__file__).resolve().parent.parent
@@ -43,17 +45,31 @@ def run(
     """Run to completion; stdout is returned, stderr goes to ``log``.
 
     ``env`` adds variables to the child's environment; ``cwd`` is its working directory.
+
+    Raises:
+        AssertionError: it outlived ``timeout`` (it and every process it started are
+            killed first).
     """
     with open(log, "w") as errors:
-        return subprocess.run(
+        process = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,
-            timeout=timeout,
             env=_environment(env),
             cwd=cwd,
         )
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(process)
+            process.communicate(timeout=60)
+            raise AssertionError(
+                f"{command[2]} run did not end in {timeout} s; stderr:\n{_tail(log)}"
+            ) from None
+        finally:
+            kill_tree(process)
+    return subprocess.CompletedProcess(command, process.returncode, output)
 
 
 def run_and_signal(
@@ -118,9 +134,7 @@ def run_and_signal(
                 lines.append(partial.decode(errors="replace"))
             status = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=30)
+            kill_tree(process)  # a child that started others (a DDP rank 1) with them
     if sent < times:
         raise AssertionError(
             f"{line!r} appeared {sent} of {times} times; {describe_exit(status, lines, log)}"

@@ -1,10 +1,7 @@
 """Launch a ``support`` child under ``torchrun`` on one machine, as users launch a job:
 in a session of its own (a signal to the job reaches torchrun and its ranks), with a
-deadline after which every process it started is killed.
-
-torch elastic starts each rank in a session of its own, so killing the job's session
-alone would leave the ranks (and their loader workers) running after a hang: the kill
-here goes to every descendant of the launched process as well.
+deadline after which every process it started is killed, the ranks too (torch elastic
+starts each in a session of its own).
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ import time
 from typing import IO
 
 from support.lightning_procs import TESTS, TIMEOUT_S
+from support.process_tree import kill_tree
 
 READY = b"READY"
 
@@ -60,44 +58,10 @@ def start(launch: list[str], env: dict[str, str], output: int | IO[bytes]) -> su
     )
 
 
-def descendants(pid: int) -> list[int]:
-    """Every living process below ``pid`` (children, their children, ...), from ``/proc``."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                # "pid (name) state ppid ...": the name may hold spaces and parentheses.
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:  # it ended meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found: list[int] = []
-    pending = list(children.get(pid, []))
-    while pending:
-        child = pending.pop()
-        found.append(child)
-        pending.extend(children.get(child, []))
-    return found
-
-
 def kill_if_running(process: subprocess.Popen) -> None:
     """SIGKILL the job if it is still running: its session and every process below it,
     whatever session they are in."""
-    if process.poll() is not None:
-        return
-    for _ in range(3):  # again for what was being started during the first round
-        for pid in descendants(process.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    process.wait(timeout=60)
+    kill_tree(process, session=True)
 
 
 def run(
