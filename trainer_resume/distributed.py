@@ -145,9 +145,9 @@ def any_ranks(flags: Sequence[bool]) -> list[bool]:
     """``any_rank`` of several flags in one collective.
 
     Its work is held here until the next call, which releases it on a Python thread.
-    Released by the backend's own thread (gloo's run loop, NCCL's watchdog), a work
-    holding a tensor made in Python takes the GIL there with a thread state created
-    for the occasion; this runs at every step boundary, and a fork at that instant
+    Released by the backend's own thread (gloo's run loop), a work holding a tensor
+    made in Python takes the GIL there with a thread state created for the
+    occasion; this runs at every step boundary, and a fork at that instant
     (a loader starting its workers for the next epoch) hangs the child on CPython
     3.10 before 3.10.15 and 3.11 before 3.11.8 (CPython gh-112275).
     """
