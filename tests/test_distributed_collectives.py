@@ -3,7 +3,7 @@
 A tensor made in Python and released by gloo's run loop (or NCCL's watchdog) makes that
 thread take the GIL with a thread state created for the occasion; at a step boundary,
 with a loader forking its workers right after, that hangs the forked child on CPython
-3.10 before 3.10.15 and 3.11 before 3.11.8 (CPython gh-112275).
+3.11 before 3.11.8 and on 3.10 (CPython gh-112275).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def any_ranks(flags: Sequence[bool]) -> list[bool]:
     made in Python takes the GIL there with a thread state created for the
     occasion; this runs at every step boundary, and a fork at that instant
     (a loader starting its workers for the next epoch) hangs the child on CPython
-    3.10 before 3.10.15 and 3.11 before 3.11.8 (CPython gh-112275).
+    3.11 before 3.11.8 and on 3.10 (CPython gh-112275).
     """
     value = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int32, device=_device())
     work = dist.all_reduce(value, op=dist.ReduceOp.MAX, group=current_group(), async_op=True)
