@@ -1,9 +1,9 @@
-"""The library's own collectives leave nothing for the backend's threads to release in Python.
+"""The step-boundary agreement leaves nothing for the backend's threads to release in Python.
 
-A tensor made in Python and released by gloo's run loop (or NCCL's watchdog) makes that
-thread take the GIL with a thread state created for the occasion; at a step boundary,
-with a loader forking its workers right after, that hangs the forked child on CPython
-3.11 before 3.11.8 and on 3.10 (CPython gh-112275).
+A tensor made in Python and released by gloo's run loop makes that thread take the GIL
+with a thread state created for the occasion; at a step boundary, with a loader forking
+its workers right after, that hangs the forked child on CPython 3.11 before 3.11.8 and
+on 3.10 (CPython gh-112275).
 """
 
 from __future__ import annotations
