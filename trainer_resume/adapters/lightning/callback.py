@@ -26,6 +26,7 @@ import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from ... import distributed
 from ..._module_names import canonical_state, live_state
 from ..._signals import (
     DEFAULT_PAUSE_SIGNALS,
@@ -513,7 +514,7 @@ class ResumeCallback(Callback):
     ) -> None:
         """Write the pause checkpoint when any rank asked for a pause."""
         # Every rank takes part in the reduction each batch, so all pause at the same step.
-        if not trainer.strategy.reduce_boolean_decision(self._request is not None, all=False):
+        if not _any_rank(trainer, self._request is not None):
             return
         if trainer.fit_loop.epoch_loop._should_accumulate():
             # Mid-accumulation: the gradients of this batch wait for the next ones. Pausing
@@ -684,6 +685,27 @@ def _same_file(path: Any, other: str) -> bool:
 def _cuda_device(pl_module: pl.LightningModule) -> torch.device | None:
     device = pl_module.device
     return device if device.type == "cuda" else None
+
+
+def _any_rank(trainer: pl.Trainer, flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank, agreed at every batch end.
+
+    Where torch.distributed runs the strategy's processes, through the library's
+    agreement, which lets go of its collective on this thread (see
+    ``distributed.any_ranks``): the next epoch's loader may fork its workers right
+    after this last collective of an epoch. Elsewhere, the strategy's own reduction.
+    """
+    if trainer.world_size == 1:
+        return flag
+    import torch.distributed as dist
+
+    if (
+        dist.is_available()
+        and dist.is_initialized()
+        and dist.get_world_size() == trainer.world_size
+    ):
+        return distributed.any_rank(flag)
+    return trainer.strategy.reduce_boolean_decision(flag, all=False)
 
 
 def _gather_by_rank(trainer: pl.Trainer, value: Any) -> list[Any]:
