@@ -45,6 +45,7 @@ from typing import Any
 
 from ._signals import DEFAULT_PAUSE_SIGNALS, armed_signals
 from .errors import PauseSignalWarning
+from .processes.inherited_objects import frozen_in_forked_children
 from .processes.parent_death import DieWithParent, children_die_with_this_process, tie
 
 __all__ = [
@@ -123,7 +124,8 @@ def pause_signals_blocked(context: Any = None) -> Iterator[None]:
 
 def worker_start(loader: Any) -> AbstractContextManager[None]:
     """The block to create a DataLoader's iterator in (its workers start there): they
-    keep the pause signals blocked and die with this process."""
+    keep the pause signals blocked, die with this process and, forked, leave what they
+    inherited to this process's garbage collector."""
     if not getattr(loader, "num_workers", 0):
         return nullcontext()
     return _worker_start(loader, getattr(loader, "multiprocessing_context", None))
@@ -138,8 +140,9 @@ def _worker_start(loader: Any, context: Any) -> Iterator[None]:
     init_fn = loader.worker_init_fn
     if bond is not None:
         loader.worker_init_fn = DieWithParent(bond, init_fn)
+    frozen = frozen_in_forked_children() if method == "fork" else nullcontext()
     try:
-        with pause_signals_blocked(context):
+        with pause_signals_blocked(context), frozen:
             yield
     finally:
         if bond is not None:
