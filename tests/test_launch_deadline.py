@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import lightning_procs, torchrun
+from support import lightning_procs, process_tree, torchrun
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 
@@ -30,20 +30,12 @@ JOB = textwrap.dedent(
 )
 
 
-def _ended(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"  # killed, not yet reaped
-    except FileNotFoundError:
-        return True
-
-
 def _assert_ended(pid_file: Path) -> None:
     rank = int(pid_file.read_text())
     deadline = time.monotonic() + 30
-    while not _ended(rank) and time.monotonic() < deadline:
+    while not process_tree.ended(rank) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _ended(rank)
+    assert process_tree.ended(rank)
 
 
 def test_a_torchrun_job_past_its_deadline_fails_with_its_output_and_leaves_no_process(

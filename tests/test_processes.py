@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from support import process_tree
 from support.process_names import NAME_SCRIPT, name_of_an_ended_process, named_child
 
 from trainer_resume.processes.names import ended, this_process
@@ -20,15 +21,6 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/p
 def _waiting_child() -> tuple[subprocess.Popen[str], dict]:
     # It prints its name, then waits for its stdin to close.
     return named_child(script=NAME_SCRIPT + "sys.stdin.read()\n")
-
-
-def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2]
 
 
 def test_this_process_is_named_by_pid_host_boot_pid_namespace_and_start_time():
@@ -46,7 +38,7 @@ def test_a_running_child_has_not_ended_and_a_reaped_or_zombie_one_has():
         assert not ended(name)
         child.stdin.close()  # it exits; not reaped yet: a zombie
         deadline = time.monotonic() + 60
-        while _state(child.pid) != "Z":
+        while process_tree.state(child.pid) != "Z":
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert ended(name)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import process_tree
 from support.lightning_procs import TESTS
 
 from trainer_resume.loaders import ResumableDataLoader
@@ -31,20 +32,6 @@ ENVIRONMENT = dict(
     PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
     OMP_NUM_THREADS="1",
 )
-
-
-def _state(pid: int) -> str | None:
-    """The process's state letter, or None once it is reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2]
-
-
-def _ended(pid: int) -> bool:
-    return _state(pid) in (None, "Z", "X")  # a zombie has ended; its reaper is not ours
 
 
 def _blocks_sigterm(pid: int) -> bool:
@@ -88,21 +75,21 @@ def test_every_loaders_workers_exit_within_a_second_of_their_trainers_sigkill():
             "plain-fork",
         ]
         for name, pids in workers.items():
-            assert pids and not any(map(_ended, pids)), (name, pids)
+            assert pids and not any(map(process_tree.ended, pids)), (name, pids)
             if name != "dali-fork":  # DALI's own workers do not block the pause signals
                 assert all(map(_blocks_sigterm, pids)), name
         _kill_and_reap(trainer)
         died = time.monotonic()
         pending = {pid: name for name, pids in workers.items() for pid in pids}
         while pending and time.monotonic() - died < EXIT_S:
-            pending = {pid: name for pid, name in pending.items() if not _ended(pid)}
+            pending = {pid: name for pid, name in pending.items() if not process_tree.ended(pid)}
             time.sleep(0.005)
         assert not pending, f"alive {EXIT_S} s after their trainer's SIGKILL: {pending}"
     finally:
         if trainer.poll() is None:
             _kill_and_reap(trainer)
         for pid in (pid for pids in workers.values() for pid in pids):
-            if not _ended(pid):
+            if not process_tree.ended(pid):
                 os.kill(pid, signal.SIGKILL)  # a failed test leaves no orphan behind
 
 
@@ -114,16 +101,16 @@ def test_a_child_whose_starter_died_before_it_was_tied_kills_itself(tmp_path: Pa
         children = [int(pid) for pid in starter.stdout.readline().split()[1:]]
         assert len(children) == 2
         _kill_and_reap(starter)  # the children outlive it untied, for now
-        assert not any(map(_ended, children))
+        assert not any(map(process_tree.ended, children))
         starter.stdin.close()  # they tie themselves to their dead starter
         deadline = time.monotonic() + TIMEOUT_S
-        while not all(map(_ended, children)) and time.monotonic() < deadline:
+        while not all(map(process_tree.ended, children)) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert all(map(_ended, children))
+        assert all(map(process_tree.ended, children))
         assert not list(tmp_path.glob("survived-*"))
     finally:
         for pid in children:
-            if not _ended(pid):
+            if not process_tree.ended(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from support import process_tree
 from support.elastic_child import EPOCHS, POINT_EVERY, assert_same_final_state
 from support.lightning_procs import TESTS
 from support.lock_writers import RACERS, ROUNDS
@@ -47,15 +48,6 @@ def _refusal(directory: Path, pid: int) -> str:
         rf"is written by process {pid} on host {re.escape(socket.gethostname())} "
         rf"\(since [^)]+\); it holds {re.escape(str(directory / LOCK_NAME))}$"
     )
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            text = stat.read()
-    except OSError:
-        return False
-    return text[text.rfind(")") + 2] not in "ZX"
 
 
 def _taken_and_let_go(directory: Path) -> None:
@@ -122,7 +114,7 @@ def test_a_writer_killed_with_fork_workers_leaves_its_lock_at_once_and_the_run_r
     _taken_and_let_go(out / "points")  # at once: no 348 naming the dead writer
 
     assert _run(out, attempt=1) == 0  # a new process resumes and takes points
-    assert not any(_running(pid) for pid in workers)
+    assert all(process_tree.ended(pid) for pid in workers)
     assert (out / "start_a1_r0.txt").read_text() == "16"
     expected = torch.load(reference / "losses_a0_r0.pt")
     assert sorted(expected) == list(range(1, EPOCHS * steps_per_epoch + 1))
@@ -148,15 +140,15 @@ def test_a_live_writer_is_refused_and_its_lock_is_free_the_moment_it_dies_though
         lock = os.stat(tmp_path / LOCK_NAME).st_ino
         writer.kill()
         writer.wait(timeout=TIMEOUT_S)
-        assert _running(child)
+        assert not process_tree.ended(child)
         with caplog.at_level(logging.WARNING, logger="trainer_resume"):
             _taken_and_let_go(tmp_path)
-        assert _running(child)
+        assert not process_tree.ended(child)
         # The lock was free: the same file, nothing taken over.
         assert os.stat(tmp_path / LOCK_NAME).st_ino == lock and not caplog.records
     finally:
         _stop(writer)  # closing its stdin ends the child too
-        if child is not None and _running(child):
+        if child is not None and not process_tree.ended(child):
             os.kill(child, signal.SIGKILL)
 
 
@@ -174,7 +166,7 @@ def test_a_dead_writers_lock_held_through_a_duplicate_of_its_descriptor_is_taken
         since = json.loads((tmp_path / LOCK_NAME).read_text())["since"]
         writer.kill()
         writer.wait(timeout=TIMEOUT_S)
-        assert _running(keeper)  # it still holds the dead writer's flock
+        assert not process_tree.ended(keeper)  # it still holds the dead writer's flock
         with caplog.at_level(logging.WARNING, logger="trainer_resume"):
             holder = Holder()
             hold_writer_lock(str(tmp_path), holder)
@@ -190,7 +182,7 @@ def test_a_dead_writers_lock_held_through_a_duplicate_of_its_descriptor_is_taken
         del holder
     finally:
         _stop(writer)
-        if keeper is not None and _running(keeper):
+        if keeper is not None and not process_tree.ended(keeper):
             os.kill(keeper, signal.SIGKILL)
 
 

@@ -1,4 +1,5 @@
-"""Every process a test started, found and killed: children in sessions of their own too.
+"""Every process a test started, found and killed (children in sessions of their own
+too), and whether a process has ended, read from ``/proc``.
 
 A launcher that starts its workers in sessions of their own (torch elastic does, for
 each rank) or a child that starts grandchildren leaves them running when only the
@@ -11,7 +12,30 @@ import os
 import signal
 import subprocess
 
-__all__ = ["descendants", "kill_tree"]
+__all__ = ["descendants", "ended", "kill_tree", "state"]
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the name (state, ppid, ...); None once
+    the process is reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    # "pid (name) state ppid ...": the name may hold spaces and parentheses.
+    return text[text.rfind(")") + 2 :].split()
+
+
+def state(pid: int) -> str | None:
+    """The process's state letter, or None once it is reaped."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def ended(pid: int) -> bool:
+    """Reaped, or a zombie (it has ended; its reaper may not be ours)."""
+    return state(pid) in (None, "Z", "X")
 
 
 def descendants(pid: int) -> list[int]:
@@ -20,11 +44,8 @@ def descendants(pid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                # "pid (name) state ppid ...": the name may hold spaces and parentheses.
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:  # it ended meanwhile
+        fields = _stat_fields(entry)
+        if fields is None:  # it ended meanwhile
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))
     found: list[int] = []
