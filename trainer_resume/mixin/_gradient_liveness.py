@@ -53,7 +53,11 @@ __all__ = ["forget_parameters", "spent_parameters", "track_gradients"]
 
 
 class _Record:
-    """What was seen of one parameter's gradient (guarded by ``_Tracker.lock``)."""
+    """What was seen of one parameter's gradient.
+
+    Written under ``_Tracker.lock``, but for its parameter's hook: that writes
+    ``pending``, ``cleared`` and ``kept`` alone (see :func:`_before_accumulate_hook`).
+    """
 
     __slots__ = ("cleared", "grad", "kept", "param", "pending", "stepped", "version")
 
@@ -103,8 +107,12 @@ class _Tracker:
         # fewest Python operations (no allocation but the weak reference to a new
         # gradient; the set of steppers is shared until a second owner steps).
         with self.lock:
-            stepper = self.serial(optimizer, add=True)
-            only = self._only(stepper)
+            entry = self.optimizers.get(id(optimizer))
+            if entry is not None and entry[0]() is optimizer:
+                stepper = entry[1]
+            else:
+                stepper = self.serial(optimizer, add=True)  # type: ignore[assignment]
+            only = self._singletons.get(stepper) or self._only(stepper)
             records = self.records
             ref = weakref.ref
             for group in optimizer.param_groups:
@@ -142,7 +150,7 @@ class _Tracker:
         record = _Record(param)
         self.records[id(param)] = record
         try:
-            param.register_hook(_before_accumulate_hook(param))
+            param.register_hook(_before_accumulate_hook(param, record))
         except RuntimeError:  # a parameter type that takes no hook: never seen, never dropped
             record.kept = True
         if len(self.records) > 2 * self._pruned_size + 1024:
@@ -179,31 +187,36 @@ def _eager_frame(function: Any) -> Any:
         return _eager(function)
 
 
-def _before_accumulate_hook(param: torch.Tensor) -> Any:
-    # A hook on a leaf runs before its gradient is accumulated; it holds the parameter
-    # weakly, so the hook keeps nothing alive. It runs at every backward into the
-    # parameter, so it is one frame of C calls: nothing to do (the common case) is
-    # seen without the lock; the first backward after a step records what it finds.
+def _before_accumulate_hook(param: torch.Tensor, record: _Record) -> Any:
+    """The hook that sees the first backward into ``param`` after a step, for ``record``.
+
+    A hook on a leaf runs before its gradient is accumulated; it holds the parameter
+    weakly, so the hook keeps nothing alive. It runs at every backward into the
+    parameter, so it is one frame of C calls over its own record (a parameter keeps
+    its record for life): nothing to do, the common case, is one attribute read.
+
+    It takes no lock (at the first backward after each step a lock cost about as much
+    as the rest of its work): every write is one store, and whatever runs between them
+    it records no more than it saw. A second hook of the same parameter that runs after
+    the accumulation sees a gradient and sets ``kept``, which wins over ``cleared``; a
+    step recorded meanwhile on another thread holds its gradient, so this hook sets
+    ``kept`` or leaves that step's ``pending`` to the next backward. A pause reads the
+    fields under the lock, each written whole.
+    """
     owner = weakref.ref(param)
-    key = id(param)
-    tracker = _TRACKER
 
     def hook(grad: torch.Tensor) -> None:
-        record = tracker.records.get(key)
-        if record is None or not record.pending:
+        if not record.pending:
             return
         live = owner()
         if live is None:
             return
-        with tracker.lock:
-            if not record.pending or record.param() is not live:
-                return
-            record.pending = False
-            spent = record.grad() if record.grad is not None else None
-            if live.grad is None and spent is None:
-                record.cleared = True
-            else:
-                record.kept = True
+        record.pending = False
+        spent = record.grad() if record.grad is not None else None
+        if live.grad is None and spent is None:
+            record.cleared = True
+        else:
+            record.kept = True
 
     # Pickling the parameter leaves the hook out, and torch need not warn about it.
     return unserializable_hook(_eager_frame(hook))
