@@ -107,12 +107,8 @@ class _Tracker:
         # fewest Python operations (no allocation but the weak reference to a new
         # gradient; the set of steppers is shared until a second owner steps).
         with self.lock:
-            entry = self.optimizers.get(id(optimizer))
-            if entry is not None and entry[0]() is optimizer:
-                stepper = entry[1]
-            else:
-                stepper = self.serial(optimizer, add=True)  # type: ignore[assignment]
-            only = self._singletons.get(stepper) or self._only(stepper)
+            stepper = self.serial(optimizer, add=True)
+            only = self._only(stepper)
             records = self.records
             ref = weakref.ref
             for group in optimizer.param_groups:
