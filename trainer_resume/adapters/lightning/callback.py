@@ -697,13 +697,7 @@ def _any_rank(trainer: pl.Trainer, flag: bool) -> bool:
     """
     if trainer.world_size == 1:
         return flag
-    import torch.distributed as dist
-
-    if (
-        dist.is_available()
-        and dist.is_initialized()
-        and dist.get_world_size() == trainer.world_size
-    ):
+    if distributed.world()[0] == trainer.world_size:
         return distributed.any_rank(flag)
     return trainer.strategy.reduce_boolean_decision(flag, all=False)
 
