@@ -8,7 +8,8 @@ next backward, pauses and resume points hold none, and a fresh trainer still con
 as the uninterrupted run (model, gradients, both optimizers, scaler, every later loss
 and the RNG after, tensor by tensor). Gradients the next step reads are kept: inside a
 window, after a step the scaler skipped, of a parameter no optimizer owns, and in
-loops that add to applied gradients or zero them in place.
+loops that add to applied gradients or zero them in place (also by putting new zero
+tensors in their place); so are spent gradients the loop holds past its ``zero_grad()``.
 """
 
 from __future__ import annotations
@@ -152,6 +153,28 @@ def test_a_loop_that_zeroes_in_place_keeps_its_gradients_so_an_unreached_paramet
     saved, difference = _pause_and_resume(tmp_path, "in_place", 5)
     assert difference is None
     assert saved is not None and saved["model"]["branch.weight"] is not None
+
+
+def test_a_loop_that_zeroes_by_putting_new_zero_tensors_keeps_its_gradients_so_an_unreached_parameter_still_moves(
+    tmp_path: Path,
+) -> None:
+    # The spent gradients are let go of before the backward, but not for None: the
+    # branch, skipped by the next micro-step, is stepped with a zero gradient (and moves).
+    saved, difference = _pause_and_resume(tmp_path, "replace", 5)
+    assert difference is None
+    assert saved is not None and saved["model"]["branch.weight"] is not None
+
+
+def test_a_loop_that_holds_its_spent_gradients_past_zero_grad_keeps_them_and_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    # Seen still held at the next backward into its parameter, a spent gradient is saved:
+    # the documented rule for a gradient held elsewhere (DDP's bucket views), whatever
+    # holds it. The branch's next backward comes a step later, when the list has let go.
+    saved, difference = _pause_and_resume(tmp_path, "held", 5)
+    assert difference is None
+    held = [name for name, grad in saved["model"].items() if grad is not None]
+    assert held == ["first.weight", "first.bias", "second.weight", "second.bias"]
 
 
 def test_a_trainer_resumed_from_saved_gradients_saves_them_until_its_loop_clears_them_again(

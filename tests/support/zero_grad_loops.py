@@ -3,7 +3,10 @@
 ``@training_step`` is one micro-batch; the optimizers step every ``accumulate``
 micro-batches. Loop styles: ``"first"`` calls ``zero_grad()`` (gradients set to
 ``None``) at a window's start, before the backward (the tutorials' and nanoGPT's
-order); ``"in_place"`` calls ``zero_grad(set_to_none=False)`` there; ``"never"`` never
+order); ``"in_place"`` calls ``zero_grad(set_to_none=False)`` there; ``"replace"`` puts a
+new zero tensor in each gradient's place there (``p.grad = torch.zeros_like(p.grad)``:
+an in-place zero by another name); ``"held"`` is ``"first"`` with each step's spent
+gradients kept in a list until the next step (say, for logging); ``"never"`` never
 zeroes, so every backward adds to the gradients already applied. Two optimizers own
 different parameters (AdamW and SGD with momentum), bf16 autocast with a
 ``GradScaler("cpu")``, dropout, a shuffled loader; a branch of the model runs on even
@@ -111,6 +114,7 @@ class LoopTrainer(TrainingResumeMixin):
         )
         torch.manual_seed(100 + (dist.get_rank() if self.distributed else 0))
         self.micro = 0
+        self.held: list[torch.Tensor | None] = []  # "held": the last step's spent gradients
         self.losses: dict[int, torch.Tensor] = {}
         config = {
             "style": style,
@@ -138,9 +142,13 @@ class LoopTrainer(TrainingResumeMixin):
     @training_step
     def step(self, batch: Any) -> None:
         x, y = batch
-        if self.micro % self.accumulate == 0 and self.style in ("first", "in_place"):
+        if self.micro % self.accumulate == 0 and self.style in ("first", "in_place", "held"):
             for optimizer in (self.adamw, self.sgd):
-                optimizer.zero_grad(set_to_none=self.style == "first")
+                optimizer.zero_grad(set_to_none=self.style != "in_place")
+        if self.micro % self.accumulate == 0 and self.style == "replace":
+            for parameter in self.module.parameters():
+                if parameter.grad is not None:
+                    parameter.grad = torch.zeros_like(parameter.grad)
         last = (self.micro + 1) % self.accumulate == 0
         sync = contextlib.nullcontext() if last or not self.distributed else self.model.no_sync()
         with sync:
@@ -153,6 +161,8 @@ class LoopTrainer(TrainingResumeMixin):
             self.scaler.step(self.adamw)
             self.scaler.step(self.sgd)
             self.scaler.update()
+            if self.style == "held":
+                self.held = [p.grad for p in self.module.parameters()]
         self.micro += 1
         self.losses[self.completed_steps + 1] = loss.detach().float()
 

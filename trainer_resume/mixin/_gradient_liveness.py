@@ -21,7 +21,11 @@ What is seen, and how:
 - the first backward into a parameter after such a step (a hook on the parameter,
   run before the gradient is accumulated) finds its ``.grad`` set to ``None`` with
   the spent tensor gone (``cleared``: no one can read it again), or finds a gradient
-  there or the spent tensor still held elsewhere (``kept``, for good);
+  there or the spent tensor still held elsewhere (``kept``, for good). A weak
+  reference callback would see the spent tensor freed without running at every
+  backward, but not whether ``.grad`` went to ``None`` or to a new (zero) tensor:
+  read from the callback of ``p.grad = None``, ``.grad`` is a slot torch has not
+  cleared yet (a crash, torch 2.13). Hence the hook;
 - at the pause, :func:`spent_parameters` takes the gradients that are still the
   tensor last stepped on, unchanged since (same version), stepped on by every owning
   optimizer (those seen stepping and those among the resume objects), and whose
