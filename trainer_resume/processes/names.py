@@ -19,7 +19,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ProcessName", "ended", "this_process"]
+__all__ = ["ProcessName", "checkable", "ended", "this_process"]
 
 ProcessName = dict[str, Any]  # pid, host, boot, pidns, start: JSON-ready
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -39,9 +39,9 @@ def this_process() -> ProcessName:
     }
 
 
-def ended(name: Mapping[str, Any]) -> bool:
-    """Whether the process ``name`` (from :func:`this_process`, maybe in another process)
-    has certainly ended; ``False`` whenever that cannot be checked from here."""
+def checkable(name: Mapping[str, Any]) -> bool:
+    """Whether :func:`ended` can tell for ``name``: a process of this process space (same
+    host, boot and pid namespace), named with its start time."""
     here = this_process()
     try:
         pid, start = int(name["pid"]), name["start"]
@@ -50,8 +50,15 @@ def ended(name: Mapping[str, Any]) -> bool:
         )
     except (KeyError, TypeError, ValueError):
         return False  # a name this check cannot read
-    if not same_space or not isinstance(start, int) or pid <= 0:
+    return same_space and isinstance(start, int) and pid > 0
+
+
+def ended(name: Mapping[str, Any]) -> bool:
+    """Whether the process ``name`` (from :func:`this_process`, maybe in another process)
+    has certainly ended; ``False`` whenever that cannot be checked from here."""
+    if not checkable(name):
         return False
+    pid, start = int(name["pid"]), name["start"]
     status = _status(pid)
     if status is None:
         return not _exists(pid)

@@ -6,9 +6,12 @@ exists: of two writers that try at once, exactly one creates it. The object name
 the writer (as :mod:`._lock` names it) and its lease: the writer rewrites it every
 :data:`RENEW_S` seconds from a daemon thread, and a lock whose last renewal is older
 than :data:`LEASE_S` seconds (a writer killed with its machine, which nobody can ask)
-is taken over; so is one whose writer has certainly ended on this host. A live writer
-is refused with ``ResumePointsInUseError`` (348) naming it. The run's end removes the
-object.
+is taken over; so is one whose writer has certainly ended on this host. A writer
+alive on this host is refused at once with ``ResumePointsInUseError`` (348) naming
+it. One on another machine with its lease still running may have been lost with that
+machine a moment ago (a preempted job requeued elsewhere): the lock is watched until
+it is renewed (a live writer: refused, 348) or its lease runs out unrenewed (taken
+over), at most :data:`LEASE_S` seconds. The run's end removes the object.
 
 Stores without conditional writes (fsspec's ``memory://``; others, see
 docs/cloud-storage.md) cannot detect two writers starting at the same moment: the
@@ -27,20 +30,24 @@ import weakref
 from typing import Any
 
 from ..errors import CheckpointWriteError, ResumePointsInUseError
-from ..processes.names import ended, this_process
+from ..processes.names import checkable, ended, this_process
 from ..storage import objects, paths
 
-__all__ = ["LEASE_S", "RENEW_S", "hold_object_lock", "release_object_lock"]
+__all__ = ["LEASE_S", "RENEW_S", "WATCH_S", "hold_object_lock", "release_object_lock"]
 
 LOCK_NAME = ".trainer-resume.lock"
 # A lock not renewed for this long belongs to a writer that is gone.
 LEASE_S = 90.0
 RENEW_S = 15.0
+# How often a lock with a running lease, held from another machine, is read again.
+WATCH_S = 1.0
 _ROUNDS = 4
 
 _log = logging.getLogger("trainer_resume")
 _held: dict[str, _Lease] = {}
-_guard = threading.Lock()
+# Re-entrant: a holder's finalizer (``_let_go``) may run on a thread that holds it, in
+# the middle of taking a lock (reads and writes that allocate, a wait for a lease).
+_guard = threading.RLock()
 
 
 class _Lease:
@@ -104,6 +111,7 @@ def hold_object_lock(directory: str, holder: object) -> None:
 
 
 def _take(directory: str, url: str) -> dict[str, Any]:
+    watched = False
     for _ in range(_ROUNDS):
         now = time.time()
         record = {
@@ -123,17 +131,55 @@ def _take(directory: str, url: str) -> dict[str, Any]:
         owner = _read(url)
         if owner is None:
             continue  # removed meanwhile: try again
-        if _gone(owner):
-            _log.warning(
-                "%s: the writer that held it, %s, is gone; taking it over", url, _named(owner)
-            )
-            try:
-                objects.remove(url)
-            except FileNotFoundError:
-                pass
-            continue
-        raise ResumePointsInUseError(f"{directory} is written by {_named(owner)}; it holds {url}")
+        if not _gone(owner):
+            # Alive on this host, or the second holder seen: refused at once.
+            if watched or checkable(owner):
+                raise ResumePointsInUseError(
+                    f"{directory} is written by {_named(owner)}; it holds {url}"
+                )
+            watched = True
+            if not _lease_ran_out(directory, url, owner):
+                continue  # removed meanwhile: try again
+        _log.warning("%s: the writer that held it, %s, is gone; taking it over", url, _named(owner))
+        try:
+            objects.remove(url)
+        except FileNotFoundError:
+            pass
     raise ResumePointsInUseError(f"{directory}: other processes kept replacing the lock {url}")
+
+
+def _lease_ran_out(directory: str, url: str, owner: dict[str, Any]) -> bool:
+    """Watch ``owner``'s lock, held from another machine, until its lease runs out.
+
+    Returns:
+        True: it was not renewed for :data:`LEASE_S` seconds (by its own clock, or
+        while watched here): its writer is gone. False: the lock object was removed.
+
+    Raises:
+        ResumePointsInUseError: it was renewed or taken by another writer (348).
+    """
+    renewed = owner.get("renewed")
+    left = LEASE_S - (time.time() - renewed) if isinstance(renewed, (int, float)) else LEASE_S
+    _log.warning(
+        "%s: held by %s on another machine; waiting up to %.0f s for its lease: renewed, "
+        "its writer is alive (refused); not renewed, it is gone with its machine (taken over)",
+        url,
+        _named(owner),
+        max(0.0, min(left, LEASE_S)),
+    )
+    started = time.monotonic()
+    while True:
+        time.sleep(WATCH_S)
+        current = _read(url)
+        if current is None:
+            return False
+        if current.get("token") != owner.get("token") or current.get("renewed") != renewed:
+            raise ResumePointsInUseError(
+                f"{directory} is written by {_named(current)}, which renewed or took the lock "
+                f"while this process waited for its lease; it holds {url}"
+            )
+        if _gone(current) or time.monotonic() - started >= LEASE_S:
+            return True
 
 
 def _gone(owner: dict[str, Any]) -> bool:

@@ -1,0 +1,133 @@
+"""Against a real S3 server (moto), in this process: the resume points' lock object left by
+a writer on another machine. A job requeued on a new machine moments after its old one
+was lost finds the old writer's lock with its lease still running; it waits for the
+lease and takes the lock over, or, when the lock is renewed meanwhile (the writer is
+alive), is refused with 348 naming it. The lease and the watching interval are
+shortened here; nothing else is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import s3fs
+import torch
+from support.point_trainers import points_trainer
+from support.trainers import TinyTrainer
+
+from trainer_resume.difference import first_difference
+from trainer_resume.errors import ResumePointsInUseError
+from trainer_resume.resume_points import _object_lock
+
+LEASE_S = 3.0
+
+
+@pytest.fixture(autouse=True)
+def short_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_object_lock, "LEASE_S", LEASE_S)
+    monkeypatch.setattr(_object_lock, "WATCH_S", 0.1)
+
+
+def _lock_path(url: str) -> str:
+    return f"{url[len('s3://') :]}/{_object_lock.LOCK_NAME}"
+
+
+def _leave_lock(url: str, renewed: float) -> dict[str, Any]:
+    """The lock object a writer on another machine wrote, last renewed at ``renewed``."""
+    record = {
+        "pid": 4242,
+        "host": "another-machine",
+        "boot": "another-boot",
+        "pidns": "another-namespace",
+        "start": 1234,
+        "since": "2026-12-05 00:00:00 +0000",
+        "renewed": renewed,
+        "token": secrets.token_hex(16),
+    }
+    s3fs.S3FileSystem(skip_instance_cache=True).pipe_file(
+        _lock_path(url), (json.dumps(record) + "\n").encode()
+    )
+    return record
+
+
+def _lock_record(url: str) -> dict[str, Any]:
+    return json.loads(s3fs.S3FileSystem(skip_instance_cache=True).cat_file(_lock_path(url)))
+
+
+def _state_after(trainer: TinyTrainer, steps: int) -> dict[str, Any]:
+    while trainer.completed_steps < steps:
+        trainer.train_step()
+    return trainer.state()
+
+
+def _uninterrupted(steps: int) -> dict[str, Any]:
+    """An uninterrupted run's state; the global generators are given back as they were."""
+    saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        return _state_after(TinyTrainer(), steps)
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.set_rng_state(saved[2])
+
+
+def test_a_lock_left_by_a_writer_lost_with_another_machine_is_taken_over_once_its_lease_runs_out(
+    bucket: str,
+) -> None:
+    url = f"{bucket}/runs/points"
+    trainer = points_trainer(url, every_steps=1, when_busy="wait")
+    left = _leave_lock(url, renewed=time.time())
+    expires = left["renewed"] + LEASE_S
+
+    trainer.train_step()  # its point waits for the lease, then takes the lock over
+
+    assert time.time() > expires  # not before the lease ran out
+    held = _lock_record(url)
+    assert held["pid"] == os.getpid() and held["token"] != left["token"]
+    state = _state_after(trainer, 3)
+    trainer.points.wait()
+    resumed = points_trainer(url, every_steps=100)
+    resumed.resume_latest()
+    assert resumed.completed_steps == 3
+    assert first_difference(_uninterrupted(3), state) is None
+    assert first_difference(_uninterrupted(6), _state_after(resumed, 6)) is None
+    trainer.finish(f"{url}/pause.ckpt")  # lets the lock go
+    assert not s3fs.S3FileSystem(skip_instance_cache=True).exists(_lock_path(url))
+
+
+def test_a_lock_renewed_while_a_new_writer_waits_is_refused_with_348_naming_its_writer(
+    bucket: str,
+) -> None:
+    url = f"{bucket}/runs/points"
+    trainer = points_trainer(url, every_steps=1, when_busy="wait")
+    left = _leave_lock(url, renewed=time.time())
+
+    stop = threading.Event()
+
+    def renew() -> None:  # the writer on the other machine, alive: it renews its lease
+        fs = s3fs.S3FileSystem(skip_instance_cache=True)
+        while not stop.wait(0.3):
+            fs.pipe_file(
+                _lock_path(url), (json.dumps({**left, "renewed": time.time()}) + "\n").encode()
+            )
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        with pytest.raises(
+            ResumePointsInUseError,
+            match=r"^\[348\] .*process 4242 on host another-machine .*renewed or took the lock while",
+        ):
+            trainer.train_step()
+    finally:
+        stop.set()
+        renewer.join()
+    assert _lock_record(url)["token"] == left["token"]  # left to its live writer
