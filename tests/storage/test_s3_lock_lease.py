@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import secrets
 import threading
 import time
 from typing import Any
 
-import numpy as np
 import pytest
 import s3fs
-import torch
 from support.point_trainers import points_trainer
-from support.trainers import TinyTrainer
+from support.trainers import trained_state, uninterrupted_state
 
 from trainer_resume.difference import first_difference
 from trainer_resume.errors import ResumePointsInUseError
@@ -58,33 +55,22 @@ def _leave_lock(url: str, renewed: float) -> dict[str, Any]:
     return record
 
 
+def _writer_beside_a_lock_from_another_machine(bucket: str) -> tuple[str, Any, dict[str, Any]]:
+    """A trainer taking a point at every step at ``<bucket>/runs/points``, whose lock a
+    writer on another machine renewed just now: the points' URL, the trainer, the lock."""
+    url = f"{bucket}/runs/points"
+    trainer = points_trainer(url, every_steps=1, when_busy="wait")
+    return url, trainer, _leave_lock(url, renewed=time.time())
+
+
 def _lock_record(url: str) -> dict[str, Any]:
     return json.loads(s3fs.S3FileSystem(skip_instance_cache=True).cat_file(_lock_path(url)))
-
-
-def _state_after(trainer: TinyTrainer, steps: int) -> dict[str, Any]:
-    while trainer.completed_steps < steps:
-        trainer.train_step()
-    return trainer.state()
-
-
-def _uninterrupted(steps: int) -> dict[str, Any]:
-    """An uninterrupted run's state; the global generators are given back as they were."""
-    saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    try:
-        return _state_after(TinyTrainer(), steps)
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        torch.set_rng_state(saved[2])
 
 
 def test_a_lock_left_by_a_writer_lost_with_another_machine_is_taken_over_once_its_lease_runs_out(
     bucket: str,
 ) -> None:
-    url = f"{bucket}/runs/points"
-    trainer = points_trainer(url, every_steps=1, when_busy="wait")
-    left = _leave_lock(url, renewed=time.time())
+    url, trainer, left = _writer_beside_a_lock_from_another_machine(bucket)
     expires = left["renewed"] + LEASE_S
 
     trainer.train_step()  # its point waits for the lease, then takes the lock over
@@ -92,13 +78,13 @@ def test_a_lock_left_by_a_writer_lost_with_another_machine_is_taken_over_once_it
     assert time.time() > expires  # not before the lease ran out
     held = _lock_record(url)
     assert held["pid"] == os.getpid() and held["token"] != left["token"]
-    state = _state_after(trainer, 3)
+    state = trained_state(trainer, 3)
     trainer.points.wait()
     resumed = points_trainer(url, every_steps=100)
     resumed.resume_latest()
     assert resumed.completed_steps == 3
-    assert first_difference(_uninterrupted(3), state) is None
-    assert first_difference(_uninterrupted(6), _state_after(resumed, 6)) is None
+    assert first_difference(uninterrupted_state(3), state) is None
+    assert first_difference(uninterrupted_state(6), trained_state(resumed, 6)) is None
     trainer.finish(f"{url}/pause.ckpt")  # lets the lock go
     assert not s3fs.S3FileSystem(skip_instance_cache=True).exists(_lock_path(url))
 
@@ -106,9 +92,7 @@ def test_a_lock_left_by_a_writer_lost_with_another_machine_is_taken_over_once_it
 def test_a_lock_renewed_while_a_new_writer_waits_is_refused_with_348_naming_its_writer(
     bucket: str,
 ) -> None:
-    url = f"{bucket}/runs/points"
-    trainer = points_trainer(url, every_steps=1, when_busy="wait")
-    left = _leave_lock(url, renewed=time.time())
+    url, trainer, left = _writer_beside_a_lock_from_another_machine(bucket)
 
     stop = threading.Event()
 

@@ -6,21 +6,18 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import random
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import s3fs
-import torch
 from support.point_trainers import points_trainer
 from support.s3_children import BlobTrainer, big_pause, pause_on_sigterm, points_until_killed
 from support.s3_server import ENVIRONMENT
-from support.trainers import TinyTrainer
+from support.trainers import TinyTrainer, trained_state, uninterrupted_state
 
 from trainer_resume.difference import first_difference
 from trainer_resume.errors import ResumePointsInUseError
@@ -60,24 +57,6 @@ def wait_for(condition: Callable[[], Any], child: Any, what: str) -> Any:
         time.sleep(0.01)
 
 
-def trained(trainer: TinyTrainer, steps: int) -> dict[str, Any]:
-    while trainer.completed_steps < steps:
-        trainer.train_step()
-    return trainer.state()
-
-
-def reference(steps: int, make: Callable[[], TinyTrainer] = TinyTrainer) -> dict[str, Any]:
-    """An uninterrupted run's state after ``steps``; the global generators, which a resumed
-    trainer in this process uses, are given back as they were."""
-    saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    try:
-        return trained(make(), steps)
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        torch.set_rng_state(saved[2])
-
-
 def test_a_sigterm_pause_to_s3_resumes_bit_identically_in_another_process_with_no_local_folder(
     context: Any, environment: dict[str, str], bucket: str, tmp_path: Path
 ) -> None:
@@ -95,7 +74,7 @@ def test_a_sigterm_pause_to_s3_resumes_bit_identically_in_another_process_with_n
     resumed.resume(url)
     assert resumed.completed_steps == paused_at >= 4
     steps = paused_at + 5
-    assert first_difference(reference(steps), trained(resumed, steps)) is None
+    assert first_difference(uninterrupted_state(steps), trained_state(resumed, steps)) is None
 
 
 def _uploads(fs: s3fs.S3FileSystem, url: str) -> list[dict[str, Any]]:
@@ -133,7 +112,7 @@ def test_an_800mb_pause_killed_mid_upload_leaves_the_previous_pause_which_resume
     resumed = BlobTrainer()
     resumed.resume(url)
     assert resumed.completed_steps == 2 and resumed.blob.numel() == 0
-    assert first_difference(reference(6, BlobTrainer), trained(resumed, 6)) is None
+    assert first_difference(uninterrupted_state(6, BlobTrainer), trained_state(resumed, 6)) is None
     resumed.pause(url)  # the next write to the key aborts the killed one's upload
     assert _uploads(fs, url) == []
 
@@ -157,7 +136,7 @@ def test_resume_points_at_s3_killed_with_sigkill_resume_exactly_and_refuse_a_sec
     assert resumed.completed_steps >= 6
     steps = resumed.completed_steps + 4
     # The killed writer's lock is taken over: its process has ended.
-    assert first_difference(reference(steps), trained(resumed, steps)) is None
+    assert first_difference(uninterrupted_state(steps), trained_state(resumed, steps)) is None
     resumed.finish(f"{url}/pause.ckpt")  # waits for the last point, lets the lock go
     assert not s3fs.S3FileSystem(skip_instance_cache=True).exists(
         f"{url[len('s3://') :]}/.trainer-resume.lock"

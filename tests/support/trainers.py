@@ -176,6 +176,25 @@ def make_wide() -> TinyTrainer:
     return TinyTrainer(wide_config())
 
 
+def trained_state(trainer: TinyTrainer, steps: int) -> dict[str, Any]:
+    """``trainer``'s state once it has completed ``steps`` steps (it trains up to them)."""
+    while trainer.completed_steps < steps:
+        trainer.train_step()
+    return trainer.state()
+
+
+def uninterrupted_state(steps: int, make: Any = TinyTrainer) -> dict[str, Any]:
+    """An uninterrupted run's state after ``steps``; the global generators, which a
+    resumed trainer in this process uses, are given back as they were."""
+    saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        return trained_state(make(), steps)
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.set_rng_state(saved[2])
+
+
 def run_tiny_step(trainer: TinyTrainer) -> torch.Tensor:
     return trainer.train_step()
 
