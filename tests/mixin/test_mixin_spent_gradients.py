@@ -196,6 +196,30 @@ def test_a_trainer_resumed_from_saved_gradients_saves_them_until_its_loop_clears
         assert zero_grad_loops.difference_after(first_loop, actual, start) is None, pause
 
 
+def _hooks(parameter: torch.Tensor) -> int:
+    return len(parameter._backward_hooks or {})
+
+
+def test_a_kept_parameter_loses_its_hook_and_gets_it_back_once_a_resume_restores_its_gradient(
+    tmp_path: Path,
+) -> None:
+    trainer = zero_grad_loops.LoopTrainer("never")
+    zero_grad_loops.train(trainer, total=4)
+    # Kept for good (its gradients always saved), a parameter has nothing left to show.
+    assert [_hooks(p) for p in trainer.module.parameters()] == [0] * 6
+    kept = tmp_path / "kept.ckpt"
+    trainer.pause(kept)
+    # Its gradients restored, the same trainer's loop zeroes first from now on: the
+    # parameters are watched again, and their spent gradients dropped once seen cleared.
+    trainer.style = "first"
+    trainer.resume(kept)
+    zero_grad_loops.train(trainer, total=6)
+    assert [_hooks(p) for p in trainer.module.parameters()] == [1] * 6
+    cleared = tmp_path / "cleared.ckpt"
+    trainer.pause(cleared)
+    assert zero_grad_loops.saved_gradients(cleared) == [None]
+
+
 @pytest.mark.slow
 def test_two_ranks_pause_a_zero_grad_first_loop_without_spent_gradients_and_resume_exactly(
     tmp_path: Path,

@@ -21,7 +21,9 @@ What is seen, and how:
 - the first backward into a parameter after such a step (a hook on the parameter,
   run before the gradient is accumulated) finds its ``.grad`` set to ``None`` with
   the spent tensor gone (``cleared``: no one can read it again), or finds a gradient
-  there or the spent tensor still held elsewhere (``kept``, for good). A weak
+  there or the spent tensor still held elsewhere (``kept``, for good: the hook is
+  then let go of at the next step, as it has nothing left to see, and put back when a
+  resume restores the gradient, :func:`forget_parameters`). A weak
   reference callback would see the spent tensor freed without running at every
   backward, but not whether ``.grad`` went to ``None`` or to a new (zero) tensor:
   read from the callback of ``p.grad = None``, ``.grad`` is a slot torch has not
@@ -63,7 +65,7 @@ class _Record:
     ``pending``, ``cleared`` and ``kept`` alone (see :func:`_before_accumulate_hook`).
     """
 
-    __slots__ = ("cleared", "grad", "kept", "param", "pending", "stepped", "version")
+    __slots__ = ("cleared", "grad", "hook", "kept", "param", "pending", "stepped", "version")
 
     def __init__(self, param: torch.Tensor) -> None:
         self.param = weakref.ref(param)
@@ -74,6 +76,7 @@ class _Record:
         self.pending = False  # stepped on, and no backward has reached the parameter since
         self.cleared = False  # a backward after a step found None and the spent tensor gone
         self.kept = False  # a backward after a step found a gradient (or the spent one held)
+        self.hook: Any = None  # the handle of its parameter's hook, while it has one
 
     def forget(self) -> None:
         self.grad, self.version, self.stepped = None, -1, frozenset()
@@ -125,6 +128,15 @@ class _Tracker:
                         record = self._record(param)
                         if record is None:
                             continue
+                    if record.kept:
+                        # Kept for good: its gradients are always saved, and its hook (a
+                        # Python call at every backward) has nothing left to see.
+                        if record.hook is not None:
+                            record.hook.remove()
+                            record.hook = None
+                        continue
+                    if record.hook is None:  # forgotten since (a resume restored gradients)
+                        _watch(param, record)
                     last = record.grad
                     if last is not None and last() is grad and record.version == grad._version:
                         if stepper not in record.stepped:  # another owner, the same gradient
@@ -149,10 +161,7 @@ class _Tracker:
             return None  # no backward reaches it, or FSDP2 writes its gradient
         record = _Record(param)
         self.records[id(param)] = record
-        try:
-            param.register_hook(_before_accumulate_hook(param, record))
-        except RuntimeError:  # a parameter type that takes no hook: never seen, never dropped
-            record.kept = True
+        _watch(param, record)
         if len(self.records) > 2 * self._pruned_size + 1024:
             self._prune()
         return record
@@ -220,6 +229,15 @@ def _before_accumulate_hook(param: torch.Tensor, record: _Record) -> Any:
 
     # Pickling the parameter leaves the hook out, and torch need not warn about it.
     return unserializable_hook(_eager_frame(hook))
+
+
+def _watch(param: torch.Tensor, record: _Record) -> None:
+    """Hook ``param`` for ``record`` (a parameter that takes no hook is kept: never seen,
+    never dropped)."""
+    try:
+        record.hook = param.register_hook(_before_accumulate_hook(param, record))
+    except RuntimeError:
+        record.kept = True
 
 
 def track_gradients() -> bool:
