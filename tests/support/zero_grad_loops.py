@@ -124,7 +124,10 @@ class LoopTrainer(TrainingResumeMixin):
             "branch": branch,
             "idle": idle,
         }
-        self._initialize_training_resume(config, version="1", resume_points=points)
+        # "held" is the loop's log of the last step's gradients, not training state.
+        self._initialize_training_resume(
+            config, version="1", resume_points=points, excluded_attributes=("held",)
+        )
 
     def _resume_objects(self) -> dict[str, Any]:
         objects = {"model": self.module, "adamw": self.adamw, "sgd": self.sgd}
