@@ -25,6 +25,7 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import Dataset
 
+from support.gloo_fork import FORK_HANGS_UNDER_GLOO
 from trainer_resume import ResumeError, TrainingResumeMixin, training_step
 from trainer_resume.adapters.accelerate import prepare_loader, resume_objects
 from trainer_resume.loaders import ResumableDataLoader
@@ -56,13 +57,6 @@ def fresh_accelerate_state() -> None:
     GradientState._reset_state()
 
 
-# CPython before 3.11.8 can hang a child forked while another thread creates a thread
-# state (gh-112275), which gloo's threads do as they let go of DDP's works: workers forked
-# at every epoch hung this test twice in CI. There the workers are forked once, before the
-# first backward, as docs/distributed.md tells users of such a Python to do.
-FORK_HANGS_UNDER_GLOO = sys.version_info < (3, 11, 8)
-
-
 class AccelerateLoop(TrainingResumeMixin):
     def __init__(
         self,
@@ -84,7 +78,7 @@ class AccelerateLoop(TrainingResumeMixin):
             batch_size=BATCH,
             shuffle=True,
             num_workers=workers,
-            persistent_workers=workers > 0 and FORK_HANGS_UNDER_GLOO,
+            persistent_workers=workers > 0 and FORK_HANGS_UNDER_GLOO,  # see support.gloo_fork
             resumable=True,
         )
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(

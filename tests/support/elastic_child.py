@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, RandomSampler
 
 from support.ddp_workers import COLLECTIVE_TIMEOUT, FEATURES, IdDataset
+from support.gloo_fork import FORK_HANGS_UNDER_GLOO
 from trainer_resume import ResumePoints
 from trainer_resume.loaders import ResumableDataLoader, ShardedBatchSampler
 from trainer_resume.mixin import TrainingResumeMixin, training_step
@@ -75,6 +76,7 @@ class EpochLoopTrainer(TrainingResumeMixin):
             batch_sampler=ShardedBatchSampler(epochs),
             num_workers=2,
             multiprocessing_context="fork",  # the default start method on Linux, named
+            persistent_workers=FORK_HANGS_UNDER_GLOO,  # see support.gloo_fork
             generator=torch.Generator().manual_seed(12),
             resumable=True,
         )

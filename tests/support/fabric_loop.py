@@ -34,6 +34,7 @@ from lightning_fabric.plugins import MixedPrecision
 from torch import nn
 from torch.utils.data import Dataset
 
+from support.gloo_fork import FORK_HANGS_UNDER_GLOO
 from trainer_resume import ResumeError, TrainingResumeMixin, training_step
 from trainer_resume.adapters.fabric import loader_epoch, resume_objects, setup_dataloaders
 from trainer_resume.loaders import ResumableDataLoader
@@ -88,7 +89,12 @@ class FabricLoop(TrainingResumeMixin):
         self.model, self.optimizer = fabric.setup(model, optimizer)
         self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=40)
         loader = ResumableDataLoader(
-            NoisyDataset(), batch_size=BATCH, shuffle=True, num_workers=workers, resumable=True
+            NoisyDataset(),
+            batch_size=BATCH,
+            shuffle=True,
+            num_workers=workers,
+            persistent_workers=workers > 0 and FORK_HANGS_UNDER_GLOO,  # see support.gloo_fork
+            resumable=True,
         )
         if sharing == "fabric":
             self.loader = fabric.setup_dataloaders(loader)
