@@ -25,7 +25,7 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import Dataset
 
-from support.gloo_fork import FORK_HANGS_UNDER_GLOO
+from support.gloo_fork import worker_options
 from trainer_resume import ResumeError, TrainingResumeMixin, training_step
 from trainer_resume.adapters.accelerate import prepare_loader, resume_objects
 from trainer_resume.loaders import ResumableDataLoader
@@ -77,9 +77,8 @@ class AccelerateLoop(TrainingResumeMixin):
             NoisyDataset(),
             batch_size=BATCH,
             shuffle=True,
-            num_workers=workers,
-            persistent_workers=workers > 0 and FORK_HANGS_UNDER_GLOO,  # see support.gloo_fork
             resumable=True,
+            **worker_options(workers),
         )
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(
             model, optimizer, scheduler

@@ -34,7 +34,7 @@ from lightning_fabric.plugins import MixedPrecision
 from torch import nn
 from torch.utils.data import Dataset
 
-from support.gloo_fork import FORK_HANGS_UNDER_GLOO
+from support.gloo_fork import worker_options
 from trainer_resume import ResumeError, TrainingResumeMixin, training_step
 from trainer_resume.adapters.fabric import loader_epoch, resume_objects, setup_dataloaders
 from trainer_resume.loaders import ResumableDataLoader
@@ -92,9 +92,8 @@ class FabricLoop(TrainingResumeMixin):
             NoisyDataset(),
             batch_size=BATCH,
             shuffle=True,
-            num_workers=workers,
-            persistent_workers=workers > 0 and FORK_HANGS_UNDER_GLOO,  # see support.gloo_fork
             resumable=True,
+            **worker_options(workers),
         )
         if sharing == "fabric":
             self.loader = fabric.setup_dataloaders(loader)

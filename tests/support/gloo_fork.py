@@ -11,7 +11,14 @@ users of such a Python to do; on a fixed Python they fork them at every epoch.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
-__all__ = ["FORK_HANGS_UNDER_GLOO"]
+__all__ = ["FORK_HANGS_UNDER_GLOO", "worker_options"]
 
 FORK_HANGS_UNDER_GLOO = sys.version_info < (3, 11, 8)
+
+
+def worker_options(workers: int) -> dict[str, Any]:
+    """A DDP test loop's loader options for ``workers`` workers: forked once where a fork
+    can hang (:data:`FORK_HANGS_UNDER_GLOO`), at every epoch elsewhere."""
+    return {"num_workers": workers, "persistent_workers": workers > 0 and FORK_HANGS_UNDER_GLOO}
