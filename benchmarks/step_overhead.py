@@ -275,6 +275,7 @@ def gradient_tracking(rounds: int, steps: int, *, zeroes: bool = True) -> dict[s
     def build() -> Callable[[], object]:
         torch.manual_seed(0)
         model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(TRACKING_LAYERS)])
+        # A small rate: without zero_grad the gradients grow at every step.
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
 
         def step() -> None:
