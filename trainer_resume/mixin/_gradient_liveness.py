@@ -135,8 +135,6 @@ class _Tracker:
                             record.hook.remove()
                             record.hook = None
                         continue
-                    if record.hook is None:  # forgotten since (a resume restored gradients)
-                        _watch(param, record)
                     last = record.grad
                     if last is not None and last() is grad and record.version == grad._version:
                         if stepper not in record.stepped:  # another owner, the same gradient
@@ -302,10 +300,13 @@ def spent_parameters(
 
 
 def forget_parameters(params: Iterable[torch.Tensor]) -> None:
-    """Forget what was seen of these parameters (their gradients were just restored)."""
+    """Forget what was seen of these parameters (their gradients were just restored);
+    one whose hook was let go of (kept) is hooked again."""
     tracker = _TRACKER
     with tracker.lock:
         for param in params:
             record = tracker.records.get(id(param))
             if record is not None and record.param() is param:
                 record.forget()
+                if record.hook is None:
+                    _watch(param, record)
