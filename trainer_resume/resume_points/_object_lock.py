@@ -158,8 +158,8 @@ def _lease_ran_out(directory: str, url: str, owner: dict[str, Any]) -> bool:
     Raises:
         ResumePointsInUseError: it was renewed or taken by another writer (348).
     """
-    renewed = owner.get("renewed")
-    left = LEASE_S - (time.time() - renewed) if isinstance(renewed, (int, float)) else LEASE_S
+    renewed = owner["renewed"]  # a number: a lock without one is gone, never watched
+    left = LEASE_S - (time.time() - renewed)
     _log.warning(
         "%s: held by %s on another machine; waiting up to %.0f s for its lease: renewed, "
         "its writer is alive (refused); not renewed, it is gone with its machine (taken over)",
