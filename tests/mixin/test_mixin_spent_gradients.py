@@ -27,6 +27,8 @@ from support import zero_grad_loops
 from support.ddp_workers import describe_exits, launch
 from support.lightning_procs import TESTS
 
+from trainer_resume import TrainingResumeMixin, training_step
+
 
 @pytest.fixture(scope="module")
 def first_loop() -> dict[str, Any]:
@@ -241,3 +243,60 @@ def test_two_ranks_pause_a_zero_grad_first_loop_without_spent_gradients_and_resu
         "2-5": [True, True],
         "2-6": [False, False],
     }
+
+
+class _CompiledStepTrainer(TrainingResumeMixin):
+    """zero_grad() first, then a backward and the optimizer's step compiled by torch.compile
+    (the compiled-optimizer recipe; dynamo alone, as the hooks meet it with any backend)."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2)
+        )
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
+        self.optimizer_step = torch.compile(self.optimizer.step, backend="eager")
+        self.inputs = torch.randn(16, 6, generator=torch.Generator().manual_seed(1))
+        self._initialize_training_resume({"loop": "compiled optimizer step"}, version="1")
+
+    def _resume_objects(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def _resume_loaders(self) -> dict[str, Any]:
+        return {}
+
+    @training_step
+    def step(self) -> None:
+        self.optimizer.zero_grad()
+        shift = float(self.completed_steps)
+        self.model(self.inputs + shift).square().mean().backward()
+        self.optimizer_step()
+
+
+def test_a_loop_whose_optimizer_step_is_compiled_pauses_without_spent_gradients_and_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    # The gradient tracking's hooks run at every step, not once while dynamo traces.
+    uninterrupted = _CompiledStepTrainer()
+    for _ in range(6):
+        uninterrupted.step()
+    paused = _CompiledStepTrainer()
+    for _ in range(3):
+        paused.step()
+    path = tmp_path / "pause.ckpt"
+    paused.pause(path)
+    assert zero_grad_loops.saved_gradients(path) == [None]
+    resumed = _CompiledStepTrainer()
+    resumed.resume(path)
+    for _ in range(3):
+        resumed.step()
+    expected = {**uninterrupted.model.state_dict(), **_momentum(uninterrupted.optimizer)}
+    actual = {**resumed.model.state_dict(), **_momentum(resumed.optimizer)}
+    assert expected.keys() == actual.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, actual[name]), name
+
+
+def _momentum(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    state = optimizer.state_dict()["state"]
+    return {f"momentum.{index}": entry["momentum_buffer"] for index, entry in state.items()}

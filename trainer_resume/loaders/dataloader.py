@@ -542,9 +542,22 @@ class ResumableDataLoader(DataLoader):
         Raises:
             Same as :meth:`state_dict`.
         """
-        build = self.deferred_state_dict()  # settles: epoch_ended is known after it
-        if type(self).epoch_ended is not ResumableDataLoader.epoch_ended:
-            return build, self.epoch_ended is True  # a subclass's own
+        # deferred_state_dict() and epoch_ended inlined where this class's own run: this
+        # runs once per step, where each Python call costs several times its own work.
+        cls = type(self)
+        stream = self.__dict__.get("_stream")
+        if (
+            stream is None
+            or stream.commit_failure is not None
+            or cls.state_dict is not ResumableDataLoader.state_dict
+            or cls.epoch_ended is not ResumableDataLoader.epoch_ended
+        ):
+            build = self.deferred_state_dict()  # settles: epoch_ended is known after it
+            if cls.epoch_ended is not ResumableDataLoader.epoch_ended:
+                return build, self.epoch_ended is True  # a subclass's own
+        else:
+            self._settle()
+            build = self._defer_state(stream)
         active = self._active
         return build, active is not None and active.ended
 

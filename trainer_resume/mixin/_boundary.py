@@ -91,19 +91,20 @@ def record_boundary(trainer: Any, guard: Any) -> None:
     states: dict[str, Any] | None = {}
     ended = False
     try:
-        loaders = resume_loaders(trainer)
-        others = []
-        for name, loader in loaders.items():
+        others = None
+        for name, loader in resume_loaders(trainer).items():
             # Looked up on the class, as deferred_state_dict (see _position).
             record = getattr(type(loader), "boundary_record", None)
             if record is not None:
                 states[name], seen = record(loader)  # type: ignore[index]
-                ended = ended or seen
+                if seen:
+                    ended = True
             else:
                 states[name] = _position(loader)  # type: ignore[index]
-                others.append(loader)
+                others = [loader] if others is None else [*others, loader]
         # After state_dict(): over an IterableDataset it reads on to know a pass ended.
-        ended = ended or any(loader_epoch_ended(loader) for loader in others)
+        if others is not None and not ended:
+            ended = any(loader_epoch_ended(loader) for loader in others)
     except Exception:  # noqa: BLE001 - the same calls raise again, to the caller, when a pause reads live
         # A hook or loader that cannot answer here (not implemented, loaders not built
         # yet at initialisation, a loader that is not resumable) answers the same at

@@ -113,6 +113,8 @@ class _Tracker:
         # Runs at every optimizer step: one pass over the parameters, and for each the
         # fewest Python operations (no allocation but the weak reference to a new
         # gradient; the set of steppers is shared until a second owner steps).
+        if _compiling():  # traced by torch.compile: run apart, see _untraced
+            return _STEP_HOOK_UNTRACED(optimizer, args, kwargs)  # type: ignore[no-any-return]
         with self.lock:
             stepper = self.serial(optimizer, add=True)
             only = self._only(stepper)
@@ -176,22 +178,27 @@ _TRACKER = _Tracker()
 _INSTALL = threading.Lock()
 
 
-def _eager(function: Any) -> Any:
-    # torch.compile runs the hooks as they are instead of tracing them (a lock, weak
-    # references): a traced step then keeps its graph.
+def _untraced(function: Any) -> Any:
+    """``function`` run as it is by torch.compile where it would trace it: a call from code
+    being traced then breaks the graph there and runs it at every call, instead of tracing
+    its reads (a lock, weak references, the record's flags) into the graph once."""
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return function if disable is None else disable(function)
 
 
-def _eager_frame(function: Any) -> Any:
-    """``_eager`` for a function that calls no Python function: only its own frame is
-    skipped by torch.compile, at half the cost per call (it runs once per parameter
-    per backward); the recursive form where torch has no other."""
-    dynamo = getattr(torch, "_dynamo", None)
-    try:
-        return dynamo.disable(function, recursive=False)  # type: ignore[union-attr]
-    except (AttributeError, TypeError):
-        return _eager(function)
+def _never_compiling() -> bool:
+    return False
+
+
+# The hooks run at every step (the step hook) and every backward (a parameter's hook), so
+# they ask whether torch.compile is tracing them and go to their _untraced form only then:
+# a wrapper that leaves the compiler aside costs several times their own work per call.
+# A torch without the question has them wrapped always.
+_compiling: Any = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+_ALWAYS_WRAPPED = _compiling is None
+if _ALWAYS_WRAPPED:
+    _compiling = _never_compiling
+_STEP_HOOK_UNTRACED = _untraced(_TRACKER.after_step)
 
 
 def _before_accumulate_hook(param: torch.Tensor, record: _Record) -> Any:
@@ -199,8 +206,9 @@ def _before_accumulate_hook(param: torch.Tensor, record: _Record) -> Any:
 
     A hook on a leaf runs before its gradient is accumulated; it holds the parameter
     weakly, so the hook keeps nothing alive. It runs at every backward into the
-    parameter, so it is one frame of C calls over its own record (a parameter keeps
-    its record for life): nothing to do, the common case, is one attribute read.
+    parameter, so it is one frame over its own record (a parameter keeps its record for
+    life): nothing to do, the common case, is the compiler's question and one attribute
+    read.
 
     It takes no lock (at the first backward after each step a lock cost about as much
     as the rest of its work): every write is one store, and whatever runs between them
@@ -213,6 +221,8 @@ def _before_accumulate_hook(param: torch.Tensor, record: _Record) -> Any:
     owner = weakref.ref(param)
 
     def hook(grad: torch.Tensor) -> None:
+        if compiling():  # traced by torch.compile: run apart, see _untraced
+            return untraced(grad)  # type: ignore[no-any-return]
         if not record.pending:
             return
         live = owner()
@@ -225,8 +235,10 @@ def _before_accumulate_hook(param: torch.Tensor, record: _Record) -> Any:
         else:
             record.kept = True
 
+    compiling = _compiling
+    untraced = _untraced(hook)
     # Pickling the parameter leaves the hook out, and torch need not warn about it.
-    return unserializable_hook(_eager_frame(hook))
+    return unserializable_hook(untraced if _ALWAYS_WRAPPED else hook)
 
 
 def _watch(param: torch.Tensor, record: _Record) -> None:
@@ -245,7 +257,8 @@ def track_gradients() -> bool:
             register = getattr(torch_optimizer, "register_optimizer_step_post_hook", None)
             if register is None:
                 return False
-            _TRACKER.handle = register(_eager(_TRACKER.after_step))
+            hook = _STEP_HOOK_UNTRACED if _ALWAYS_WRAPPED else _TRACKER.after_step
+            _TRACKER.handle = register(hook)
     return True
 
 
