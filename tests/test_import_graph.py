@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import trainer_resume
@@ -283,3 +285,18 @@ def test_the_privacy_check_reports_an_import_from_outside_the_subpackage_only():
         "trainer_resume.cli imports trainer_resume.loaders._state_keys, private to trainer_resume.loaders",
         "trainer_resume.mixin imports trainer_resume.durable._format, private to trainer_resume.durable",
     ]
+
+
+def test_importing_the_package_leaves_torch_compile_and_omitted_integrations_unloaded():
+    # What the command line (inspect, export) and every rank pay before training: the
+    # compiler's machinery loads where a trainer first needs it, not on import.
+    probe = (
+        "import sys, trainer_resume, trainer_resume.cli; "
+        "print(sorted(m for m in ('torch._dynamo', 'pytorch_lightning', 'accelerate') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -95,6 +95,9 @@ class _Tracker:
         # once its optimizer is gone.
         self.optimizers: dict[int, tuple[weakref.ref[Any], int]] = {}
         self.handle: Any = None
+        # after_step as torch.compile runs it apart (made with the hook: torch._dynamo
+        # loads on first use, and importing the library does not need it).
+        self.untraced_step_hook: Any = None
         self._serials = itertools.count()
         self._singletons: dict[int, frozenset[int]] = {}
         self._pruned_size = 0
@@ -114,7 +117,7 @@ class _Tracker:
         # fewest Python operations (no allocation but the weak reference to a new
         # gradient; the set of steppers is shared until a second owner steps).
         if _compiling():  # traced by torch.compile: run apart, see _untraced
-            return _STEP_HOOK_UNTRACED(optimizer, args, kwargs)  # type: ignore[no-any-return]
+            return self.untraced_step_hook(optimizer, args, kwargs)  # type: ignore[no-any-return]
         with self.lock:
             stepper = self.serial(optimizer, add=True)
             only = self._only(stepper)
@@ -198,7 +201,6 @@ _compiling: Any = getattr(getattr(torch, "compiler", None), "is_compiling", None
 _ALWAYS_WRAPPED = _compiling is None
 if _ALWAYS_WRAPPED:
     _compiling = _never_compiling
-_STEP_HOOK_UNTRACED = _untraced(_TRACKER.after_step)
 
 
 def _before_accumulate_hook(param: torch.Tensor, record: _Record) -> Any:
@@ -257,7 +259,8 @@ def track_gradients() -> bool:
             register = getattr(torch_optimizer, "register_optimizer_step_post_hook", None)
             if register is None:
                 return False
-            hook = _STEP_HOOK_UNTRACED if _ALWAYS_WRAPPED else _TRACKER.after_step
+            _TRACKER.untraced_step_hook = _untraced(_TRACKER.after_step)
+            hook = _TRACKER.untraced_step_hook if _ALWAYS_WRAPPED else _TRACKER.after_step
             _TRACKER.handle = register(hook)
     return True
 
