@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from support import iterable_streams as iterables
 from support.loader_streams import AugmentedDataset
@@ -77,3 +79,16 @@ def test_a_boundary_record_takes_a_subclass_s_own_epoch_end() -> None:
     build, ended = loader.boundary_record()
     assert ended is True
     assert first_difference(build(), loader.state_dict()) is None
+
+
+def test_a_boundary_record_takes_a_subclass_s_own_deferred_state() -> None:
+    class TaggedState(ResumableDataLoader):
+        def deferred_state_dict(self) -> Any:
+            build = super().deferred_state_dict()
+            return lambda: {**build(), "tagged": True}
+
+    loader = TaggedState(AugmentedDataset(40), batch_size=4, resumable=True)
+    next(iter(loader))
+    build, ended = loader.boundary_record()
+    assert first_difference(build(), {**loader.state_dict(), "tagged": True}) is None
+    assert ended is False

@@ -549,6 +549,7 @@ class ResumableDataLoader(DataLoader):
         if (
             stream is None
             or stream.commit_failure is not None
+            or cls.deferred_state_dict is not ResumableDataLoader.deferred_state_dict
             or cls.state_dict is not ResumableDataLoader.state_dict
             or cls.epoch_ended is not ResumableDataLoader.epoch_ended
         ):
