@@ -287,7 +287,7 @@ def test_the_privacy_check_reports_an_import_from_outside_the_subpackage_only():
     ]
 
 
-def test_importing_the_package_leaves_torch_compile_and_omitted_integrations_unloaded():
+def test_importing_the_package_and_its_command_line_loads_neither_the_compiler_nor_lightning_nor_accelerate():
     # What the command line (inspect, export) and every rank pay before training: the
     # compiler's machinery loads where a trainer first needs it, not on import.
     probe = (

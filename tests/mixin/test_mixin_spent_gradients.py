@@ -10,6 +10,7 @@ and the RNG after, tensor by tensor). Gradients the next step reads are kept: in
 window, after a step the scaler skipped, of a parameter no optimizer owns, and in
 loops that add to applied gradients or zero them in place (also by putting new zero
 tensors in their place); so are spent gradients the loop holds past its ``zero_grad()``.
+A loop whose optimizer step is compiled by ``torch.compile`` is seen at every step too.
 """
 
 from __future__ import annotations

@@ -542,7 +542,7 @@ class ResumableDataLoader(DataLoader):
         Raises:
             Same as :meth:`state_dict`.
         """
-        # deferred_state_dict() and epoch_ended inlined where this class's own run: this
+        # deferred_state_dict()'s checks made here where this class's own methods run: it
         # runs once per step, where each Python call costs several times its own work.
         cls = type(self)
         stream = self.__dict__.get("_stream")
