@@ -47,6 +47,26 @@ def test_this_interpreter_has_the_raw_layout_so_the_fast_path_is_what_the_tests_
     place = generators.layout()
     assert place.python is not None and place.gauss is not None
     assert place.numpy_key() is not None and place.scratch_key is not None
+    assert place.torch_words is not None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2**31, 2**32 - 1])
+def test_the_words_read_inside_a_torch_generator_are_numpys_legacy_seeding(seed):
+    scratch = torch.Generator()
+    words = generators._torch_words_view(scratch)
+    assert words is not None
+    scratch.manual_seed(seed)
+    assert np.array_equal(
+        np.frombuffer(bytes(words), dtype=np.uint32), np.random.RandomState(seed).get_state()[1]
+    )
+
+
+def test_no_words_are_read_from_a_generator_that_is_not_a_torch_cpu_generator():
+    class Subclassed(torch.Generator):
+        pass
+
+    assert generators._torch_words_view(Subclassed()) is None
+    assert generators._torch_words_view(np.random.MT19937(0)) is None  # type: ignore[arg-type]
 
 
 def test_a_snapshot_put_back_restores_every_generator_with_its_cached_gaussians():
@@ -74,6 +94,21 @@ def test_seeding_gives_the_documented_states(seed):
     state = np.random.get_state()
     assert np.array_equal(state[1], reference[1]) and state[2:] == reference[2:]
     assert torch.equal(torch.get_rng_state(), torch.Generator().manual_seed(seed).get_state())
+
+
+@pytest.mark.parametrize("seed", [0, 2**32 - 1, 0x1234_5678_9ABC_DEF0, 2**64 - 1])
+def test_seeding_through_numpys_seeding_gives_the_states_of_the_torch_words(monkeypatch, seed):
+    place = generators.layout()
+    assert place.torch_words is not None
+    monkeypatch.setattr(generators, "_SEEDERS", [])  # the seeder is made again from the layout
+    _with_cached_gaussians(2)
+    generators.seed_global(seed)
+    through_torch = _public()
+    _with_cached_gaussians(1)
+    generators._SEEDERS.clear()
+    monkeypatch.setattr(place, "torch_words", None)
+    generators.seed_global(seed)
+    assert _same(_public(), through_torch)
 
 
 def test_seeding_drops_the_cached_gaussians():

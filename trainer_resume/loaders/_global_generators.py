@@ -25,9 +25,11 @@ Where a check fails, the public accessors are used: slower, never different. A
 touched.
 
 :func:`seed_global` gives Python ``random`` the Mersenne Twister state of
-``init_genrand(low 32 bits)`` (computed by a private NumPy ``RandomState``: a third of
-``random.seed``'s cost), NumPy's global generator ``seed(high 32 bits)`` and torch CPU
-the whole seed, in every process and with either form.
+``init_genrand(low 32 bits)``, NumPy's global generator ``seed(high 32 bits)`` and torch
+CPU the whole seed, in every process and with either form. The two ``init_genrand``
+states are computed by a private torch generator whose words are read in place (found
+and checked once per process, :func:`_torch_words_view`), else by a private NumPy
+``RandomState`` (a third of ``random.seed``'s cost).
 """
 
 from __future__ import annotations
@@ -119,6 +121,72 @@ def _gauss_view(state: np.random.RandomState) -> memoryview | None:
         state.set_state(saved)
 
 
+_TORCH_SEARCH = 512  # bytes of a torch generator's C++ object searched for its words
+
+
+def _mapped(address: int, size: int) -> bool:
+    """Whether ``[address, address + size)`` lies in one readable mapping of this process
+    (read from ``/proc/self/maps``; ``False`` where there is none)."""
+    try:
+        with open("/proc/self/maps", encoding="ascii") as maps:
+            for line in maps:
+                span, permissions = line.split(maxsplit=2)[:2]
+                start, end = (int(bound, 16) for bound in span.split("-"))
+                if start <= address and address + size <= end:
+                    return permissions.startswith("r")
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def _torch_words_view(generator: torch.Generator) -> memoryview | None:
+    """The Mersenne Twister words (``uint32 state[624]``) inside a torch CPU generator, if
+    found and checked; read only, never written.
+
+    torch's ``manual_seed(s)`` of a 32-bit ``s`` leaves them ``init_genrand(s)``, what
+    NumPy's legacy ``seed(s)`` leaves its key, so a private torch generator computes the
+    seeded words for Python ``random`` and NumPy without a call into NumPy per batch (a
+    call into NumPy costs several times its own time in the training step that follows).
+    The Python object holds a pointer to the C++ generator; the words are found in its
+    first bytes by seeding, only where that memory is mapped, and checked against NumPy's
+    state for two seeds.
+    """
+    if (
+        sys.implementation.name != "cpython"
+        or type(generator) is not torch.Generator
+        or generator.device.type != "cpu"
+        or type(generator).__basicsize__ < _PY_OFFSET + ctypes.sizeof(ctypes.c_void_p)
+    ):
+        return None
+    try:
+        # After the object header: the at::Generator, a pointer to the C++ generator.
+        impl = ctypes.c_void_p.from_address(id(generator) + _PY_OFFSET).value
+        if not impl or impl % ctypes.sizeof(ctypes.c_void_p):
+            return None
+        if not _mapped(impl, _TORCH_SEARCH + _KEY_BYTES):
+            return None
+        references = {
+            seed: np.random.RandomState(seed).get_state()[1].astype(np.uint32).tobytes()
+            for seed in (12345, _MASK32)
+        }
+        generator.manual_seed(12345)
+        raw = ctypes.string_at(impl, _TORCH_SEARCH + _KEY_BYTES)
+        marker = references[12345][:64]
+        # The first place the words may start; checked below by seeding (the bytes after
+        # the object may hold a copy of them).
+        offset = raw.find(marker, 0, _TORCH_SEARCH + len(marker))
+        if offset < 0 or offset % 4:
+            return None
+        view = _view(impl + offset, _KEY_BYTES)
+        for seed, reference in references.items():
+            generator.manual_seed(seed)
+            if bytes(view) != reference:
+                return None
+    except (ValueError, OverflowError, TypeError, RuntimeError):
+        return None
+    return view
+
+
 class _Layout:
     """This process's views of the generators (found once, never pickled)."""
 
@@ -140,6 +208,9 @@ class _Layout:
         legacy = getattr(self.scratch._bit_generator, "_legacy_seeding", None)
         fast = legacy is not None and _holds(self.scratch_key, legacy, reference)
         self.scratch_seed = legacy if fast else self.scratch.seed
+        # A private torch generator whose words give the seeded states (see _fast_seeder).
+        self.torch_scratch = torch.Generator()
+        self.torch_words = _torch_words_view(self.torch_scratch)
 
     def numpy_key(self) -> memoryview | None:
         """The global bit generator's state, or None (public accessors only)."""
@@ -321,7 +392,29 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
         gauss[:] = _NO_GAUSS  # no cached Gaussian, as seed() leaves it
         manual_seed(seed)
 
-    return seed_fast
+    seeded = place.torch_words
+    if seeded is None:
+        return seed_fast
+    # The same states, the words computed by the private torch generator: no call into
+    # NumPy per batch.
+    torch_seed = place.torch_scratch.manual_seed
+    numpy_words, numpy_position = key[:_KEY_BYTES], key[_KEY_BYTES:]
+
+    def seed_fastest(seed: int) -> None:
+        if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
+            _seed_any(seed)
+            return
+        torch_seed(seed & _MASK32)
+        index[:] = _FRESH_INDEX
+        words[:] = seeded
+        instance.gauss_next = None
+        torch_seed((seed >> 32) & _MASK32)
+        numpy_words[:] = seeded
+        numpy_position[:] = _FRESH_INDEX  # NumPy's pos after seed(): 624, as Python's index
+        gauss[:] = _NO_GAUSS  # no cached Gaussian, as seed() leaves it
+        manual_seed(seed)
+
+    return seed_fastest
 
 
 # --- the saved schema ----------------------------------------------------------------
