@@ -209,7 +209,7 @@ class _Layout:
         fast = legacy is not None and _holds(self.scratch_key, legacy, reference)
         self.scratch_seed = legacy if fast else self.scratch.seed
         # A private torch generator whose words give the seeded states (see _fast_seeder).
-        self.torch_scratch = torch.Generator()
+        self.torch_scratch = torch.Generator(device="cpu")
         self.torch_words = _torch_words_view(self.torch_scratch)
 
     def numpy_key(self) -> memoryview | None:
