@@ -376,45 +376,48 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
     numpy_seed, scratch_seed = place.numpy_seed, place.scratch_seed
     if python is None or scratch is None or key is None or gauss is None or numpy_seed is None:
         return None
-    index, words, fresh = python[:4], python[4:], scratch[:_KEY_BYTES]
+    index, words = python[:4], python[4:]
     instance, numpy_state = place.python_instance, place.numpy_state
     bit_generator, manual_seed = place.numpy_bit_generator, torch.default_generator.manual_seed
+    seeded = place.torch_words
+    python_words: Callable[[int], memoryview]
+    seed_numpy: Callable[[int], None]
+    if seeded is not None:
+        # The words computed by the private torch generator: no call into NumPy per batch.
+        torch_seed = place.torch_scratch.manual_seed
+        numpy_words, numpy_position = key[:_KEY_BYTES], key[_KEY_BYTES:]
+
+        def python_words(low: int) -> memoryview:
+            torch_seed(low)
+            return seeded
+
+        def seed_numpy(high: int) -> None:
+            torch_seed(high)
+            numpy_words[:] = seeded
+            numpy_position[:] = _FRESH_INDEX  # NumPy's pos after seed(): 624, as Python's index
+
+    else:
+        fresh = scratch[:_KEY_BYTES]
+
+        def python_words(low: int) -> memoryview:
+            scratch_seed(low)
+            return fresh
+
+        seed_numpy = numpy_seed
 
     def seed_fast(seed: int) -> None:
         if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
             _seed_any(seed)
             return
-        scratch_seed(seed & _MASK32)
+        low_words = python_words(seed & _MASK32)
         index[:] = _FRESH_INDEX
-        words[:] = fresh
+        words[:] = low_words  # before seed_numpy: the torch words are those of the last seed
         instance.gauss_next = None
-        numpy_seed((seed >> 32) & _MASK32)
+        seed_numpy((seed >> 32) & _MASK32)
         gauss[:] = _NO_GAUSS  # no cached Gaussian, as seed() leaves it
         manual_seed(seed)
 
-    seeded = place.torch_words
-    if seeded is None:
-        return seed_fast
-    # The same states, the words computed by the private torch generator: no call into
-    # NumPy per batch.
-    torch_seed = place.torch_scratch.manual_seed
-    numpy_words, numpy_position = key[:_KEY_BYTES], key[_KEY_BYTES:]
-
-    def seed_fastest(seed: int) -> None:
-        if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
-            _seed_any(seed)
-            return
-        torch_seed(seed & _MASK32)
-        index[:] = _FRESH_INDEX
-        words[:] = seeded
-        instance.gauss_next = None
-        torch_seed((seed >> 32) & _MASK32)
-        numpy_words[:] = seeded
-        numpy_position[:] = _FRESH_INDEX  # NumPy's pos after seed(): 624, as Python's index
-        gauss[:] = _NO_GAUSS  # no cached Gaussian, as seed() leaves it
-        manual_seed(seed)
-
-    return seed_fastest
+    return seed_fast
 
 
 # --- the saved schema ----------------------------------------------------------------
