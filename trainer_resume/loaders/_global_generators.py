@@ -380,8 +380,6 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
     instance, numpy_state = place.python_instance, place.numpy_state
     bit_generator, manual_seed = place.numpy_bit_generator, torch.default_generator.manual_seed
     seeded = place.torch_words
-    python_words: Callable[[int], memoryview]
-    seed_numpy: Callable[[int], None]
     if seeded is not None:
         # The words computed by the private torch generator: no call into NumPy per batch.
         torch_seed = place.torch_scratch.manual_seed
@@ -403,7 +401,8 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
             scratch_seed(low)
             return fresh
 
-        seed_numpy = numpy_seed
+        def seed_numpy(high: int) -> None:
+            numpy_seed(high)
 
     def seed_fast(seed: int) -> None:
         if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
