@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from trainer_resume.loaders import _global_generators as generators
+from trainer_resume.loaders import _torch_generator_memory as memory
 from trainer_resume.loaders._seeding import CallerGenerators, OwnGenerators
 from trainer_resume.rng import random_state, restore_random_state
 from trainer_resume.testing import first_difference
@@ -39,7 +40,7 @@ def _with_cached_gaussians(seed: int) -> None:
     torch.manual_seed(seed)
     random.gauss(0.0, 1.0)
     np.random.randn()
-    torch.randn(3)
+    torch.randn(1, dtype=torch.float64)  # a pair drawn, one kept
     assert random.getstate()[2] is not None and np.random.get_state()[3] == 1
 
 
@@ -48,12 +49,13 @@ def test_this_interpreter_has_the_raw_layout_so_the_fast_path_is_what_the_tests_
     assert place.python is not None and place.gauss is not None
     assert place.numpy_key() is not None and place.scratch_key is not None
     assert place.torch_words is not None
+    assert place.torch_state is not None and place.torch_default is not None
 
 
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**31, 2**32 - 1])
 def test_the_words_read_inside_a_torch_generator_are_numpys_legacy_seeding(seed):
     scratch = torch.Generator()
-    words = generators._torch_words_view(scratch)
+    words = memory.words_view(scratch)
     assert words is not None
     scratch.manual_seed(seed)
     assert np.array_equal(
@@ -65,8 +67,8 @@ def test_no_words_are_read_from_a_generator_that_is_not_a_torch_cpu_generator():
     class Subclassed(torch.Generator):
         pass
 
-    assert generators._torch_words_view(Subclassed()) is None
-    assert generators._torch_words_view(np.random.MT19937(0)) is None  # type: ignore[arg-type]
+    assert memory.words_view(Subclassed()) is None
+    assert memory.words_view(np.random.MT19937(0)) is None  # type: ignore[arg-type]
 
 
 def test_a_snapshot_put_back_restores_every_generator_with_its_cached_gaussians():
@@ -97,24 +99,35 @@ def test_seeding_gives_the_documented_states(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 2**32 - 1, 0x1234_5678_9ABC_DEF0, 2**64 - 1])
-def test_seeding_through_numpys_seeding_gives_the_states_of_the_torch_words(monkeypatch, seed):
+@pytest.mark.parametrize(
+    "without",
+    [("torch_default",), ("torch_words", "torch_state", "torch_default")],
+    ids=["torch-manual-seed", "numpy-seeding"],
+)
+def test_every_way_of_seeding_gives_the_states_of_the_copied_torch_state(
+    monkeypatch, seed, without
+):
     place = generators.layout()
-    assert place.torch_words is not None
+    assert place.torch_default is not None
     monkeypatch.setattr(generators, "_SEEDERS", [])  # the seeder is made again from the layout
     _with_cached_gaussians(2)
     generators.seed_global(seed)
-    through_torch = _public()
+    copied = _public()
     _with_cached_gaussians(1)
     generators._SEEDERS.clear()
-    monkeypatch.setattr(place, "torch_words", None)
+    for name in without:
+        monkeypatch.setattr(place, name, None)
     generators.seed_global(seed)
-    assert _same(_public(), through_torch)
+    assert _same(_public(), copied)
 
 
 def test_seeding_drops_the_cached_gaussians():
     _with_cached_gaussians(9)
     generators.seed_global(77)
     assert random.getstate()[2] is None and np.random.get_state()[3:] == (0, 0.0)
+    # torch's cached normal sample too: the state manual_seed leaves, and its draws.
+    assert torch.equal(torch.get_rng_state(), torch.Generator().manual_seed(77).get_state())
+    assert torch.equal(torch.randn(5), torch.randn(5, generator=torch.Generator().manual_seed(77)))
 
 
 def test_the_public_fallback_gives_the_same_states(monkeypatch):

@@ -17,7 +17,10 @@ copied as raw bytes through memoryviews:
   writing a marker through ``set_state`` and checked by writing through the view and
   reading back with ``get_state``. If ``np.random.set_bit_generator`` replaces the
   bit generator, the next access finds the new one.
-* torch: ``get_state`` / ``set_state`` (a 5 KB tensor; no faster public route).
+* torch: ``get_state`` / ``set_state`` (a 5 KB tensor; no faster public route) for the
+  states a :class:`Snapshot` holds; the per-batch hand-back of the caller's state
+  (:func:`torch_accessors`) and the seeding copy the state in place where its layout is
+  proven (``_torch_generator_memory``).
 
 Where a check fails, the public accessors are used: slower, never different. A
 :class:`Snapshot` holds either form and converts to the saved
@@ -28,13 +31,15 @@ touched.
 ``init_genrand(low 32 bits)``, NumPy's global generator ``seed(high 32 bits)`` and torch
 CPU the whole seed, in every process and with either form. The two ``init_genrand``
 states are computed by a private torch generator whose words are read in place (found
-and checked once per process, :func:`_torch_words_view`), else by a private NumPy
-``RandomState`` (a third of ``random.seed``'s cost).
+and checked once per process), else by a private NumPy ``RandomState`` (a third of
+``random.seed``'s cost); seeded with the whole seed, that generator's state is the one
+``manual_seed`` gives torch CPU, and it is copied there where the layout is proven.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import random
 import struct
 import sys
@@ -47,6 +52,7 @@ import torch
 
 from ..rng import RNG_FORMAT
 from ..state import RandomState
+from ._torch_generator_memory import default_state_view, raw_view, state_view, words_view
 
 __all__ = ["Snapshot", "capture", "install", "seed_global", "snapshot_of", "state_of"]
 
@@ -63,10 +69,6 @@ _NO_GAUSS = bytes(_GAUSS_BYTES)  # has_gauss 0, gauss 0.0
 _MARKER = 0.8147236863931789  # a cached Gaussian no state holds by chance
 
 
-def _view(address: int, size: int) -> memoryview:
-    return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
-
-
 def _python_view(instance: random.Random) -> memoryview | None:
     """``instance``'s index and state as raw memory, if this interpreter's layout is the known one."""
     if sys.implementation.name != "cpython" or type(instance) is not random.Random:
@@ -80,18 +82,18 @@ def _python_view(instance: random.Random) -> memoryview | None:
         index = int.from_bytes(raw[:4], sys.byteorder, signed=True)
         if words.itemsize != 4 or (*words, index) != probe.getstate()[1]:
             return None
-        _view(id(other) + _PY_OFFSET, _MT_BYTES)[:] = raw
+        raw_view(id(other) + _PY_OFFSET, _MT_BYTES)[:] = raw
         if other.getstate() != probe.getstate() or other.random() != probe.random():
             return None
     except (ValueError, OverflowError, TypeError):
         return None
-    return _view(id(instance) + _PY_OFFSET, _MT_BYTES)
+    return raw_view(id(instance) + _PY_OFFSET, _MT_BYTES)
 
 
 def _key_view(bit_generator: Any) -> memoryview | None:
     if type(bit_generator) is not np.random.MT19937:
         return None
-    return _view(bit_generator.ctypes.state_address, _MT_BYTES)
+    return raw_view(bit_generator.ctypes.state_address, _MT_BYTES)
 
 
 def _gauss_view(state: np.random.RandomState) -> memoryview | None:
@@ -107,7 +109,7 @@ def _gauss_view(state: np.random.RandomState) -> memoryview | None:
             return None
         if int.from_bytes(raw[offset : offset + 4], sys.byteorder) != 1:
             return None
-        view = _view(id(state) + offset, _GAUSS_BYTES)
+        view = raw_view(id(state) + offset, _GAUSS_BYTES)
         state.set_state(("MT19937", saved[1], saved[2], 0, 0.0))
         if bytes(view[:4]) != bytes(4):
             return None
@@ -119,72 +121,6 @@ def _gauss_view(state: np.random.RandomState) -> memoryview | None:
         return None
     finally:
         state.set_state(saved)
-
-
-_TORCH_SEARCH = 512  # bytes of a torch generator's C++ object searched for its words
-
-
-def _mapped(address: int, size: int) -> bool:
-    """Whether ``[address, address + size)`` lies in one readable mapping of this process
-    (read from ``/proc/self/maps``; ``False`` where there is none)."""
-    try:
-        with open("/proc/self/maps", encoding="ascii") as maps:
-            for line in maps:
-                span, permissions = line.split(maxsplit=2)[:2]
-                start, end = (int(bound, 16) for bound in span.split("-"))
-                if start <= address and address + size <= end:
-                    return permissions.startswith("r")
-    except (OSError, ValueError):
-        return False
-    return False
-
-
-def _torch_words_view(generator: torch.Generator) -> memoryview | None:
-    """The Mersenne Twister words (``uint32 state[624]``) inside a torch CPU generator, if
-    found and checked; read only, never written.
-
-    torch's ``manual_seed(s)`` of a 32-bit ``s`` leaves them ``init_genrand(s)``, what
-    NumPy's legacy ``seed(s)`` leaves its key, so a private torch generator computes the
-    seeded words for Python ``random`` and NumPy without a call into NumPy per batch (a
-    call into NumPy costs several times its own time in the training step that follows).
-    The Python object holds a pointer to the C++ generator; the words are found in its
-    first bytes by seeding, only where that memory is mapped, and checked against NumPy's
-    state for two seeds.
-    """
-    if (
-        sys.implementation.name != "cpython"
-        or type(generator) is not torch.Generator
-        or generator.device.type != "cpu"
-        or type(generator).__basicsize__ < _PY_OFFSET + ctypes.sizeof(ctypes.c_void_p)
-    ):
-        return None
-    try:
-        # After the object header: the at::Generator, a pointer to the C++ generator.
-        impl = ctypes.c_void_p.from_address(id(generator) + _PY_OFFSET).value
-        if not impl or impl % ctypes.sizeof(ctypes.c_void_p):
-            return None
-        if not _mapped(impl, _TORCH_SEARCH + _KEY_BYTES):
-            return None
-        references = {
-            seed: np.random.RandomState(seed).get_state()[1].astype(np.uint32).tobytes()
-            for seed in (12345, _MASK32)
-        }
-        generator.manual_seed(12345)
-        raw = ctypes.string_at(impl, _TORCH_SEARCH + _KEY_BYTES)
-        marker = references[12345][:64]
-        # The first place the words may start; checked below by seeding (the bytes after
-        # the object may hold a copy of them).
-        offset = raw.find(marker, 0, _TORCH_SEARCH + len(marker))
-        if offset < 0 or offset % 4:
-            return None
-        view = _view(impl + offset, _KEY_BYTES)
-        for seed, reference in references.items():
-            generator.manual_seed(seed)
-            if bytes(view) != reference:
-                return None
-    except (ValueError, OverflowError, TypeError, RuntimeError):
-        return None
-    return view
 
 
 class _Layout:
@@ -208,9 +144,17 @@ class _Layout:
         legacy = getattr(self.scratch._bit_generator, "_legacy_seeding", None)
         fast = legacy is not None and _holds(self.scratch_key, legacy, reference)
         self.scratch_seed = legacy if fast else self.scratch.seed
-        # A private torch generator whose words give the seeded states (see _fast_seeder).
+        # A private torch generator whose state gives the seeded states (see _fast_seeder):
+        # its words those of Python and NumPy, its whole state torch CPU's.
         self.torch_scratch = torch.Generator(device="cpu")
-        self.torch_words = _torch_words_view(self.torch_scratch)
+        self.torch_words = words_view(self.torch_scratch)
+        self.torch_state = state_view(self.torch_scratch) if self.torch_words is not None else None
+        # torch.default_generator's state in place (None: get_state / set_state).
+        self.torch_default = (
+            default_state_view(torch.Generator(device="cpu"))
+            if self.torch_state is not None
+            else None
+        )
 
     def numpy_key(self) -> memoryview | None:
         """The global bit generator's state, or None (public accessors only)."""
@@ -339,6 +283,16 @@ def install(snapshot: Snapshot) -> None:
         np.random.set_state(_numpy_public(snapshot))
 
 
+def torch_accessors() -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """``(get, put)`` for the caller's torch CPU state around one read in this process:
+    raw bytes in place where the layout is proven, else ``get_state`` / ``set_state``.
+    What ``get`` returns is only for ``put`` (never saved, sent or put in a Snapshot)."""
+    view = layout().torch_default
+    if view is None:
+        return torch.default_generator.get_state, torch.default_generator.set_state
+    return functools.partial(bytes, view), functools.partial(view.__setitem__, slice(None))
+
+
 def seed_global(seed: int) -> None:
     """Seed Python ``random``, NumPy's global generator and torch CPU from one integer."""
     if not _SEEDERS:
@@ -379,15 +333,26 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
     index, words = python[:4], python[4:]
     instance, numpy_state = place.python_instance, place.numpy_state
     bit_generator, manual_seed = place.numpy_bit_generator, torch.default_generator.manual_seed
-    seeded = place.torch_words
+    seeded, scratch_state, default_state = place.torch_words, place.torch_state, place.torch_default
+    # seed_torch(seed) seeds torch CPU and returns the words of init_genrand(low 32 bits),
+    # Python's; seed_numpy(high) seeds NumPy.
     if seeded is not None:
         # The words computed by the private torch generator: no call into NumPy per batch.
         torch_seed = place.torch_scratch.manual_seed
         numpy_words, numpy_position = key[:_KEY_BYTES], key[_KEY_BYTES:]
+        if scratch_state is not None and default_state is not None:
 
-        def python_words(low: int) -> memoryview:
-            torch_seed(low)
-            return seeded
+            def seed_torch(seed: int) -> memoryview:
+                torch_seed(seed)  # its words: init_genrand(low 32 bits), as Python's
+                default_state[:] = scratch_state  # what manual_seed(seed) leaves, copied
+                return seeded
+
+        else:
+
+            def seed_torch(seed: int) -> memoryview:
+                torch_seed(seed)
+                manual_seed(seed)
+                return seeded
 
         def seed_numpy(high: int) -> None:
             torch_seed(high)
@@ -397,8 +362,9 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
     else:
         fresh = scratch[:_KEY_BYTES]
 
-        def python_words(low: int) -> memoryview:
-            scratch_seed(low)
+        def seed_torch(seed: int) -> memoryview:
+            scratch_seed(seed & _MASK32)
+            manual_seed(seed)
             return fresh
 
         def seed_numpy(high: int) -> None:
@@ -408,13 +374,12 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
         if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
             _seed_any(seed)
             return
-        low_words = python_words(seed & _MASK32)
+        low_words = seed_torch(seed)
         index[:] = _FRESH_INDEX
         words[:] = low_words  # before seed_numpy: the torch words are those of the last seed
         instance.gauss_next = None
         seed_numpy((seed >> 32) & _MASK32)
         gauss[:] = _NO_GAUSS  # no cached Gaussian, as seed() leaves it
-        manual_seed(seed)
 
     return seed_fast
 

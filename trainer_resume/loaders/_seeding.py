@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ..rng import hold_generators
-from ._global_generators import Snapshot, capture, install, layout, seed_global
+from ._global_generators import Snapshot, capture, install, layout, seed_global, torch_accessors
 
 __all__ = ["CallerGenerators", "OwnGenerators", "caller_generators", "run_seeded", "seed_batch"]
 
@@ -53,7 +53,7 @@ class CallerGenerators:
 
 def _hand_back(place: Any, lock: Any) -> Callable[[Callable[[], None], Callable[[], T]], T]:
     python, gauss, instance = place.python, place.gauss, place.python_instance
-    numpy_state, get_state, set_state = place.numpy_state, _TORCH.get_state, _TORCH.set_state
+    numpy_state, (get_torch, put_torch) = place.numpy_state, torch_accessors()
     key = place.numpy_key()  # finds the bit generator first
     bit_generator = place.numpy_bit_generator
 
@@ -69,12 +69,12 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Callable[[], None], Callable[
                     install(caller)
             python_state, gauss_next = bytes(python), instance.gauss_next
             numpy_state_bytes, numpy_gauss = bytes(key), bytes(gauss)
-            torch_state = get_state()
+            torch_state = get_torch()
             try:
                 seed()
                 return fetch()
             finally:
-                set_state(torch_state)
+                put_torch(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
                 key[:] = numpy_state_bytes
@@ -156,6 +156,7 @@ def _own_swap(
     """
     python, gauss, instance = place.python, place.gauss, place.python_instance
     numpy_state, get_state, set_state = place.numpy_state, _TORCH.get_state, _TORCH.set_state
+    get_caller, put_caller = torch_accessors()
     key = place.numpy_key()
     bit_generator = place.numpy_bit_generator
     if python is None or key is None or gauss is None:
@@ -174,7 +175,7 @@ def _own_swap(
                 return False, None, None
             python_state, gauss_next = bytes(python), instance.gauss_next
             numpy_state_bytes, numpy_gauss = bytes(key), bytes(gauss)
-            torch_state = get_state()
+            torch_state = get_caller()
             try:
                 if own is not None:
                     set_state(own.torch)
@@ -187,7 +188,7 @@ def _own_swap(
                     bytes(python), instance.gauss_next, bytes(key), bytes(gauss), get_state()
                 )
             finally:
-                set_state(torch_state)
+                put_caller(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
                 key[:] = numpy_state_bytes
