@@ -231,3 +231,21 @@ def test_snapshots_are_the_same_only_when_every_generator_state_is_bit_identical
     changed[-1] ^= 1
     assert not generators.same(first, generators.Snapshot(python, 0.0, numpy, gauss, changed))
     assert not generators.same(first, generators.Snapshot(python, 0.0, bytes(16), gauss, state))
+
+
+def test_a_copys_torch_state_kept_in_place_is_saved_and_pickled_as_get_states_tensor():
+    own = OwnGenerators()
+    _with_cached_gaussians(8)
+    caller = torch.get_rng_state()
+    own.run(lambda: (generators.seed_global(31), torch.randn(1, dtype=torch.float64)))
+    kept = own.after()
+    assert type(kept.torch) is generators.InPlaceState
+    assert torch.equal(torch.get_rng_state(), caller)
+    generators.seed_global(31)
+    torch.randn(1, dtype=torch.float64)  # leaves a cached normal sample in both
+    expected = torch.get_rng_state()
+    assert torch.equal(generators.state_of(kept)["torch"], expected)
+    assert torch.equal(generators._tensor(pickle.loads(pickle.dumps(kept)).torch), expected)
+    torch.manual_seed(0)
+    generators.install(kept)
+    assert torch.equal(torch.get_rng_state(), expected)

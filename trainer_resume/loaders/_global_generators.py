@@ -43,6 +43,7 @@ import functools
 import random
 import struct
 import sys
+import threading
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -54,7 +55,15 @@ from ..rng import RNG_FORMAT
 from ..state import RandomState
 from ._torch_generator_memory import default_state_view, raw_view, state_view, words_view
 
-__all__ = ["Snapshot", "capture", "install", "seed_global", "snapshot_of", "state_of"]
+__all__ = [
+    "InPlaceState",
+    "Snapshot",
+    "capture",
+    "install",
+    "seed_global",
+    "snapshot_of",
+    "state_of",
+]
 
 _MASK32 = (1 << 32) - 1
 _WORDS = 624
@@ -149,12 +158,16 @@ class _Layout:
         self.torch_scratch = torch.Generator(device="cpu")
         self.torch_words = words_view(self.torch_scratch)
         self.torch_state = state_view(self.torch_scratch) if self.torch_words is not None else None
-        # torch.default_generator's state in place (None: get_state / set_state).
-        self.torch_default = (
-            default_state_view(torch.Generator(device="cpu"))
-            if self.torch_state is not None
-            else None
-        )
+        # torch.default_generator's state in place, with a private generator that converts
+        # such a state to get_state()'s tensor (None: get_state / set_state).
+        self.torch_default: memoryview | None = None
+        self.converter: _Converter | None = None
+        if self.torch_state is not None:
+            default = default_state_view(torch.Generator(device="cpu"))
+            private = torch.Generator(device="cpu")
+            private_state = state_view(private)
+            if default is not None and private_state is not None:
+                self.torch_default, self.converter = default, _Converter(private, private_state)
 
     def numpy_key(self) -> memoryview | None:
         """The global bit generator's state, or None (public accessors only)."""
@@ -196,8 +209,9 @@ class Snapshot:
 
     ``python`` is the raw index and state (``bytes``) with ``gauss_next`` beside it, or
     ``random.getstate()``; ``numpy`` the raw key and position with ``numpy_gauss`` beside
-    it, or ``np.random.get_state()``; ``torch`` the CPU generator's state tensor (or its
-    bytes). It pickles the tensor as bytes (a tensor crossing a worker queue would go
+    it, or ``np.random.get_state()``; ``torch`` the CPU generator's state tensor, its
+    bytes, or an :class:`InPlaceState` (the generator's memory, this process only). It
+    pickles the state as the tensor's bytes (a tensor crossing a worker queue would go
     through shared memory) and keeps them as bytes until they are used.
     """
 
@@ -213,7 +227,7 @@ class Snapshot:
         self.torch = torch_state
 
     def __getstate__(self) -> tuple[Any, ...]:
-        raw = self.torch if type(self.torch) is bytes else self.torch.numpy().tobytes()
+        raw = self.torch if type(self.torch) is bytes else _tensor(self.torch).numpy().tobytes()
         return self.python, self.gauss_next, self.numpy, self.numpy_gauss, raw
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
@@ -222,10 +236,38 @@ class Snapshot:
         self.python, self.gauss_next, self.numpy, self.numpy_gauss, self.torch = state
 
 
+class InPlaceState(bytes):
+    """A torch CPU state copied out of the generator's memory (``torch_accessors``): put
+    back in place in this process, converted to ``get_state()``'s tensor for anything else."""
+
+    __slots__ = ()
+
+
 def _tensor(torch_state: Any) -> torch.Tensor:
-    if type(torch_state) is bytes:
+    kind = type(torch_state)
+    if kind is bytes:
         return torch.frombuffer(bytearray(torch_state), dtype=torch.uint8)
+    if kind is InPlaceState:
+        converter = layout().converter
+        if converter is None:  # made only where the layout is proven
+            raise RuntimeError("an in-place torch state in a process without the layout")
+        return converter.tensor(torch_state)
     return torch_state  # type: ignore[no-any-return]
+
+
+class _Converter:
+    """A private generator that turns an :class:`InPlaceState` into ``get_state()``'s tensor
+    (at a pause, or when a snapshot is pickled: off the per-batch path)."""
+
+    def __init__(self, generator: torch.Generator, view: memoryview) -> None:
+        self._lock = threading.Lock()
+        self._generator = generator  # held: the view points into it
+        self._view = view
+
+    def tensor(self, state: InPlaceState) -> torch.Tensor:
+        with self._lock:
+            self._view[:] = state
+            return self._generator.get_state()
 
 
 def same(first: Snapshot, second: Snapshot) -> bool:
@@ -268,7 +310,10 @@ def capture() -> Snapshot:
 def install(snapshot: Snapshot) -> None:
     """Put ``snapshot``'s states into the global generators."""
     place = _LAYOUT[0] if _LAYOUT else layout()
-    torch.default_generator.set_state(_tensor(snapshot.torch))
+    if type(snapshot.torch) is InPlaceState and place.torch_default is not None:
+        place.torch_default[:] = snapshot.torch
+    else:
+        torch.default_generator.set_state(_tensor(snapshot.torch))
     python = place.python
     if type(snapshot.python) is bytes and python is not None:
         python[:] = snapshot.python
@@ -284,13 +329,21 @@ def install(snapshot: Snapshot) -> None:
 
 
 def torch_accessors() -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """``(get, put)`` for the caller's torch CPU state around one read in this process:
-    raw bytes in place where the layout is proven, else ``get_state`` / ``set_state``.
-    What ``get`` returns is only for ``put`` (never saved, sent or put in a Snapshot)."""
+    """``(get, put)`` of torch CPU's state in this process: an :class:`InPlaceState` copied
+    in place where the layout is proven, else ``get_state`` / ``set_state``. ``put``
+    takes any form a :class:`Snapshot` holds."""
     view = layout().torch_default
+    set_state = torch.default_generator.set_state
     if view is None:
-        return torch.default_generator.get_state, torch.default_generator.set_state
-    return functools.partial(bytes, view), functools.partial(view.__setitem__, slice(None))
+        return torch.default_generator.get_state, lambda state: set_state(_tensor(state))
+
+    def put(state: Any) -> None:
+        if type(state) is InPlaceState:
+            view[:] = state
+        else:
+            set_state(_tensor(state))
+
+    return functools.partial(InPlaceState, view), put
 
 
 def seed_global(seed: int) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch
 from torch.utils.data import get_worker_info
 
 from ..rng import hold_generators
@@ -32,7 +31,6 @@ __all__ = ["CallerGenerators", "OwnGenerators", "caller_generators", "run_seeded
 T = TypeVar("T")
 
 seed_batch = seed_global  # seeds Python random, NumPy's global generator and torch CPU
-_TORCH = torch.default_generator
 
 
 class CallerGenerators:
@@ -155,8 +153,7 @@ def _own_swap(
     through the public accessors. ``None`` where this process has no raw views.
     """
     python, gauss, instance = place.python, place.gauss, place.python_instance
-    numpy_state, get_state, set_state = place.numpy_state, _TORCH.get_state, _TORCH.set_state
-    get_caller, put_caller = torch_accessors()
+    numpy_state, (get_torch, put_torch) = place.numpy_state, torch_accessors()
     key = place.numpy_key()
     bit_generator = place.numpy_bit_generator
     if python is None or key is None or gauss is None:
@@ -165,30 +162,25 @@ def _own_swap(
     def swap(own: Snapshot | None, read: Callable[[], Any]) -> tuple[bool, Any, Snapshot | None]:
         with hold_generators():
             if numpy_state._bit_generator is not bit_generator or (
-                own is not None
-                and not (
-                    type(own.python) is bytes
-                    and type(own.numpy) is bytes
-                    and type(own.torch) is torch.Tensor
-                )
+                own is not None and not (type(own.python) is bytes and type(own.numpy) is bytes)
             ):
                 return False, None, None
             python_state, gauss_next = bytes(python), instance.gauss_next
             numpy_state_bytes, numpy_gauss = bytes(key), bytes(gauss)
-            torch_state = get_caller()
+            torch_state = get_torch()
             try:
                 if own is not None:
-                    set_state(own.torch)
+                    put_torch(own.torch)
                     python[:] = own.python
                     instance.gauss_next = own.gauss_next
                     key[:] = own.numpy
                     gauss[:] = own.numpy_gauss
                 result = read()
                 after = Snapshot(
-                    bytes(python), instance.gauss_next, bytes(key), bytes(gauss), get_state()
+                    bytes(python), instance.gauss_next, bytes(key), bytes(gauss), get_torch()
                 )
             finally:
-                put_caller(torch_state)
+                put_torch(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
                 key[:] = numpy_state_bytes
