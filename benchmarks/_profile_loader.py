@@ -193,13 +193,37 @@ def seeding_breakdown(calls: int, repeats: int) -> dict[str, float]:
         "hold and release the generators lock": locked,
         "Python random: take and put back (raw, 2.5 KB)": python_back,
         "NumPy: take and put back (raw, 2.5 KB + Gaussian cache)": numpy_back,
-        "torch CPU: get_state + set_state (5 KB tensor)": lambda: generator.set_state(
-            generator.get_state()
-        ),
-        "seed Python random (init_genrand by NumPy, copied)": seed_python,
-        "seed NumPy (init_genrand)": seed_numpy,
-        "seed torch CPU (manual_seed)": lambda: generator.manual_seed(seed),
     }
+    words, scratch_state, default_state = place.torch_words, place.torch_state, place.torch_default
+    if words is not None and scratch_state is not None and default_state is not None:
+        # The library's path where the torch generator's layout is proven (_fast_seeder).
+        torch_seed, numpy_words = place.torch_scratch.manual_seed, key[: len(words)]
+
+        def torch_back() -> None:
+            default_state[:] = bytes(default_state)
+
+        def seed_torch_and_python() -> None:
+            torch_seed(seed)
+            default_state[:] = scratch_state
+            python[4:] = words
+
+        def seed_numpy_words() -> None:
+            torch_seed(seed >> 32)
+            numpy_words[:] = words
+            gauss[:] = bytes(16)
+
+        steps["torch CPU: take and put back (raw, in place, 2.5 KB)"] = torch_back
+        steps["seed torch CPU and Python random (a private torch generator seeded, copied)"] = (
+            seed_torch_and_python
+        )
+        steps["seed NumPy (the private torch generator's words, copied)"] = seed_numpy_words
+    else:
+        steps["torch CPU: get_state + set_state (5 KB tensor)"] = lambda: generator.set_state(
+            generator.get_state()
+        )
+        steps["seed Python random (init_genrand by NumPy, copied)"] = seed_python
+        steps["seed NumPy (init_genrand)"] = seed_numpy
+        steps["seed torch CPU (manual_seed)"] = lambda: generator.manual_seed(seed)
     timings = {name: per_call_us(step, calls, repeats) for name, step in steps.items()}
     generator.set_state(torch_state)  # the steps seeded the global generators: put them back
     python[:], key[:], gauss[:] = python_state, numpy_state, numpy_gauss
