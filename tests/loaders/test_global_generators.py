@@ -167,7 +167,12 @@ def test_a_snapshot_converts_to_the_saved_random_state_and_back_through_pickle()
     assert first_difference(restored, random_state()) is None
 
 
-def test_the_callers_generators_come_back_with_their_cached_gaussians_after_a_seeded_fetch():
+@pytest.mark.parametrize("torch_in_place", [True, False], ids=["in-place", "get-set-state"])
+def test_the_callers_generators_come_back_with_their_cached_gaussians_after_a_seeded_fetch(
+    monkeypatch, torch_in_place
+):
+    if not torch_in_place:
+        monkeypatch.setattr(generators.layout(), "torch_default", None)
     _with_cached_gaussians(21)
     before = _public()
 

@@ -31,16 +31,23 @@ def _equal(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
     return all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
+def _proven(count: int = 2) -> list[tuple[torch.Generator, memoryview]]:
+    states = memory.private_states(count)
+    assert states is not None
+    return states
+
+
 def test_this_torch_has_the_layout_so_the_in_place_path_is_what_the_tests_exercise():
-    assert memory.state_view(torch.Generator()) is not None
-    assert memory.default_state_view(torch.Generator()) is not None
+    (private, view), _ = _proven()
+    assert memory.default_state_view(private, view) is not None
+    place = generators.layout()
+    assert place.torch_state is not None and place.torch_default is not None
+    assert place.converter is not None
 
 
 @pytest.mark.parametrize("cached", [True, False], ids=["cached-normal", "no-cached-normal"])
 def test_a_state_copied_in_place_gives_the_target_the_sources_state_and_draws(cached):
-    source, target = torch.Generator(), torch.Generator()
-    source_view, target_view = memory.state_view(source), memory.state_view(target)
-    assert source_view is not None and target_view is not None
+    (source, source_view), (target, target_view) = _proven()
     if cached:
         _with_cached_normal(source, 11)
         target.manual_seed(3)
@@ -67,13 +74,11 @@ def test_the_callers_torch_state_put_back_in_place_is_its_state_with_its_cached_
 
 
 def test_the_words_are_numpys_legacy_seeding_and_the_fields_before_them_the_seed():
-    generator = torch.Generator()
-    view = memory.state_view(generator)
-    assert view is not None
+    ((generator, view),) = _proven(1)
     generator.manual_seed(0x1234_5678_9ABC_DEF0)
     seed, left, seeded, position = memory._fields(view)
     assert (seed, left, seeded, position) == (0x1234_5678_9ABC_DEF0, 1, 1, 0)
-    words = np.frombuffer(bytes(view[memory._FIELDS.size :][: 624 * 4]), dtype=np.uint32)
+    words = np.frombuffer(bytes(view[memory.STATE_WORDS]), dtype=np.uint32)
     assert np.array_equal(words, np.random.RandomState(0x9ABC_DEF0).get_state()[1])
 
 
@@ -84,14 +89,14 @@ def test_the_words_are_numpys_legacy_seeding_and_the_fields_before_them_the_seed
 )
 def test_a_layout_that_does_not_hold_is_refused(monkeypatch, name, wrong):
     monkeypatch.setattr(memory, name, wrong)
-    assert memory.state_view(torch.Generator()) is None
-    assert memory.default_state_view(torch.Generator()) is None
+    assert memory.private_states(2) is None
 
 
 def test_no_state_is_found_in_a_generator_that_is_not_a_plain_torch_cpu_generator():
     class Subclassed(torch.Generator):
         pass
 
-    assert memory.state_view(Subclassed()) is None
     assert memory.words_view(Subclassed()) is None
-    assert memory.state_view(np.random.MT19937(0)) is None  # type: ignore[arg-type]
+    assert memory.words_view(np.random.MT19937(0)) is None  # type: ignore[arg-type]
+    (private, view), _ = _proven()
+    assert memory.default_state_view(Subclassed(), view) is None

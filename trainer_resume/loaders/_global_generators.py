@@ -53,7 +53,13 @@ import torch
 
 from ..rng import RNG_FORMAT
 from ..state import RandomState
-from ._torch_generator_memory import default_state_view, raw_view, state_view, words_view
+from ._torch_generator_memory import (
+    STATE_WORDS,
+    default_state_view,
+    private_states,
+    raw_view,
+    words_view,
+)
 
 __all__ = [
     "InPlaceState",
@@ -154,20 +160,22 @@ class _Layout:
         fast = legacy is not None and _holds(self.scratch_key, legacy, reference)
         self.scratch_seed = legacy if fast else self.scratch.seed
         # A private torch generator whose state gives the seeded states (see _fast_seeder):
-        # its words those of Python and NumPy, its whole state torch CPU's.
-        self.torch_scratch = torch.Generator(device="cpu")
-        self.torch_words = words_view(self.torch_scratch)
-        self.torch_state = state_view(self.torch_scratch) if self.torch_words is not None else None
-        # torch.default_generator's state in place, with a private generator that converts
-        # such a state to get_state()'s tensor (None: get_state / set_state).
+        # its words those of Python and NumPy, its whole state torch CPU's; with a second
+        # one that converts an InPlaceState to get_state()'s tensor, and torch CPU's state
+        # in place (None: get_state / set_state).
+        self.torch_state: memoryview | None = None
         self.torch_default: memoryview | None = None
         self.converter: _Converter | None = None
-        if self.torch_state is not None:
-            default = default_state_view(torch.Generator(device="cpu"))
-            private = torch.Generator(device="cpu")
-            private_state = state_view(private)
-            if default is not None and private_state is not None:
-                self.torch_default, self.converter = default, _Converter(private, private_state)
+        states = private_states(2)
+        if states is not None:
+            (self.torch_scratch, self.torch_state), (private, private_state) = states
+            self.torch_words = self.torch_state[STATE_WORDS]
+            self.torch_default = default_state_view(private, private_state)
+            if self.torch_default is not None:
+                self.converter = _Converter(private, private_state)
+        else:
+            self.torch_scratch = torch.Generator(device="cpu")
+            self.torch_words = words_view(self.torch_scratch)
 
     def numpy_key(self) -> memoryview | None:
         """The global bit generator's state, or None (public accessors only)."""
