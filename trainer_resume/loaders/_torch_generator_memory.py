@@ -140,9 +140,7 @@ def words_view(generator: torch.Generator) -> memoryview | None:
         offset = _words_offset(generator, impl)
     except (ValueError, OverflowError, TypeError, RuntimeError):
         return None
-    if impl is None or offset is None:
-        return None
-    return raw_view(impl + offset, _KEY_BYTES)
+    return raw_view(impl + offset, _KEY_BYTES) if offset is not None else None
 
 
 def _state_at(impl: int, offset: int) -> memoryview:
