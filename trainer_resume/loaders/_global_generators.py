@@ -318,10 +318,7 @@ def capture() -> Snapshot:
 def install(snapshot: Snapshot) -> None:
     """Put ``snapshot``'s states into the global generators."""
     place = _LAYOUT[0] if _LAYOUT else layout()
-    if type(snapshot.torch) is InPlaceState and place.torch_default is not None:
-        place.torch_default[:] = snapshot.torch
-    else:
-        torch.default_generator.set_state(_tensor(snapshot.torch))
+    torch_accessors()[1](snapshot.torch)
     python = place.python
     if type(snapshot.python) is bytes and python is not None:
         python[:] = snapshot.python

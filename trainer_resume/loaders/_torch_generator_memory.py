@@ -245,8 +245,9 @@ def default_state_view(private: torch.Generator, view: memoryview) -> memoryview
     """
     default = torch.default_generator
     try:
+        # private's memory was proven with its layout; the default generator's is read.
         private_impl, impl = _impl(private), _impl(default)
-        if private_impl is None or impl is None or not _mapped([private_impl, impl]):
+        if private_impl is None or impl is None or not _mapped([impl]):
             return None
         offset = ctypes.addressof(ctypes.c_char.from_buffer(view)) - private_impl + _FIELDS.size
         state = _state_at(impl, offset)
