@@ -125,8 +125,17 @@ def seed_deriver(first: int, last: int) -> Callable[[int], int]:
     tail = last & _MASK64
 
     def derive(value: int) -> int:
-        state = _splitmix64(head ^ (value & _MASK64))
-        return _splitmix64(_splitmix64(state ^ tail) ^ 3) & _MASK63
+        # _splitmix64 three times, written out (it runs once per batch)
+        value = ((head ^ (value & _MASK64)) + _GOLDEN) & _MASK64
+        value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+        value = ((value ^ (value >> 31) ^ tail) + _GOLDEN) & _MASK64
+        value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+        value = ((value ^ (value >> 31) ^ 3) + _GOLDEN) & _MASK64
+        value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return (value ^ (value >> 31)) & _MASK63
 
     return derive
 

@@ -121,16 +121,6 @@ class _Epoch:
         self.generator_state = generator_state
         self.sampler_epoch = sampler_epoch
 
-    def item(self, number: int) -> Any:
-        size = self.batch_size
-        if size is None:
-            return self.indices[number]
-        return self.indices[number * size : (number + 1) * size]
-
-    def start(self, number: int) -> int:
-        """Sample offset of item ``number`` within the epoch."""
-        return number * (self.batch_size or 1)
-
     def shards(self, start: int, replicas: int) -> EpochShards:
         """The global batches ``replicas`` ranks read from global batch ``start``."""
         return EpochShards(self.indices, self.batch_size or 1, self.drop_last, replicas, start)
@@ -287,11 +277,17 @@ class EpochSource:
             yield from self._shard_tasks(computed, offset, pending, base)
             return
         stride, rank, last = self._replicas, self._rank, computed.count - 1
+        size, indices = computed.batch_size, computed.indices
         for index in range(offset, computed.count):
             after = (number + 1, 0) if index == last else (number, index + 1)
-            position = computed.start(index) * stride + rank
+            # computed.start(index) and computed.item(index), written out (once per batch)
+            if size is None:
+                position, item = index * stride + rank, indices[index]
+            else:
+                start = index * size
+                position, item = start * stride + rank, indices[start : start + size]
             pending.append((position, (number, index), after, index == last))
-            yield base, position, computed.item(index)
+            yield base, position, item
 
     def _shard_tasks(
         self, computed: _Epoch, offset: int, pending: deque[Pending], base: int

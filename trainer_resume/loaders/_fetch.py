@@ -29,7 +29,7 @@ from typing import Any
 from torch.utils.data import Dataset, get_worker_info
 
 from ..rng import derive_seeds, seed_cpu_generators, seed_deriver
-from ._seeding import run_seeded, seed_batch
+from ._seeding import run_seeded
 
 __all__ = ["BatchFetcher", "FetchFailure", "as_is", "batch_seed"]
 
@@ -53,6 +53,10 @@ _BATCH_SEEDS: dict[int, Callable[[int], int]] = {}
 
 def _seeded_per_sample() -> None:
     pass
+
+
+def _in_worker() -> bool:
+    return get_worker_info() is not None
 
 
 def as_is(batch: Any) -> Any:
@@ -164,16 +168,13 @@ class BatchFetcher(Dataset):
 
     def __getitem__(self, task: tuple[int, int, Any]) -> Any:
         base, first_position, indices = task
-        if self.per_sample:
-            seed = _seeded_per_sample  # _fetch seeds each sample and the collate itself
-        else:
-            seed = functools.partial(seed_batch, batch_seed(base, first_position))
-        in_worker = get_worker_info() is not None
         return run_seeded(
-            seed, lambda: self._fetch(base, first_position, indices, in_worker=in_worker)
+            # per sample: _fetch seeds each sample and the collate itself
+            _seeded_per_sample if self.per_sample else batch_seed(base, first_position),
+            functools.partial(self._fetch, base, first_position, indices),
         )
 
-    def _fetch(self, base: int, first_position: int, indices: Any, *, in_worker: bool) -> Any:
+    def _fetch(self, base: int, first_position: int, indices: Any) -> Any:
         dataset = self.dataset
         batch = indices if self.batched else (indices,)
         stride = self.stride
@@ -182,7 +183,7 @@ class BatchFetcher(Dataset):
                 samples = dataset.__getitems__(list(batch))
             except Exception as exc:
                 return FetchFailure(
-                    first_position, batch, first_position, "dataset", exc, in_worker=in_worker
+                    first_position, batch, first_position, "dataset", exc, in_worker=_in_worker()
                 )
         elif self.per_sample:
             samples = []
@@ -194,7 +195,7 @@ class BatchFetcher(Dataset):
                 except Exception as exc:
                     position = first_position + offset * stride
                     return FetchFailure(
-                        first_position, index, position, "dataset", exc, in_worker=in_worker
+                        first_position, index, position, "dataset", exc, in_worker=_in_worker()
                     )
             seed_cpu_generators(batch_seed(base, first_position))
         else:
@@ -207,11 +208,11 @@ class BatchFetcher(Dataset):
                 offset = len(samples)
                 position = first_position + offset * stride
                 return FetchFailure(
-                    first_position, batch[offset], position, "dataset", exc, in_worker=in_worker
+                    first_position, batch[offset], position, "dataset", exc, in_worker=_in_worker()
                 )
         try:
             return self.collate_fn(samples if self.batched else samples[0])
         except Exception as exc:
             return FetchFailure(
-                first_position, None, first_position, "collate", exc, in_worker=in_worker
+                first_position, None, first_position, "collate", exc, in_worker=_in_worker()
             )

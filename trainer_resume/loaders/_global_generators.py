@@ -66,6 +66,7 @@ __all__ = [
     "Snapshot",
     "capture",
     "install",
+    "global_seeder",
     "seed_global",
     "snapshot_of",
     "state_of",
@@ -353,9 +354,14 @@ def torch_accessors() -> tuple[Callable[[], Any], Callable[[Any], None]]:
 
 def seed_global(seed: int) -> None:
     """Seed Python ``random``, NumPy's global generator and torch CPU from one integer."""
+    (_SEEDERS[0] if _SEEDERS else global_seeder())(seed)
+
+
+def global_seeder() -> Callable[[int], None]:
+    """This process's fastest :func:`seed_global`, made on first use (it runs once per batch)."""
     if not _SEEDERS:
         _SEEDERS.append(_fast_seeder(layout()) or _seed_any)
-    _SEEDERS[0](seed)
+    return _SEEDERS[0]
 
 
 _SEEDERS: list[Callable[[int], None]] = []  # this process's fastest seeder, made on first use
@@ -392,25 +398,19 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
     instance, numpy_state = place.python_instance, place.numpy_state
     bit_generator, manual_seed = place.numpy_bit_generator, torch.default_generator.manual_seed
     seeded, scratch_state, default_state = place.torch_words, place.torch_state, place.torch_default
+    if seeded is not None and scratch_state is not None and default_state is not None:
+        return _in_place_seeder(place, python, key, gauss, (seeded, scratch_state, default_state))
     # seed_torch(seed) seeds torch CPU and returns the words of init_genrand(low 32 bits),
     # Python's; seed_numpy(high) seeds NumPy.
     if seeded is not None:
         # The words computed by the private torch generator: no call into NumPy per batch.
         torch_seed = place.torch_scratch.manual_seed
         numpy_words, numpy_position = key[:_KEY_BYTES], key[_KEY_BYTES:]
-        if scratch_state is not None and default_state is not None:
 
-            def seed_torch(seed: int) -> memoryview:
-                torch_seed(seed)  # its words: init_genrand(low 32 bits), as Python's
-                default_state[:] = scratch_state  # what manual_seed(seed) leaves, copied
-                return seeded
-
-        else:
-
-            def seed_torch(seed: int) -> memoryview:
-                torch_seed(seed)
-                manual_seed(seed)
-                return seeded
+        def seed_torch(seed: int) -> memoryview:
+            torch_seed(seed)
+            manual_seed(seed)
+            return seeded
 
         def seed_numpy(high: int) -> None:
             torch_seed(high)
@@ -440,6 +440,40 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
         gauss[:] = _NO_GAUSS  # no cached Gaussian, as seed() leaves it
 
     return seed_fast
+
+
+def _in_place_seeder(
+    place: _Layout,
+    python: memoryview,
+    key: memoryview,
+    gauss: memoryview,
+    torch_views: tuple[memoryview, memoryview, memoryview],
+) -> Callable[[int], None]:
+    """``_fast_seeder`` where torch's state is copied in place: the private torch generator
+    computes Python's, NumPy's and torch CPU's states, and each is copied where it goes
+    (one frame: it runs once per batch). ``torch_views``: the private generator's words and
+    state, and torch CPU's state."""
+    seeded, scratch_state, default_state = torch_views
+    index, words = python[:4], python[4:]
+    numpy_words, numpy_position = key[:_KEY_BYTES], key[_KEY_BYTES:]
+    instance, numpy_state = place.python_instance, place.numpy_state
+    bit_generator, torch_seed = place.numpy_bit_generator, place.torch_scratch.manual_seed
+
+    def seed_in_place(seed: int) -> None:
+        if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
+            _seed_any(seed)
+            return
+        torch_seed(seed)  # its words: init_genrand(low 32 bits), Python's
+        default_state[:] = scratch_state  # what manual_seed(seed) leaves torch CPU, copied
+        index[:] = _FRESH_INDEX
+        words[:] = seeded
+        instance.gauss_next = None
+        torch_seed((seed >> 32) & _MASK32)  # init_genrand(high 32 bits): NumPy's seed()
+        numpy_words[:] = seeded
+        numpy_position[:] = _FRESH_INDEX  # NumPy's pos after seed(): 624, as Python's index
+        gauss[:] = _NO_GAUSS  # no cached Gaussian, as seed() leaves it
+
+    return seed_in_place
 
 
 # --- the saved schema ----------------------------------------------------------------

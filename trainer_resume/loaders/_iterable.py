@@ -283,17 +283,14 @@ class PassReader(IterableDataset):
         # only whole batches before (a partial one ends its part of the pass).
         samples = [batches * (self._batch_size or 1)]
 
-        def recorded() -> tuple[Any, Any]:
+        def taken() -> tuple[Any, Any]:
             if driven:
                 return {"samples": samples[0]}, None
-            state = snapshot(dataset) if dataset_stateful else None
-            if same:
-                return state, state
-            return state, snapshot(iterator) if iterator_stateful else None
-
-        def taken() -> tuple[Any, Any]:
             try:
-                return recorded()
+                state = snapshot(dataset) if dataset_stateful else None
+                if same:
+                    return state, state
+                return state, snapshot(iterator) if iterator_stateful else None
             except Exception as exc:
                 raise _StateFailed from exc
 

@@ -40,7 +40,12 @@ class IterableIterator(ResumableIterator):
         is raised by that ``next()``; nothing happens after the iterator stopped or
         before it delivered its first batch (then the pass has not started to move).
         """
-        if not self.alive or self._ahead is not _NOTHING or not self.delivered:
+        if (
+            self._dead is not None  # not alive (written out: it runs at every step boundary)
+            or self._exhausted
+            or self._ahead is not _NOTHING
+            or not self.delivered
+        ):
             return
         try:
             self._ahead = self._next_batch_item()

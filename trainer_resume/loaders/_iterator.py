@@ -15,11 +15,12 @@ from collections import deque
 from typing import Any
 
 import torch
+from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
 
 from ..errors import IteratorInvalidatedError, LoaderCommitFailedError, LoaderFetchFailedError
 from ..pause_signals import quiet_child_exits
-from ._fetch import FetchFailure
+from ._fetch import FetchFailure, as_is
 from ._sources import Pending, Source
 
 __all__ = ["Stream", "ResumableIterator", "cause_of", "release", "shutdown"]
@@ -66,6 +67,7 @@ class ResumableIterator:
     def __init__(self, stream: Stream, inner: Any, pending: deque[Pending], epoch: int = 0) -> None:
         self._stream = stream
         self._inner: Any = inner
+        self._direct = _direct_route(inner)
         self._pending = pending
         self._dead: BaseException | None = None  # the error every later next() raises
         self._exhausted = False
@@ -90,7 +92,8 @@ class ResumableIterator:
             raise type(self._dead)(self._dead.detail)  # type: ignore[attr-defined]
         if self._exhausted:
             raise StopIteration
-        self._stream.require_committable()
+        if self._stream.commit_failure is not None:
+            self._stream.require_committable()
         data = self._receive()
         try:
             batch, last = self._commit(data)
@@ -119,11 +122,15 @@ class ResumableIterator:
                 # Its __next__ wraps _next_data (sampler, fetch, pin) in a profiler record
                 # and bookkeeping that cost as much as seeding a batch; with a profiler
                 # running the record is kept.
+                direct = self._direct
+                if direct is not None:
+                    tasks, items = direct
+                    return next(items) if tasks is None else items(next(tasks))
                 return inner._next_data()
             return next(inner)
         except StopIteration:
             self._exhausted = True
-            self._inner = None
+            self._inner = self._direct = None
             self._stream.source.end_epoch(self.epoch)
             raise
         except Exception as exc:
@@ -153,6 +160,7 @@ class ResumableIterator:
         """The iteration is over: persistent workers stay for the next one."""
         self._exhausted = True
         inner, self._inner = self._inner, None
+        self._direct = None
         self._pending.clear()
         release(inner)
 
@@ -162,6 +170,7 @@ class ResumableIterator:
         if self._dead is None:
             self._dead = IteratorInvalidatedError(reason)
         inner, self._inner = self._inner, None
+        self._direct = None
         self._pending.clear()
         if inner is not None:
             release(inner)
@@ -182,6 +191,7 @@ class ResumableIterator:
         if self._dead is None or isinstance(error, IteratorInvalidatedError):
             self._dead = error
         inner, self._inner = self._inner, None
+        self._direct = None
         self._pending.clear()
         if inner is not None:
             shutdown(inner)
@@ -190,6 +200,29 @@ class ResumableIterator:
         if self._pending:
             return f"{what} (batch starting at stream position {self._pending[0][0]})"
         return what
+
+
+def _direct_route(inner: Any) -> tuple[Any, Any] | None:
+    """What a single-process internal iterator's ``_next_data`` does, without the calls
+    around it (the next index, the fetcher's ``fetch``, the identity collate of
+    :func:`as_is`): ``(tasks, fetch)``, each item ``fetch(next(tasks))``, over a map-style
+    fetcher; ``(None, items)``, each item ``next(items)``, over an iterable one. ``None``
+    where it does more (pinned memory, batches it collates itself), so ``_next_data`` runs.
+    """
+    # Read with defaults that keep _next_data, should a torch release rename what is read.
+    if type(inner) is not _SingleProcessDataLoaderIter or getattr(inner, "_pin_memory", True):
+        return None
+    fetcher = getattr(inner, "_dataset_fetcher", None)
+    if (
+        getattr(fetcher, "auto_collation", True)
+        or getattr(fetcher, "collate_fn", None) is not as_is
+    ):
+        return None
+    if type(fetcher) is _MapDatasetFetcher and hasattr(inner, "_sampler_iter"):
+        return inner._sampler_iter, fetcher.dataset.__getitem__
+    if type(fetcher) is _IterableDatasetFetcher and getattr(fetcher, "ended", True) is False:
+        return None, fetcher.dataset_iter
+    return None
 
 
 def cause_of(failure: FetchFailure) -> BaseException:

@@ -24,11 +24,23 @@ from typing import Any, TypeVar
 from torch.utils.data import get_worker_info
 
 from ..rng import hold_generators
-from ._global_generators import Snapshot, capture, install, layout, seed_global, torch_accessors
+from ._global_generators import (
+    InPlaceState,
+    Snapshot,
+    capture,
+    global_seeder,
+    install,
+    layout,
+    seed_global,
+    torch_accessors,
+)
 
 __all__ = ["CallerGenerators", "OwnGenerators", "caller_generators", "run_seeded", "seed_batch"]
 
 T = TypeVar("T")
+
+# What a read runs under: the batch seed for seed_batch, or a function that sets the states.
+Seed = int | Callable[[], None]
 
 seed_batch = seed_global  # seeds Python random, NumPy's global generator and torch CPU
 
@@ -36,32 +48,36 @@ seed_batch = seed_global  # seeds Python random, NumPy's global generator and to
 class CallerGenerators:
     """Runs a fetch in the main process and hands the caller's generator states back, also on errors.
 
-    ``run(seed, fetch)`` calls ``seed()`` then ``fetch()`` and returns what ``fetch``
-    returned; the caller's Python, NumPy and torch CPU states come back after it. It is
-    a function bound to this process's views of the generators (it runs once per batch).
+    ``run(seed, fetch)`` seeds the generators (``seed_batch(seed)`` for an ``int``, else
+    ``seed()``) then calls ``fetch()`` and returns what it returned; the caller's Python,
+    NumPy and torch CPU states come back after it. It is a function bound to this
+    process's views of the generators (it runs once per batch).
     """
 
     __slots__ = ("run",)
 
     def __init__(self) -> None:
-        self.run: Callable[[Callable[[], None], Callable[[], Any]], Any] = _hand_back(
-            layout(), hold_generators()
-        )
+        self.run: Callable[[Seed, Callable[[], Any]], Any] = _hand_back(layout(), hold_generators())
 
 
-def _hand_back(place: Any, lock: Any) -> Callable[[Callable[[], None], Callable[[], T]], T]:
+def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
     python, gauss, instance = place.python, place.gauss, place.python_instance
     numpy_state, (get_torch, put_torch) = place.numpy_state, torch_accessors()
     key = place.numpy_key()  # finds the bit generator first
     bit_generator = place.numpy_bit_generator
+    seeder = global_seeder()
+    torch_view = place.torch_default  # torch CPU's state in place, or None
 
-    def run(seed: Callable[[], None], fetch: Callable[[], T]) -> T:
+    def run(seed: Seed, fetch: Callable[[], T]) -> T:
         # Another thread capturing the generators (a pause) waits until they are back.
         with lock:
             if python is None or key is None or numpy_state._bit_generator is not bit_generator:
                 caller = capture()  # the public accessors, or a replaced NumPy generator
                 try:
-                    seed()
+                    if type(seed) is int:
+                        seeder(seed)
+                    else:
+                        seed()  # type: ignore[operator]
                     return fetch()
                 finally:
                     install(caller)
@@ -69,10 +85,16 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Callable[[], None], Callable[
             numpy_state_bytes, numpy_gauss = bytes(key), bytes(gauss)
             torch_state = get_torch()
             try:
-                seed()
+                if type(seed) is int:
+                    seeder(seed)
+                else:
+                    seed()  # type: ignore[operator]
                 return fetch()
             finally:
-                put_torch(torch_state)
+                if torch_view is not None:
+                    torch_view[:] = torch_state
+                else:
+                    put_torch(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
                 key[:] = numpy_state_bytes
@@ -90,14 +112,18 @@ def caller_generators() -> CallerGenerators:
     return _CALLER[0]
 
 
-def run_seeded(seed: Callable[[], None], fetch: Callable[[], T]) -> T:
-    """``seed()`` then ``fetch()``; in the main process the caller's generators come back after."""
+def run_seeded(seed: Seed, fetch: Callable[[], T]) -> T:
+    """``fetch()`` seeded as :class:`CallerGenerators` seeds it; in the main process the
+    caller's generators come back after."""
     if get_worker_info() is not None:
         # In a worker nothing but these fetches draws from the global generators,
         # and each fetch reseeds them, so there is no caller state to restore.
-        seed()
+        if type(seed) is int:
+            seed_batch(seed)
+        else:
+            seed()  # type: ignore[operator]
         return fetch()
-    return caller_generators().run(seed, fetch)
+    return (_CALLER[0] if _CALLER else caller_generators()).run(seed, fetch)
 
 
 class OwnGenerators:
@@ -158,9 +184,10 @@ def _own_swap(
     bit_generator = place.numpy_bit_generator
     if python is None or key is None or gauss is None:
         return None
+    lock, torch_view = hold_generators(), place.torch_default  # torch CPU's state in place, or None
 
     def swap(own: Snapshot | None, read: Callable[[], Any]) -> tuple[bool, Any, Snapshot | None]:
-        with hold_generators():
+        with lock:
             if numpy_state._bit_generator is not bit_generator or (
                 own is not None and not (type(own.python) is bytes and type(own.numpy) is bytes)
             ):
@@ -170,7 +197,10 @@ def _own_swap(
             torch_state = get_torch()
             try:
                 if own is not None:
-                    put_torch(own.torch)
+                    if torch_view is not None and type(own.torch) is InPlaceState:
+                        torch_view[:] = own.torch
+                    else:
+                        put_torch(own.torch)
                     python[:] = own.python
                     instance.gauss_next = own.gauss_next
                     key[:] = own.numpy
@@ -180,7 +210,10 @@ def _own_swap(
                     bytes(python), instance.gauss_next, bytes(key), bytes(gauss), get_torch()
                 )
             finally:
-                put_torch(torch_state)
+                if torch_view is not None:  # get_torch() took an InPlaceState
+                    torch_view[:] = torch_state
+                else:
+                    put_torch(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
                 key[:] = numpy_state_bytes
