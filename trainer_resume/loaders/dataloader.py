@@ -557,7 +557,9 @@ class ResumableDataLoader(DataLoader):
             if cls.epoch_ended is not ResumableDataLoader.epoch_ended:
                 return build, self.epoch_ended is True  # a subclass's own
         else:
-            self._settle()
+            active = self._active
+            if isinstance(active, IterableIterator):  # _settle(), written out
+                active.look_ahead()
             build = self._defer_state(stream)
         active = self._active
         return build, active is not None and active.ended

@@ -91,26 +91,27 @@ class _Tracker:
         # read from another thread.
         self.lock = threading.Lock()
         self.records: dict[int, _Record] = {}
-        # id -> (the optimizer, its serial): a serial is never reused, where an id may be
-        # once its optimizer is gone.
-        self.optimizers: dict[int, tuple[weakref.ref[Any], int]] = {}
+        # id -> (the optimizer, its serial, the set holding its serial alone, shared by the
+        # records it alone stepped on): a serial is never reused, where an id may be once
+        # its optimizer is gone.
+        self.optimizers: dict[int, tuple[weakref.ref[Any], int, frozenset[int]]] = {}
         self.handle: Any = None
         # after_step as torch.compile runs it apart (made with the hook: torch._dynamo
         # loads on first use, and importing the library does not need it).
         self.untraced_step_hook: Any = None
         self._serials = itertools.count()
-        self._singletons: dict[int, frozenset[int]] = {}
         self._pruned_size = 0
 
-    def serial(self, optimizer: Any, *, add: bool) -> int | None:
-        """The serial of an optimizer seen stepping (a new one with ``add``), else ``None``."""
+    def serial(self, optimizer: Any) -> int | None:
+        """The serial of an optimizer seen stepping, else ``None``."""
         entry = self.optimizers.get(id(optimizer))
-        if entry is None or entry[0]() is not optimizer:
-            if not add:
-                return None
-            entry = (weakref.ref(optimizer), next(self._serials))
-            self.optimizers[id(optimizer)] = entry
-        return entry[1]
+        return None if entry is None or entry[0]() is not optimizer else entry[1]
+
+    def _new_stepper(self, optimizer: Any) -> tuple[weakref.ref[Any], int, frozenset[int]]:
+        serial = next(self._serials)
+        entry = (weakref.ref(optimizer), serial, frozenset((serial,)))
+        self.optimizers[id(optimizer)] = entry
+        return entry
 
     def after_step(self, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
         # Runs at every optimizer step: one pass over the parameters, and for each the
@@ -119,8 +120,10 @@ class _Tracker:
         if _compiling():  # traced by torch.compile: run apart, see _untraced
             return self.untraced_step_hook(optimizer, args, kwargs)  # type: ignore[no-any-return]
         with self.lock:
-            stepper = self.serial(optimizer, add=True)
-            only = self._only(stepper)
+            entry = self.optimizers.get(id(optimizer))
+            if entry is None or entry[0]() is not optimizer:
+                entry = self._new_stepper(optimizer)
+            _, stepper, only = entry
             records = self.records
             ref = weakref.ref
             for group in optimizer.param_groups:
@@ -149,13 +152,6 @@ class _Tracker:
                         record.stepped = only
                         record.pending = True
 
-    def _only(self, stepper: int) -> frozenset[int]:
-        """The set holding ``stepper`` alone, one shared object per optimizer."""
-        only = self._singletons.get(stepper)
-        if only is None:
-            only = self._singletons[stepper] = frozenset((stepper,))
-        return only
-
     def _record(self, param: torch.Tensor) -> _Record | None:
         record = self.records.get(id(param))
         if record is not None and record.param() is param:
@@ -172,8 +168,6 @@ class _Tracker:
     def _prune(self) -> None:
         self.records = {key: r for key, r in self.records.items() if r.param() is not None}
         self.optimizers = {key: o for key, o in self.optimizers.items() if o[0]() is not None}
-        live = {serial for _, serial in self.optimizers.values()}
-        self._singletons = {key: s for key, s in self._singletons.items() if key in live}
         self._pruned_size = len(self.records)
 
 
@@ -287,11 +281,11 @@ def spent_parameters(
     if tracker.handle is None:
         return frozenset()
     with tracker.lock:
-        candidates = [ref() for ref, _ in tracker.optimizers.values()]
+        candidates = [entry[0]() for entry in tracker.optimizers.values()]
         candidates += [_stepping_optimizer(o) for o in optimizers]
         owners: dict[int, set[int]] = {}
         for optimizer in {id(o): o for o in candidates if o is not None}.values():
-            stepper = tracker.serial(optimizer, add=False)
+            stepper = tracker.serial(optimizer)
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     # An owner never seen stepping (-1) has not stepped on any gradient.

@@ -160,7 +160,8 @@ def training_step(method: _Method) -> _Method:
         with guard.lock:
             if guard.depth:
                 return method(self, *args, **kwargs)
-            guard.check_step_allowed()
+            if guard.locked_reason is not None or guard.paused:
+                guard.check_step_allowed()  # raises
             if guard.start_check is not None:
                 guard.start_check(self)
                 guard.start_check = None
