@@ -55,7 +55,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from benchmarks._common import environment, print_table, write_json
 from trainer_resume import TrainingResumeMixin, training_step
 from trainer_resume.loaders import ResumableDataLoader
-from trainer_resume.loaders._seeding import caller_generators, seed_batch
+from trainer_resume.loaders._seeding import caller_generators
 from trainer_resume.mixin import _gradient_liveness
 
 FEATURES = 16
@@ -238,8 +238,7 @@ class Runner:
             run, seeds = caller_generators().run, iter(range(1 << 62))
 
             def seeded() -> torch.Tensor:
-                seed = next(seeds)
-                run(lambda: seed_batch(seed), _nothing)
+                run(next(seeds), _nothing)  # seeded from the int, as the library's fetch
                 return _train(model, optimizer, next(batches))
 
             self.step = seeded
