@@ -59,8 +59,9 @@ def test_a_state_copied_in_place_gives_the_target_the_sources_state_and_draws(ca
     assert _equal(_draws(target), _draws(source))
 
 
-def test_the_callers_torch_state_put_back_in_place_is_its_state_with_its_cached_normal():
-    get, put = generators.torch_accessors()
+@pytest.mark.parametrize("way", ["put", "put_taken"])
+def test_the_callers_torch_state_put_back_in_place_is_its_state_with_its_cached_normal(way):
+    get, put, put_taken = generators.torch_accessors()
     assert type(get()) is generators.InPlaceState  # the in-place form, not get_state's tensor
     reference = torch.Generator()
     _with_cached_normal(reference, 5)
@@ -68,7 +69,7 @@ def test_the_callers_torch_state_put_back_in_place_is_its_state_with_its_cached_
     saved = get()
     generators.seed_global(123)
     _draws()
-    put(saved)
+    (put if way == "put" else put_taken)(saved)
     assert torch.equal(torch.get_rng_state(), reference.get_state())
     assert _equal(_draws(), _draws(reference))
 

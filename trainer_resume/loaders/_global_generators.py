@@ -334,14 +334,15 @@ def install(snapshot: Snapshot) -> None:
         np.random.set_state(_numpy_public(snapshot))
 
 
-def torch_accessors() -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """``(get, put)`` of torch CPU's state in this process: an :class:`InPlaceState` copied
-    in place where the layout is proven, else ``get_state`` / ``set_state``. ``put``
-    takes any form a :class:`Snapshot` holds."""
+def torch_accessors() -> tuple[Callable[[], Any], Callable[[Any], None], Callable[[Any], None]]:
+    """``(get, put, put_taken)`` of torch CPU's state in this process: an
+    :class:`InPlaceState` copied in place where the layout is proven, else ``get_state`` /
+    ``set_state``. ``put`` takes any form a :class:`Snapshot` holds; ``put_taken`` only a
+    state ``get`` took (no Python frame in place: it runs once per batch)."""
     view = layout().torch_default
     set_state = torch.default_generator.set_state
     if view is None:
-        return torch.default_generator.get_state, lambda state: set_state(_tensor(state))
+        return torch.default_generator.get_state, lambda state: set_state(_tensor(state)), set_state
 
     def put(state: Any) -> None:
         if type(state) is InPlaceState:
@@ -349,7 +350,11 @@ def torch_accessors() -> tuple[Callable[[], Any], Callable[[Any], None]]:
         else:
             set_state(_tensor(state))
 
-    return functools.partial(InPlaceState, view), put
+    return (
+        functools.partial(InPlaceState, view),
+        put,
+        functools.partial(view.__setitem__, slice(None)),
+    )
 
 
 def seed_global(seed: int) -> None:
@@ -394,12 +399,12 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
     numpy_seed, scratch_seed = place.numpy_seed, place.scratch_seed
     if python is None or scratch is None or key is None or gauss is None or numpy_seed is None:
         return None
-    index, words = python[:4], python[4:]
-    instance, numpy_state = place.python_instance, place.numpy_state
-    bit_generator, manual_seed = place.numpy_bit_generator, torch.default_generator.manual_seed
     seeded, scratch_state, default_state = place.torch_words, place.torch_state, place.torch_default
     if seeded is not None and scratch_state is not None and default_state is not None:
         return _in_place_seeder(place, python, key, gauss, (seeded, scratch_state, default_state))
+    index, words = python[:4], python[4:]
+    instance, numpy_state = place.python_instance, place.numpy_state
+    bit_generator, manual_seed = place.numpy_bit_generator, torch.default_generator.manual_seed
     # seed_torch(seed) seeds torch CPU and returns the words of init_genrand(low 32 bits),
     # Python's; seed_numpy(high) seeds NumPy.
     if seeded is not None:

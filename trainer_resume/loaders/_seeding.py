@@ -62,11 +62,10 @@ class CallerGenerators:
 
 def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
     python, gauss, instance = place.python, place.gauss, place.python_instance
-    numpy_state, (get_torch, put_torch) = place.numpy_state, torch_accessors()
+    numpy_state, (get_torch, _, put_taken) = place.numpy_state, torch_accessors()
     key = place.numpy_key()  # finds the bit generator first
     bit_generator = place.numpy_bit_generator
     seeder = global_seeder()
-    torch_view = place.torch_default  # torch CPU's state in place, or None
 
     def run(seed: Seed, fetch: Callable[[], T]) -> T:
         # Another thread capturing the generators (a pause) waits until they are back.
@@ -91,10 +90,7 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
                     seed()  # type: ignore[operator]
                 return fetch()
             finally:
-                if torch_view is not None:
-                    torch_view[:] = torch_state
-                else:
-                    put_torch(torch_state)
+                put_taken(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
                 key[:] = numpy_state_bytes
@@ -179,12 +175,12 @@ def _own_swap(
     through the public accessors. ``None`` where this process has no raw views.
     """
     python, gauss, instance = place.python, place.gauss, place.python_instance
-    numpy_state, (get_torch, put_torch) = place.numpy_state, torch_accessors()
+    numpy_state, (get_torch, put_torch, put_taken) = place.numpy_state, torch_accessors()
     key = place.numpy_key()
     bit_generator = place.numpy_bit_generator
     if python is None or key is None or gauss is None:
         return None
-    lock, torch_view = hold_generators(), place.torch_default  # torch CPU's state in place, or None
+    lock = hold_generators()
 
     def swap(own: Snapshot | None, read: Callable[[], Any]) -> tuple[bool, Any, Snapshot | None]:
         with lock:
@@ -197,10 +193,8 @@ def _own_swap(
             torch_state = get_torch()
             try:
                 if own is not None:
-                    if torch_view is not None and type(own.torch) is InPlaceState:
-                        torch_view[:] = own.torch
-                    else:
-                        put_torch(own.torch)
+                    # own.torch was taken by get_torch() after the last read, or loaded
+                    (put_taken if type(own.torch) is InPlaceState else put_torch)(own.torch)
                     python[:] = own.python
                     instance.gauss_next = own.gauss_next
                     key[:] = own.numpy
@@ -210,10 +204,7 @@ def _own_swap(
                     bytes(python), instance.gauss_next, bytes(key), bytes(gauss), get_torch()
                 )
             finally:
-                if torch_view is not None:  # get_torch() took an InPlaceState
-                    torch_view[:] = torch_state
-                else:
-                    put_torch(torch_state)
+                put_taken(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
                 key[:] = numpy_state_bytes
