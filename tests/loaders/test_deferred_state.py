@@ -92,3 +92,21 @@ def test_a_boundary_record_takes_a_subclass_s_own_deferred_state() -> None:
     build, ended = loader.boundary_record()
     assert first_difference(build(), {**loader.state_dict(), "tagged": True}) is None
     assert ended is False
+
+
+def test_a_boundary_record_runs_a_subclass_s_own_settle_before_taking_the_position() -> None:
+    settled: list[int] = []
+
+    class CountsSettles(ResumableDataLoader):
+        def _settle(self) -> None:
+            settled.append(len(settled))
+            super()._settle()
+
+    loader = CountsSettles(AugmentedDataset(40), batch_size=4, resumable=True)
+    next(iter(loader))
+    settled.clear()
+    build, ended = loader.boundary_record()
+
+    assert settled == [0]
+    assert first_difference(build(), loader.state_dict()) is None
+    assert ended is False

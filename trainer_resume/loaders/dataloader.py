@@ -552,6 +552,7 @@ class ResumableDataLoader(DataLoader):
             or cls.deferred_state_dict is not ResumableDataLoader.deferred_state_dict
             or cls.state_dict is not ResumableDataLoader.state_dict
             or cls.epoch_ended is not ResumableDataLoader.epoch_ended
+            or cls._settle is not ResumableDataLoader._settle
         ):
             build = self.deferred_state_dict()  # settles: epoch_ended is known after it
             if cls.epoch_ended is not ResumableDataLoader.epoch_ended:
