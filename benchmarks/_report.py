@@ -643,6 +643,36 @@ def step_overhead_summary(results: Results) -> list[Section]:
     return [(title, headers, rows)]
 
 
+def step_instructions_summary(results: Results) -> list[Section]:
+    """Instructions per step of step_overhead.py's variants, counted by callgrind (context)."""
+    data = results.get("step_instructions")
+    if data is None:
+        return []
+    title = "Instructions per step (step_instructions.py: callgrind; context, not a target)"
+    if "not_measured" in data:
+        return [(title, ["not measured"], [[str(data["not_measured"])]])]
+    rows = []
+    try:
+        for case, entry in data["cases"].items():
+            for variant, result in entry.items():
+                rows.append(
+                    [
+                        case,
+                        str(variant),
+                        f"{result['instructions_per_step']:,.0f}",
+                        f"{result['ratio_to_bare']:.3f}",
+                        f"{result['over_bare']:+,.0f}",
+                    ]
+                )
+        title = (
+            f"Instructions per step (step_instructions.py: callgrind, {data['steps']} steps "
+            f"after {data['warmup']}; context, not a target)"
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        return [(title, ["error"], [[f"unexpected JSON layout: {error}"]])]
+    return [(title, ["case", "variant", "instructions/step", "x bare", "over bare"], rows)]
+
+
 def check_targets(results: Results) -> list[TargetCheck]:
     """Every target of the suite, checked from the scripts' JSON (None: no JSON from this run)."""
     return (

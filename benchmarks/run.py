@@ -40,6 +40,7 @@ from benchmarks._report import (
     checkpoint_summary,
     hf_trainer_summary,
     render_results,
+    step_instructions_summary,
     step_overhead_summary,
     where_loader_time_goes,
     where_pause_time_goes,
@@ -70,6 +71,7 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("loader_throughput", "loader_throughput", ("--quick",)),
     Benchmark("loader_resume", "loader_resume", ("--quick",)),
     Benchmark("step_overhead", "step_overhead", ("--quick",)),
+    Benchmark("step_instructions", "step_instructions", ("--quick",)),
     Benchmark("reuse", "reuse", ("--quick",)),
     # durable_save has no --quick: a 128 MiB state instead of 1 GiB.
     Benchmark("durable_save", "durable_save", ("--size-mib", "128", "--repeats", "3")),
@@ -344,6 +346,7 @@ def write_results(
         notes=build_notes(results, checks, runs),
         sections=[
             *step_overhead_summary(results),
+            *step_instructions_summary(results),
             *checkpoint_summary(results),
             *hf_trainer_summary(results),
             *accelerate_summary(results),

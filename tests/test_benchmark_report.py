@@ -23,6 +23,7 @@ from benchmarks._report import (
     resume_checks,
     resume_time_checks,
     seeding_checks,
+    step_instructions_summary,
     step_overhead_checks,
     throughput_checks,
     where_seeding_time_goes,
@@ -558,3 +559,40 @@ def test_cloud_storage_checks_pause_against_both_fsspec_writes_and_resume_agains
     assert (pipe.status, open_write.status, read.status) == (MISS, PASS, PASS)
     assert "1.50x" in pipe.measured and "128 MiB" in pipe.measured
     assert [check.status for check in cloud_storage_checks(None)] == [NOT_MEASURED] * 3
+
+
+def test_instructions_per_step_are_tabled_per_case_and_variant_or_said_not_measured() -> None:
+    data = {
+        "steps": 200,
+        "warmup": 100,
+        "cases": {
+            "map, 0 workers": {
+                "bare": {
+                    "instructions_per_step": 1_000_000.0,
+                    "ratio_to_bare": 1.0,
+                    "over_bare": 0.0,
+                },
+                "library": {
+                    "instructions_per_step": 1_060_000.0,
+                    "ratio_to_bare": 1.06,
+                    "over_bare": 60_000.0,
+                },
+            }
+        },
+    }
+
+    [(title, headers, rows)] = step_instructions_summary({"step_instructions": data})
+
+    assert "200 steps after 100" in title and "not a target" in title
+    assert headers == ["case", "variant", "instructions/step", "x bare", "over bare"]
+    assert rows == [
+        ["map, 0 workers", "bare", "1,000,000", "1.000", "+0"],
+        ["map, 0 workers", "library", "1,060,000", "1.060", "+60,000"],
+    ]
+    assert step_instructions_summary({}) == []
+    [(_, _, [[reason]])] = step_instructions_summary(
+        {"step_instructions": {"not_measured": "valgrind not found"}}
+    )
+    assert reason == "valgrind not found"
+    [(_, headers, [[error]])] = step_instructions_summary({"step_instructions": {"cases": {}}})
+    assert headers == ["error"] and "unexpected JSON layout" in error
