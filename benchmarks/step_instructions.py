@@ -2,7 +2,8 @@
 
 Context for step_overhead.py, not a target. Its figures are times on a shared machine,
 where one run's median moves by more than most changes to the library's step; the
-instructions a step executes do not move. Each variant of step_overhead.py (its
+instructions a step executes move by a few thousand between runs (hash seeds, memory
+layout), a fraction of a percent of a step. Each variant of step_overhead.py (its
 ``Runner``: the same model, loaders and trainer) runs in a process of its own under
 Valgrind's callgrind, with instrumentation off through the imports, the set-up and
 ``--warmup`` steps; the process then switches it on (``callgrind_control --instr=on``),
