@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.step_instructions import figures
+
 PASS, MISS, NOT_MEASURED = "PASS", "MISS", "NOT MEASURED"
 
 THROUGHPUT_TARGET = 0.97  # ResumableDataLoader / DataLoader samples/s at 200 µs per sample
@@ -654,16 +656,7 @@ def step_instructions_summary(results: Results) -> list[Section]:
     rows = []
     try:
         for case, entry in data["cases"].items():
-            for variant, result in entry.items():
-                rows.append(
-                    [
-                        case,
-                        str(variant),
-                        f"{result['instructions_per_step']:,.0f}",
-                        f"{result['ratio_to_bare']:.3f}",
-                        f"{result['over_bare']:+,.0f}",
-                    ]
-                )
+            rows += [[case, str(variant), *figures(result)] for variant, result in entry.items()]
         title = (
             f"Instructions per step (step_instructions.py: callgrind, {data['steps']} steps "
             f"after {data['warmup']}; context, not a target)"

@@ -101,6 +101,15 @@ def count(variant: str, case: str, warmup: int, steps: int, directory: Path) -> 
     return _total(out)
 
 
+def figures(result: dict[str, float]) -> list[str]:
+    """A variant's row of the table: instructions per step, x bare, over bare."""
+    return [
+        f"{result['instructions_per_step']:,.0f}",
+        f"{result['ratio_to_bare']:.3f}",
+        f"{result['over_bare']:+,.0f}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -149,15 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             f"Instructions per step, {case} (callgrind, {steps} steps after {args.warmup}; "
             "step_overhead.py's variants)",
             ["variant", "instructions/step", "x bare", "over bare"],
-            [
-                [
-                    variant,
-                    f"{result['instructions_per_step']:,.0f}",
-                    f"{result['ratio_to_bare']:.3f}",
-                    f"{result['over_bare']:+,.0f}",
-                ]
-                for variant, result in entry.items()
-            ],
+            [[variant, *figures(result)] for variant, result in entry.items()],
         )
     write_json("step_instructions", payload)
 
