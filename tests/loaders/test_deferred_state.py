@@ -94,7 +94,7 @@ def test_a_boundary_record_takes_a_subclass_s_own_deferred_state() -> None:
     assert ended is False
 
 
-def test_a_boundary_record_runs_a_subclass_s_own_settle_before_taking_the_position() -> None:
+def test_a_boundary_record_runs_a_subclass_s_own_settle_once() -> None:
     settled: list[int] = []
 
     class CountsSettles(ResumableDataLoader):
