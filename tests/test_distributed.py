@@ -1,4 +1,4 @@
-"""Collective pause/resume on torch.distributed (gloo, CPU, DDP-wrapped model, spawned ranks).
+"""Collective pause/resume on torch.distributed (gloo, CPU, DDP-wrapped model).
 
 The reference is an uninterrupted 2-rank run of ``STEPS`` steps. A second 2-rank run
 pauses after step ``PAUSE`` (requested on rank 1 only: all ranks must agree) and

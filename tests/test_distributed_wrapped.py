@@ -1,6 +1,6 @@
 """A DDP-wrapped model returned as it is pauses on 2 ranks and resumes unwrapped on 1 process.
 
-The 2 ranks (gloo, spawned) return the ``DistributedDataParallel`` wrapper from
+The 2 ranks (gloo, processes of their own) return the ``DistributedDataParallel`` wrapper from
 ``_resume_objects()``, whose names carry ``module.``; the pause file holds the unwrapped
 module's names. One process then resumes it (the sampler allows another world size:
 ``WorldSizeChangeWarning``, sample-exact) with the plain module, and again with the module

@@ -1,4 +1,4 @@
-"""Resume points under torch.distributed (gloo, CPU, DDP-wrapped model, spawned ranks).
+"""Resume points under torch.distributed (gloo, CPU, DDP-wrapped model).
 
 All ranks take each point at the same step (also one asked for by ``checkpoint()`` on
 rank 1 only), rank 0 writes it, and new processes continue from the newest point with
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 STEPS = 9
 WORLD = 2
-# Two spawned ranks import torch and train 9 small steps: seconds on an idle machine,
+# Two ranks train 9 small steps: seconds on an idle machine,
 # minutes on a saturated one; a hung collective still ends the run at this deadline.
 LAUNCH_TIMEOUT_S = 300.0
 

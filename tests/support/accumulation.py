@@ -7,7 +7,7 @@ shuffled ``ResumableDataLoader`` (under a process group: ``DistributedSampler`` 
 window). Two ``zero_grad`` styles: ``"after"`` sets the gradients to ``None`` after the
 optimizer step, ``"start"`` zeroes them at a window's start (they are never ``None``).
 
-Module level on purpose: spawned ranks import it by name, and ``python -m
+Module level on purpose: the ranks find its functions by name, and ``python -m
 support.accumulation resume PAUSE OUT STYLE`` resumes a pause file in a fresh process.
 """
 

@@ -206,14 +206,14 @@ def lightning_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
 def distributed_pause(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, dict[str, torch.Tensor]]:
-    """A pause file of a 2-rank DDP run (gloo, spawned ranks); rank 0's model state at the pause."""
+    """A pause file of a 2-rank DDP run (gloo); rank 0's model state at the pause."""
     if "distributed" not in _made:
         from support.ddp_workers import describe_exits, launch, load_results
 
         out = tmp_path_factory.mktemp("distributed")
         path = out / "pause.ckpt"
         job = {"tag": "paused", "steps": 10, "requests": {DISTRIBUTED_PAUSE_STEP: [str(path), 1]}}
-        # A deadline only a hung run reaches: spawned ranks start slowly on a loaded machine.
+        # A deadline only a hung run reaches: ranks start slowly on a loaded machine.
         codes = launch(2, job, out, timeout=_DISTRIBUTED_DEADLINE_S)
         assert codes == [0, 0], describe_exits(codes, "paused", out)
         results = load_results(2, "paused", out)

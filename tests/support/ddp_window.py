@@ -8,7 +8,7 @@ itself never reaches it. With ``find_unused_parameters=True`` the reducer averag
 ``b``'s gradients only because it recorded ``b`` as used under ``no_sync``.
 
 ``warm_up``: a single synced micro-step before the first window (a static-graph DDP
-cannot start under ``no_sync``). Module level on purpose: spawned ranks import it by name.
+cannot start under ``no_sync``). Module level on purpose: the ranks find its functions by name.
 """
 
 from __future__ import annotations

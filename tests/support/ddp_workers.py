@@ -1,8 +1,9 @@
 """Ranks of a small DDP training run (gloo, CPU) for the distributed tests.
 
-Module level on purpose: ``torch.multiprocessing`` spawn imports this module by name
-in every rank. Each rank writes ``result_<tag>_rank<r>.pt`` (weights, optimizer and
-scheduler states, every batch, the sample ids per step) or ``error_<tag>_rank<r>.txt``.
+Module level on purpose: every rank (forked from a forkserver that preloads it) finds
+its functions here by name. Each rank writes ``result_<tag>_rank<r>.pt`` (weights,
+optimizer and scheduler states, every batch, the sample ids per step) or
+``error_<tag>_rank<r>.txt``.
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
                     continue
                 break
         if points is not None:
-            points.wait()  # a spawned rank ends with os._exit: nothing joins the writer
+            points.wait()  # a rank ends with os._exit: nothing joins the writer
         torch.save(
             {
                 "model": trainer.module.state_dict(),
@@ -299,6 +300,22 @@ def _exit_now() -> None:
     os._exit(0)
 
 
+def _as_launched(
+    rank: int,
+    launcher: tuple[str, dict[str, str], set[signal.Signals]],
+    main: Callable[..., None],
+    *args: Any,
+) -> None:
+    """Run ``main(rank, *args)`` in the launching process's directory, environment and
+    signal mask (a forkserver's child starts in the server's)."""
+    directory, environment, mask = launcher
+    os.chdir(directory)
+    os.environ.clear()
+    os.environ.update(environment)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    main(rank, *args)
+
+
 def launch(
     world: int,
     job: dict[str, Any],
@@ -311,15 +328,21 @@ def launch(
 
     Every rank is joined with a deadline; ranks still alive after it (e.g. blocked in
     a collective after a peer died) are killed. ``main`` (default: this module's
-    ``rank_main``) is a module-level function the spawned ranks import by name.
+    ``rank_main``) is a module-level function the ranks find by name.
     """
     init_file = out / f"init_{job['tag']}"
+    # Each rank is a process of its own, forked from a server that has torch imported
+    # and never computed with it (a spawned rank spent seconds importing torch, and
+    # torch._dynamo, which the optimizers import on first use, anew); it starts as a
+    # spawned one would: in this process's directory, environment and signal mask.
+    mp.set_forkserver_preload(["torch", "torch._dynamo", "support.ddp_workers"])
+    launcher = (os.getcwd(), dict(os.environ), signal.pthread_sigmask(signal.SIG_BLOCK, []))
     context = mp.start_processes(
-        rank_main if main is None else main,
-        args=(world, str(init_file), job, str(out)),
+        _as_launched,
+        args=(launcher, rank_main if main is None else main, world, str(init_file), job, str(out)),
         nprocs=world,
         join=False,
-        start_method="spawn",
+        start_method="forkserver",
     )
     deadline = time.monotonic() + timeout
     processes = context.processes

@@ -1,6 +1,6 @@
 """Ranks of a small FSDP2 (``fully_shard``) training run on CPU with gloo, for the sharded tests.
 
-Module level on purpose: spawned ranks import it by name. The data, loader and
+Module level on purpose: the ranks find its functions by name. The data, loader and
 seeds are those of the DDP runs (``support.ddp_workers``); only the model is sharded.
 """
 

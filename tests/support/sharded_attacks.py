@@ -1,6 +1,6 @@
 """Attacks on and failures of a 2-rank sharded pause, all in one launch of the ranks.
 
-Module level on purpose: spawned ranks import it by name. Every rank pauses one
+Module level on purpose: the ranks find its functions by name. Every rank pauses one
 FSDP2 run, then each scenario builds a fresh trainer (one step taken, so any change
 shows), tries the resume (or a pause) and records the error, whether the rank's
 local state changed and whether the trainer is locked. Rank 0 prepares the

@@ -18,7 +18,7 @@ Under a process group the model is DDP (``no_sync`` inside a window) over a
 micro-batches used is not part of a pause, so a parameter used inside a window but not
 by its last micro-batch would not be reduced after a resume.
 
-Module level on purpose: spawned ranks import it by name, and ``python -m
+Module level on purpose: the ranks find its functions by name, and ``python -m
 support.zero_grad_loops resume PAUSE OUT OPTIONS_JSON`` resumes a pause file in a fresh
 process.
 """
