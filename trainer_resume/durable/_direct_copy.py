@@ -7,7 +7,9 @@ whole payload is read in order, each tensor record (``<archive>/data/<key>``)
 straight into a fresh storage of its size and everything between records (local
 headers, the pickle, small records, the directory) into small buffers. A helper
 thread hashes each piece as soon as it is read, so the digest costs little more
-than the read. Once the digest (and signature) match, these in-memory bytes are
+than the read, and where the system allows, another maps the fresh storages' pages
+ahead of the reads (:mod:`~trainer_resume.durable._prefault`), so the reader does not
+stop for their page faults. Once the digest (and signature) match, these in-memory bytes are
 the verified payload: the archive is checked on them and ``torch.load``'s
 unpickler gets the storages themselves, so nothing is copied a second time and
 nothing is read from the file again.
@@ -41,6 +43,7 @@ import torch
 from ..errors import CheckpointCorruptedError
 from ._archive_check import LOCAL_HEADER, is_stored, names_entry
 from ._byte_readers import FileWindow, PiecesReader, Source, piece_at, pread
+from ._prefault import Prefaulter
 
 __all__ = ["DirectCopy", "Record", "Unplannable", "is_tensor_record", "plan_records"]
 
@@ -134,8 +137,11 @@ class DirectCopy:
         views: list[memoryview] = []
         stream = _HashedStream(fd, offset, length, hasher, where)
         horizons = _horizons(records, length)
+        # Every storage made first, so a helper maps their pages ahead of the reads.
+        storages = [torch.empty(record.length, dtype=torch.uint8) for record in records]
+        prefault = Prefaulter(storages)
         try:
-            for record, horizon in zip(records, horizons):
+            for record, horizon, storage in zip(records, horizons, storages):
                 stream.horizon = horizon
                 if record.header_offset < stream.position:
                     raise Unplannable(f"entry {record.name!r} overlaps the one before it")
@@ -150,7 +156,6 @@ class DirectCopy:
                 data_start = stream.position
                 if data_start + record.length > length:
                     raise Unplannable(f"entry {record.name!r} ends outside the payload")
-                storage = torch.empty(record.length, dtype=torch.uint8)
                 view = _writable_view(storage)
                 stream.read_into(view)
                 if record.length:
@@ -167,6 +172,8 @@ class DirectCopy:
         except BaseException:
             stream.abandon()
             raise
+        finally:
+            prefault.stop()
         self._starts = starts
         self._views = views
 
