@@ -25,7 +25,7 @@ import torch
 __all__ = ["Prefaulter", "prefault_supported"]
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+
-_CHUNK = 4 << 20  # one call per this many bytes: the reader is never far behind
+_CHUNK = 4 << 20  # mapped this many bytes per call, so that stop() takes effect soon
 _MIN_BYTES = 64 << 10  # smaller storages come from memory the heap has mapped already
 _PAGE = mmap.PAGESIZE
 
@@ -66,9 +66,9 @@ def prefault_supported() -> bool:
 class Prefaulter:
     """Maps the pages of ``storages`` (contiguous CPU tensors), in order, on a helper thread.
 
-    Only whole pages inside each storage are touched, and none is written. :meth:`stop`
-    ends the walk and waits for the thread; it must be called before the storages are
-    dropped by anyone relying on the thread being gone (the thread holds them meanwhile).
+    Only whole pages inside each storage are mapped, and nothing is written. The thread
+    holds the storages until :meth:`stop`, which ends the walk where it is and waits
+    for the thread; the reader calls it once it is done, or gives up.
     """
 
     def __init__(self, storages: Sequence[torch.Tensor]) -> None:
