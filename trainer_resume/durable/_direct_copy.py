@@ -135,10 +135,10 @@ class DirectCopy:
         self._placed: dict[str, tuple[int, int]] = {}
         starts: list[int] = []
         views: list[memoryview] = []
-        stream = _HashedStream(fd, offset, length, hasher, where)
-        horizons = _horizons(records, length)
         # Every storage made first, so a helper maps their pages ahead of the reads.
         storages = [torch.empty(record.length, dtype=torch.uint8) for record in records]
+        stream = _HashedStream(fd, offset, length, hasher, where)
+        horizons = _horizons(records, length)
         prefault = Prefaulter(storages)
         try:
             for record, horizon, storage in zip(records, horizons, storages):

@@ -76,17 +76,18 @@ class Prefaulter:
         self._thread: threading.Thread | None = None
         ranges = [_pages(storage) for storage in storages if storage.nbytes >= _MIN_BYTES]
         ranges = [(start, end) for start, end in ranges if end > start]
-        if ranges and prefault_supported():
+        populate = _populate() if ranges else None
+        if populate is not None:
             self._storages = list(storages)  # held: the ranges point into them
             self._thread = threading.Thread(
-                target=self._run, args=(ranges,), name="checkpoint-prefault", daemon=True
+                target=self._run,
+                args=(populate, ranges),
+                name="checkpoint-prefault",
+                daemon=True,
             )
             self._thread.start()
 
-    def _run(self, ranges: list[tuple[int, int]]) -> None:
-        populate = _populate()
-        if populate is None:
-            return
+    def _run(self, populate: Callable[[int, int], int], ranges: list[tuple[int, int]]) -> None:
         for start, end in ranges:
             for chunk in range(start, end, _CHUNK):
                 if self._stopped or populate(chunk, min(_CHUNK, end - chunk)):
