@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.whole_copies import record_whole_copies
 
 import trainer_resume.durable as durable
 from trainer_resume.durable import load_checkpoint, save_checkpoint
@@ -153,11 +154,7 @@ def test_a_directory_that_disagrees_with_the_verified_bytes_falls_back_to_a_whol
     path, expected = saved(tmp_path, varied_state())
     real_plan = durable.plan_records
     monkeypatch.setattr(durable, "plan_records", lambda *args: _shifted(real_plan(*args), change))
-    taken: list[str] = []
-    real_sealed = durable.load_payload
-    monkeypatch.setattr(
-        durable, "load_payload", lambda *args: taken.append("whole-copy") or real_sealed(*args)
-    )
+    taken = record_whole_copies(monkeypatch)
     assert_loaded_as_torch_loads(load_checkpoint(path), expected)
     assert taken == ["whole-copy"]
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.whole_copies import record_whole_copies
 
 import trainer_resume.durable as durable
 from trainer_resume.durable import _prefault, load_checkpoint, save_checkpoint
@@ -132,11 +133,7 @@ def test_a_plan_abandoned_part_way_leaves_no_helper_running(
         return [Record(first.name, first.header_offset + 7, first.length), *rest]
 
     monkeypatch.setattr(durable, "plan_records", shifted)
-    taken: list[Any] = []
-    real_sealed = durable.load_payload
-    monkeypatch.setattr(
-        durable, "load_payload", lambda *args: taken.append("whole-copy") or real_sealed(*args)
-    )
+    taken = record_whole_copies(monkeypatch)
     assert_equal(load_checkpoint(path), expected)
     assert taken == ["whole-copy"]
     assert prefault_threads() == []
