@@ -6,13 +6,13 @@ Every load is compared with ``torch.load`` of the same payload, tensor by tensor
 
 from __future__ import annotations
 
-import io
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support.payloads import assert_loaded_as_torch_loads, saved
 from support.whole_copies import record_whole_copies
 
 import trainer_resume.durable as durable
@@ -75,35 +75,6 @@ def varied_state() -> dict[str, Any]:
         "frozen": torch.nn.Parameter(torch.randn(3), requires_grad=False),
         "ordered": OrderedDict(b=torch.ones(2), a=1, c="text", d=None, e=(1.5, [2])),
     }
-
-
-def assert_loaded_as_torch_loads(loaded: Any, expected: Any, where: str = "") -> None:
-    assert type(loaded) is type(expected), where
-    if isinstance(expected, torch.Tensor):
-        assert loaded.dtype == expected.dtype, where
-        assert loaded.shape == expected.shape and loaded.stride() == expected.stride(), where
-        assert loaded.storage_offset() == expected.storage_offset(), where
-        assert loaded.requires_grad == expected.requires_grad, where
-        assert loaded.untyped_storage().nbytes() == expected.untyped_storage().nbytes(), where
-        assert torch.equal(loaded, expected), where
-    elif isinstance(expected, dict):
-        assert list(loaded) == list(expected), where
-        for name in expected:
-            assert_loaded_as_torch_loads(loaded[name], expected[name], f"{where}.{name}")
-    elif isinstance(expected, (list, tuple)):
-        assert len(loaded) == len(expected), where
-        for index, (left, right) in enumerate(zip(loaded, expected)):
-            assert_loaded_as_torch_loads(left, right, f"{where}[{index}]")
-    else:
-        assert loaded == expected, where
-
-
-def saved(tmp_path: Path, state: Any) -> tuple[Path, Any]:
-    """``state`` saved as a checkpoint, and ``torch.load`` of the same payload."""
-    path = tmp_path / "state.ckpt"
-    save_checkpoint(state, path)
-    payload = path.read_bytes()[88:]
-    return path, torch.load(io.BytesIO(payload), weights_only=True)
 
 
 def test_every_layout_loads_as_torch_load_loads_it_on_either_path(

@@ -8,7 +8,6 @@ Residency is read from the kernel (``mincore``); loads are compared with
 from __future__ import annotations
 
 import ctypes
-import io
 import mmap
 import threading
 import time
@@ -17,10 +16,11 @@ from typing import Any
 
 import pytest
 import torch
+from support.payloads import assert_loaded_as_torch_loads, saved
 from support.whole_copies import record_whole_copies
 
 import trainer_resume.durable as durable
-from trainer_resume.durable import _prefault, load_checkpoint, save_checkpoint
+from trainer_resume.durable import _prefault, load_checkpoint
 from trainer_resume.durable._direct_copy import Record
 from trainer_resume.durable._prefault import Prefaulter, prefault_supported
 
@@ -47,29 +47,15 @@ def prefault_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == "checkpoint-prefault"]
 
 
-def saved(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
-    """A checkpoint of large and small tensors, and ``torch.load`` of the same payload."""
+def state() -> dict[str, Any]:
+    """Large and small tensors (the large one read in pieces)."""
     generator = torch.Generator().manual_seed(5)
-    state = {
+    return {
         "big": torch.randn(3 << 20, generator=generator),  # 12 MiB, read in pieces
         "medium": [torch.randn(1 << 16, generator=generator) for _ in range(4)],
         "small": [torch.randn(7, generator=generator) for _ in range(50)],
         "step": 12,
     }
-    path = tmp_path / "state.ckpt"
-    save_checkpoint(state, path)
-    return path, torch.load(io.BytesIO(path.read_bytes()[88:]), weights_only=True)
-
-
-def assert_equal(loaded: Any, expected: Any) -> None:
-    assert list(loaded) == list(expected)
-    assert torch.equal(loaded["big"], expected["big"])
-    for left, right in zip(
-        loaded["medium"] + loaded["small"], expected["medium"] + expected["small"]
-    ):
-        assert torch.equal(left, right)
-    assert len(loaded["medium"] + loaded["small"]) == 54
-    assert loaded["step"] == expected["step"]
 
 
 @needs_populate
@@ -98,7 +84,7 @@ def test_every_whole_page_of_fresh_storages_is_mapped_and_no_byte_changes() -> N
 def test_a_load_equals_torch_load_with_the_pages_mapped_ahead_or_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helper: str
 ) -> None:
-    path, expected = saved(tmp_path)
+    path, expected = saved(tmp_path, state())
     calls: list[int] = []
     populate = _prefault._populate()
     if helper == "no helper" or populate is None:
@@ -111,7 +97,7 @@ def test_a_load_equals_torch_load_with_the_pages_mapped_ahead_or_not(
 
         monkeypatch.setattr(_prefault, "_POPULATE", [counted])
 
-    assert_equal(load_checkpoint(path), expected)
+    assert_loaded_as_torch_loads(load_checkpoint(path), expected)
 
     assert prefault_threads() == []
     if helper == "mapping ahead" and populate is not None:
@@ -125,7 +111,7 @@ def test_a_plan_abandoned_part_way_leaves_no_helper_running(
 ) -> None:
     # As if the file changed after its directory was read: the first record's local
     # header is not where the plan says, found only after every storage was made.
-    path, expected = saved(tmp_path)
+    path, expected = saved(tmp_path, state())
     real_plan = durable.plan_records
 
     def shifted(*args: Any) -> list[Record]:
@@ -134,6 +120,6 @@ def test_a_plan_abandoned_part_way_leaves_no_helper_running(
 
     monkeypatch.setattr(durable, "plan_records", shifted)
     taken = record_whole_copies(monkeypatch)
-    assert_equal(load_checkpoint(path), expected)
+    assert_loaded_as_torch_loads(load_checkpoint(path), expected)
     assert taken == ["whole-copy"]
     assert prefault_threads() == []
