@@ -149,6 +149,8 @@ def stateful_first_batch(state: dict[str, Any] | None) -> float:
 def _in_turn(positions: tuple[int, ...], repeat: int) -> tuple[int, ...]:
     """The positions of one repeat, the order rotating from repeat to repeat: a machine that
     slows down for a while slows every position alike, and none always goes first."""
+    if not positions:  # --stateful-max below every position: nothing to measure
+        return positions
     shift = repeat % len(positions)
     return positions[shift:] + positions[:shift]
 

@@ -20,6 +20,7 @@ from typing import Any
 import blake3
 import pytest
 import torch
+from support.payloads import HEADER_SIZE, LAYOUT, MARKER
 from torch.utils.serialization import config as serialization_config
 
 from trainer_resume.durable import (
@@ -36,11 +37,6 @@ from trainer_resume.errors import (
     UnsafeCheckpointError,
 )
 
-# The documented layout: marker, version, flags, header CRC-32, payload length,
-# payload digest, signature slot; 88 bytes, little-endian.
-MARKER = b"\x89TRCKPT\n"
-LAYOUT = struct.Struct("<8sHHIQ32s32s")
-HEADER_SIZE = 88
 SIGNED = 1
 KEY = b"0123456789abcdef-signing-key"
 KEY_CONTEXT = "trainer-resume 2026-11 checkpoint signing key for format version 2"

@@ -22,6 +22,7 @@ from typing import Any
 import blake3
 import pytest
 import torch
+from support.payloads import HEADER_SIZE, LAYOUT, MARKER
 from support.trainers import TinyTrainer
 
 import trainer_resume.durable as durable
@@ -38,8 +39,6 @@ from trainer_resume.errors import (
 )
 from trainer_resume.testing import first_difference
 
-HEADER_SIZE = 88
-LAYOUT = struct.Struct("<8sHHIQ32s32s")
 KEY = b"fuzzing-signing-key-0123456789"
 
 
@@ -98,7 +97,7 @@ def refused(path: Path, data: bytes) -> ResumeError:
 def reframed(payload: bytes, *, flags: int = 0, signature: bytes = bytes(32)) -> bytes:
     """A header that is valid for ``payload`` (correct length, BLAKE3 and CRC)."""
     digest = blake3.blake3(payload).digest()
-    header = bytearray(LAYOUT.pack(b"\x89TRCKPT\n", 2, flags, 0, len(payload), digest, signature))
+    header = bytearray(LAYOUT.pack(MARKER, 2, flags, 0, len(payload), digest, signature))
     header[12:16] = struct.pack("<I", zlib.crc32(header))
     return bytes(header) + payload
 

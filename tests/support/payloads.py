@@ -4,6 +4,7 @@ comparison of a load with that, tensor by tensor."""
 from __future__ import annotations
 
 import io
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,12 @@ import torch
 
 from trainer_resume.durable import save_checkpoint
 
-HEADER_SIZE = 88  # the checkpoint file's header, before the torch.save payload
+# The documented header, before the torch.save payload: marker, version, flags, header
+# CRC-32, payload length, payload digest, signature slot; 88 bytes, little-endian.
+MARKER = b"\x89TRCKPT\n"
+LAYOUT = struct.Struct("<8sHHIQ32s32s")
+HEADER_SIZE = 88
+assert LAYOUT.size == HEADER_SIZE
 
 
 def saved(tmp_path: Path, state: Any) -> tuple[Path, Any]:
