@@ -161,3 +161,41 @@ def test_a_refused_pause_of_an_earlier_release_says_how_it_resumes():
     assert "as earlier releases did" not in _refusal(
         _entry({"name": "run-10"}), OmegaConf.create({"name": "run-${now:%H}"})
     )
+
+
+@pytest.fixture
+def model_choice() -> Any:
+    """Hydra's resolver, answering ``runtime.choices.model`` with the value the test sets."""
+    from hydra.core.utils import setup_globals
+
+    choice = {"runtime.choices.model": "relu"}
+    OmegaConf.register_new_resolver("hydra", lambda key: choice[key], replace=True)
+    yield choice
+    setup_globals()  # Hydra's own resolvers back
+
+
+def test_a_pause_that_signed_a_config_group_choice_as_written_is_refused_naming_the_fix(
+    model_choice,
+):
+    # Earlier releases signed every ${hydra:...} value as written, the option a config
+    # group was composed with too: such a pause file does not hold the option it ran.
+    config = OmegaConf.create({"seed": 1, "arch": "${hydra:runtime.choices.model}"})
+    earlier = {
+        "config_signature": "0" * 64,
+        "config": {"seed": 1, "arch": {"__launch__": "${hydra:runtime.choices.model}"}},
+        "config_ignore": [],
+    }
+    detail = _refusal(earlier, config)
+    assert detail == (
+        f"{PAUSE}: the paused run's config differs from this run's at 1 path:\n"
+        "  arch (from ${hydra:runtime.choices.model}): ${hydra:runtime.choices.model} in the "
+        "paused run, 'relu' in this run\n"
+        "the pause file signed arch (${hydra:runtime.choices.model}) as written, as earlier "
+        "releases signed every ${hydra:...} value; only the launch's directories, job name, "
+        "number and id and working directory are signed so now, and the paused run's value is "
+        "not in the pause file: if it was this run's, pass config_ignore=['arch'] to resume it\n"
+        "if these keys do not affect training, pass config_ignore=['arch'] (each path leaves "
+        "out its subtree); otherwise run with the paused run's values"
+    )
+    check_config(earlier, sign_config(config, ignore=("arch",)), PAUSE)  # the fix it names
+    assert "as earlier releases signed" not in _refusal(_entry({"seed": 1, "arch": "tanh"}), config)

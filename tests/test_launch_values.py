@@ -114,6 +114,74 @@ def test_the_top_level_hydra_node_is_left_out_and_references_into_it_are_launch_
     assert canonical_config({"hydra": {"job": 1}}) == {"hydra": {"job": 1}}
 
 
+def test_every_hydra_key_of_the_launch_is_signed_as_written(launch):
+    launch.update(
+        {
+            "runtime.cwd": "/home/me/project",
+            "run.dir": "/project/logs/runs/a",
+            "sweep.dir": "/project/logs/multiruns/a",
+            "sweep.subdir": "0",
+            "job.name": "train",
+            "job.num": "0",
+            "job.id": "4242",
+        }
+    )
+    keys = [
+        "runtime.output_dir",
+        "runtime.cwd",
+        "run.dir",
+        "sweep.dir",
+        "sweep.subdir",
+        "job.name",
+        "job.num",
+        "job.id",
+    ]
+    config = OmegaConf.create({f"k{i}": f"${{hydra:{key}}}" for i, key in enumerate(keys)})
+    assert canonical_config(config) == {
+        f"k{i}": {"__launch__": f"${{hydra:{key}}}"} for i, key in enumerate(keys)
+    }
+
+
+def test_a_config_group_choice_read_from_hydra_is_signed_by_its_value(launch):
+    # Two options of a group may hold the same values and still build different models
+    # (the code branches on the option's name): a changed choice must be refused.
+    launch["runtime.choices.model"] = "relu"
+    config = {
+        "arch": "${hydra:runtime.choices.model}",
+        "quoted": "${hydra:'runtime.choices.model'}",
+        "overrides": "${hydra:job.config_name}",
+    }
+    launch["job.config_name"] = "train"
+    first = OmegaConf.create(config)
+    assert canonical_config(first) == {"arch": "relu", "quoted": "relu", "overrides": "train"}
+    signature = config_signature(first)
+    launch["runtime.choices.model"] = "tanh"
+    assert config_signature(OmegaConf.create(config)) != signature
+
+
+def test_a_reference_into_the_hydra_node_outside_the_launch_keys_is_signed_by_its_value(launch):
+    config = OmegaConf.create(
+        {
+            "hydra": {"runtime": {"choices": {"model": "relu"}}, "job": {"name": "train"}},
+            "arch": "${hydra.runtime.choices.model}",
+            "name": "${hydra.job.name}",
+        }
+    )
+    assert canonical_config(config) == {
+        "arch": "relu",
+        "name": {"__launch__": "${hydra.job.name}"},
+    }
+
+
+def test_a_hydra_key_computed_from_the_config_is_signed_by_its_value(launch):
+    launch["runtime.output_dir"] = "/project/logs/runs/a"
+    config = OmegaConf.create({"key": "runtime.output_dir", "out": "${hydra:${key}}"})
+    assert canonical_config(config) == {
+        "key": "runtime.output_dir",
+        "out": "/project/logs/runs/a",
+    }
+
+
 def test_a_config_with_launch_values_is_signed_outside_a_hydra_app(launch):
     def outside(key: str) -> str:
         raise ValueError("HydraConfig was not set")

@@ -7,8 +7,11 @@ through a chain of interpolations (``trainer.default_root_dir: ${paths.output_di
 command. :func:`launch_values` finds those values and renders each one with its launch
 calls kept as written: every other interpolation (a node reference, ``oc.env``, a
 resolver of your own) is resolved as OmegaConf resolves it, so
-``${oc.env:DATA}/${now:%H}`` renders as ``/data/${now:%H}``. A reference into a
-top-level ``hydra`` node is a launch value too.
+``${oc.env:DATA}/${now:%H}`` renders as ``/data/${now:%H}``. Of Hydra's values only
+those of the launch are (:data:`HYDRA_LAUNCH_KEYS`: the run's directories, the job's
+name, number and id, the working directory), read through the resolver or by a
+reference into a top-level ``hydra`` node; any other (``${hydra:runtime.choices.model}``,
+the config group option the run was composed with) is signed by its value.
 
 How: the config is copied without resolving (``OmegaConf.to_container``), each launch
 call in the copy's text is replaced by a call of a resolver of this module's own, which
@@ -29,11 +32,27 @@ from typing import Any
 
 from omegaconf import Container, DictConfig, OmegaConf
 
-__all__ = ["LAUNCH_RESOLVERS", "LaunchValues", "launch_values"]
+__all__ = ["HYDRA_LAUNCH_KEYS", "LAUNCH_RESOLVERS", "LaunchValues", "launch_values"]
 
-# Hydra's resolvers of the launch: the run's directories, job name and number, cwd; the time.
+# The resolvers of the launch: Hydra's (for the keys below) and the time.
 LAUNCH_RESOLVERS = frozenset({"hydra", "now"})
 HYDRA_NODE = "hydra"
+# The keys of Hydra's config that describe the launch: the run's directories, the job's
+# name, number and id, the working directory. Every other key (``runtime.choices.model``,
+# the config group option the run was composed with; ``overrides.task``;
+# ``job.config_name``) describes the training and is signed by its value.
+HYDRA_LAUNCH_KEYS = frozenset(
+    {
+        "runtime.output_dir",
+        "runtime.cwd",
+        "run.dir",
+        "sweep.dir",
+        "sweep.subdir",
+        "job.name",
+        "job.num",
+        "job.id",
+    }
+)
 _RESOLVER = "trainer_resume.launch"
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters around a rendered launch call
 _MAX_CHAIN = 8
@@ -192,12 +211,12 @@ def _rewritten(text: str, segments: Segments, calls: list[str], top_hydra: bool)
     while pending:
         context = pending.pop()
         kind = _kind(context)
-        if kind == "InterpolationResolverContext" and _resolver_name(context) in LAUNCH_RESOLVERS:
+        if kind == "InterpolationResolverContext" and _is_launch_call(context):
             spans.append((context.start.start, context.stop.stop + 1))
             continue
         if kind == "InterpolationNodeContext" and top_hydra:
             target = _target(context, segments)
-            if target and target[0] == HYDRA_NODE:
+            if target and target[0] == HYDRA_NODE and _hydra_key(target[1:]):
                 spans.append((context.start.start, context.stop.stop + 1))
                 continue
         pending.extend(_children(context))
@@ -205,6 +224,39 @@ def _rewritten(text: str, segments: Segments, calls: list[str], top_hydra: bool)
         calls.append(text[start:stop])
         text = f"{text[:start]}${{{_RESOLVER}:{len(calls) - 1}}}{text[stop:]}"
     return text
+
+
+def _is_launch_call(context: Any) -> bool:
+    """Whether a resolver call describes the launch: ``${now:...}``, or ``${hydra:KEY}``
+    with one of :data:`HYDRA_LAUNCH_KEYS` written out (a key computed from the config is
+    not known here, so it is signed by its value)."""
+    name = _resolver_name(context)
+    if name not in LAUNCH_RESOLVERS:
+        return False
+    if name != "hydra":
+        return True
+    arguments = [child for child in _children(context) if _kind(child) == "SequenceContext"]
+    elements = _children(arguments[0]) if len(arguments) == 1 else []
+    if len(elements) != 1 or _holds_interpolation(elements[0]):
+        return False
+    key = elements[0].getText().strip()
+    if len(key) >= 2 and key[0] == key[-1] and key[0] in "'\"":
+        key = key[1:-1]
+    return _hydra_key(tuple(key.split(".")))
+
+
+def _hydra_key(keys: Segments) -> bool:
+    return ".".join(map(str, keys)) in HYDRA_LAUNCH_KEYS
+
+
+def _holds_interpolation(context: Any) -> bool:
+    pending = [context]
+    while pending:
+        node = pending.pop()
+        if _kind(node) == "InterpolationContext":
+            return True
+        pending.extend(_children(node))
+    return False
 
 
 def _resolver_name(context: Any) -> str | None:

@@ -67,6 +67,7 @@ __all__ = [
     "config_differences",
     "config_signature",
     "is_launch_value",
+    "launch_text",
     "show",
     "sign_config",
 ]
@@ -532,6 +533,11 @@ def show(node: Any) -> str:
 def is_launch_value(node: Any) -> bool:
     """Whether a canonical value is a launch value, signed as written."""
     return isinstance(node, dict) and len(node) == 1 and _LAUNCH in node
+
+
+def launch_text(node: Any) -> str | None:
+    """The text a canonical launch value was signed as, else ``None``."""
+    return node[_LAUNCH] if is_launch_value(node) and isinstance(node[_LAUNCH], str) else None
 
 
 def _differences(a: Any, b: Any, path: str, found: list[Difference], limit: int | None) -> None:

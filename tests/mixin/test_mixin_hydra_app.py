@@ -5,7 +5,8 @@ again, although Hydra gives every launch a new output directory.
 The app (``support/hydra_apps/mixin_app.py``) signs its whole ``DictConfig``: the
 trainer's ``default_root_dir`` comes from ``${paths.output_dir}`` and so from
 ``${hydra:runtime.output_dir}``, the logger's run name from ``${now:...}``, the data
-folder from ``${oc.env:DATA_DIR}``. The references are uninterrupted runs in this
+folder from ``${oc.env:DATA_DIR}``, the model's activation from the option of a config
+group (``${hydra:runtime.choices.activation}``). The references are uninterrupted runs in this
 process, from the config Hydra composes.
 """
 
@@ -47,6 +48,17 @@ def test_the_same_command_resumes_bitwise_and_a_changed_logger_level_is_refused_
         "if these keys do not affect training, pass config_ignore=['logger.level']"
     ) in refused.stderr, refused.describe()
     assert pause_file.read_bytes() == before  # the refusal lost nothing
+
+    # Another option of the activation group: the same values, another model.
+    refused = project.launch("activation=tanh")
+    assert refused.status == 1, refused.describe()
+    assert (
+        f"[323] config differs from the paused run: {pause_file}: the paused run's config "
+        "differs from this run's at 1 path:\n"
+        "  model.activation (from ${hydra:runtime.choices.activation}): 'relu' in the paused "
+        "run, 'tanh' in this run\n"
+    ) in refused.stderr, refused.describe()
+    assert pause_file.read_bytes() == before
 
     resumed = project.launch()
     assert resumed.status == 0 and resumed.lines[-1] == "FINISHED", resumed.describe()

@@ -9,6 +9,7 @@ trains the uninterrupted run in this process, from the config Hydra composes.
 
 from __future__ import annotations
 
+import copy
 import shutil
 import subprocess
 import sys
@@ -113,13 +114,23 @@ def reference(app: str, root: Path, *overrides: str) -> dict[str, Any]:
 
 def _reference(app: str, root: Path, overrides: tuple[str, ...]) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PROJECT_ROOT", str(root))
         patch.setenv("DATA_DIR", str(root / "data"))
         patch.delenv(WAIT_ENV, raising=False)
         with initialize_config_dir(version_base="1.3", config_dir=str(CONFIGS)):
-            cfg = compose("train", overrides=list(overrides))
+            cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+        # Hydra's config set as a launch sets it (${hydra:runtime.choices...} resolves),
+        # until the reference is done; the config without its hydra node, as the app's
+        # main receives it.
+        patch.setattr(HydraConfig.instance(), "cfg", HydraConfig.instance().cfg)
+        HydraConfig.instance().set_config(cfg)
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
         results = root / "results"
         if app == "mixin":
             from support.hydra_apps import mixin_app

@@ -31,6 +31,7 @@ from ..signature import (
     config_differences,
     config_signature,
     is_launch_value,
+    launch_text,
     show,
 )
 
@@ -112,6 +113,24 @@ def _report(
         lines.append(
             "the pause file signed a launch value resolved, as earlier releases did: it resumes "
             "under the paused run's values (for Hydra, its run directory: hydra.run.dir=...)"
+        )
+    # Earlier releases signed every ${hydra:...} value as written; now only the launch's.
+    unknown = [
+        found
+        for found in differences
+        if found.kind == "value"
+        and "${hydra" in (launch_text(found.a) or "")
+        and not is_launch_value(found.b)
+        and found.path in current.sources
+    ]
+    if unknown:
+        written = ", ".join(f"{found.path} ({launch_text(found.a)})" for found in unknown)
+        lines.append(
+            f"the pause file signed {written} as written, as earlier releases signed every "
+            "${hydra:...} value; only the launch's directories, job name, number and id and "
+            "working directory are signed so now, and the paused run's value is not in the "
+            f"pause file: if it was this run's, pass config_ignore="
+            f"{_ignorable(unknown, current.ignore)!r} to resume it"
         )
     paths = _ignorable(differences, current.ignore)
     if paths:

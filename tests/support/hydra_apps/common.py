@@ -13,11 +13,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from torch.utils.data import Dataset
 
 from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
 
 FEATURES = 4
+# The model's activation by the option of the config group (model.activation).
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
 # Set by the test for the launch it signals: after this step the app waits for the signal.
 WAIT_ENV = "HYDRA_APP_WAIT_AT_STEP"
 WAIT_S = 300.0  # generous: the machine may be loaded

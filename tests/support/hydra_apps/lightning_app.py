@@ -23,6 +23,7 @@ from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 
 from support.hydra_apps.common import (
+    ACTIVATIONS,
     FEATURES,
     build_loader,
     report_step,
@@ -34,11 +35,16 @@ from trainer_resume.adapters.lightning import ResumeCallback
 
 
 class Regressor(pl.LightningModule):
-    def __init__(self, hidden: int, dropout: float, lr: float, momentum: float) -> None:
+    def __init__(
+        self, hidden: int, activation: str, dropout: float, lr: float, momentum: float
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(
-            nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1)
+            nn.Linear(FEATURES, hidden),
+            ACTIVATIONS[activation](),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, 1),
         )
         self.losses: dict[int, torch.Tensor] = {}
 
@@ -74,7 +80,13 @@ def fit(cfg: DictConfig, *, default_root_dir: str, logger: Any, results: Path) -
         print("FINISHED", flush=True)
         return
     seed_everything(cfg.seed)
-    model = Regressor(cfg.model.hidden, cfg.model.dropout, cfg.optimizer.lr, cfg.optimizer.momentum)
+    model = Regressor(
+        cfg.model.hidden,
+        cfg.model.activation,
+        cfg.model.dropout,
+        cfg.optimizer.lr,
+        cfg.optimizer.momentum,
+    )
     loader = build_loader(cfg)
     trainer = pl.Trainer(
         max_steps=cfg.trainer.max_steps,

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from support.hydra_apps.common import (
+    ACTIVATIONS,
     FEATURES,
     build_loader,
     report_step,
@@ -36,7 +37,7 @@ class Trainer(TrainingResumeMixin):
         seed_everything(cfg.seed)
         self.model = nn.Sequential(
             nn.Linear(FEATURES, cfg.model.hidden),
-            nn.ReLU(),
+            ACTIVATIONS[cfg.model.activation](),
             nn.Dropout(cfg.model.dropout),
             nn.Linear(cfg.model.hidden, 1),
         )
