@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -23,7 +24,9 @@ from support.cli import run_cli
 
 from trainer_resume.cli import main
 from trainer_resume.durable import save_checkpoint
+from trainer_resume.errors import SkippedCheckpointWarning
 from trainer_resume.finished import mark_finished
+from trainer_resume.resume_points.files import latest_checkpoint
 
 
 def assert_clean_error(result, code: int) -> None:
@@ -185,6 +188,29 @@ def test_inspect_of_a_resume_point_directory_lists_points_and_describes_the_newe
         "resume point (TrainingResumeMixin)",
         {"completed_steps": 4},
     )
+
+
+def test_inspect_of_a_directory_names_as_newest_the_point_resume_latest_takes(
+    tmp_path_factory, tmp_path, capsys
+):
+    # A point copied under a newer point's name holds an older step: resume_latest skips
+    # it, and so does the description of the directory.
+    source = resume_point_directory(tmp_path_factory)
+    for name in ("point-000000000002.ckpt", "point-000000000004.ckpt"):
+        shutil.copyfile(source / name, tmp_path / name)
+    shutil.copyfile(source / "point-000000000002.ckpt", tmp_path / "point-000000000009.ckpt")
+    with pytest.warns(SkippedCheckpointWarning, match="its name says 9"):
+        taken = latest_checkpoint(tmp_path)
+    assert taken == str(tmp_path / "point-000000000004.ckpt")
+    output = inspect_text(tmp_path, capsys)
+    blank = output.index("")
+    lines, newest = output[:blank], output[blank + 1 :]
+    assert field(lines, "newest valid") == "point-000000000004.ckpt, below"
+    assert (
+        f"  skipped {tmp_path / 'point-000000000009.ckpt'}: it holds step 2, its name says 9 "
+        "(copied or renamed)"
+    ) in lines
+    assert field(newest, "steps") == "completed_steps 4"
 
 
 def test_inspect_of_an_empty_directory_fails_with_code_321(tmp_path, capsys):

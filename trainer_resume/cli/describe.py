@@ -486,11 +486,18 @@ def describe_directory(
         "finished": paths.basename(marker) if finished else None,
         "newest": None,
     }
-    for candidate in found:  # newest first; the first one that verifies is what a resume takes
+    for candidate in found:  # newest first; the first one a resume would take, as it takes it
         try:
             file = read(candidate.path)
+            steps = _pause_steps(file.content) if candidate.is_point else None
         except (CheckpointCorruptedError, CheckpointFormatError) as error:
             skipped.append(f"skipped {candidate.path}: {error}")
+            continue
+        if steps is not None and steps != candidate.completed_steps:
+            skipped.append(
+                f"skipped {candidate.path}: it holds step {steps}, its name says "
+                f"{candidate.completed_steps} (copied or renamed)"
+            )
             continue
         summary["newest"] = describe_file(file, signature_verified=key is not None)
         break
