@@ -91,6 +91,11 @@ FROZEN_CODES = {
         "the pause just written would be refused by resume() of the trainer that wrote it; "
         "a defect of trainer-resume: please report it with this message",
     ),
+    355: (
+        "StorageUnavailableError",
+        "the storage behind this URL could not be reached or refused the request; nothing "
+        "was read or changed: check the endpoint, the credentials and the network, then retry",
+    ),
     359: (
         "DDPWindowError",
         "a DistributedDataParallel accumulation window cannot be resumed exactly here",

@@ -210,6 +210,18 @@ class PauseNotResumableError(ResumeError):
     )
 
 
+class StorageUnavailableError(ResumeError, OSError):
+    """Object storage did not answer whether, or what, a URL holds: the endpoint could not
+    be reached, or the request was refused (credentials). Never taken for "no such file":
+    a run that cannot see its pause file does not start over. An ``OSError`` too."""
+
+    code = 355
+    message = (
+        "the storage behind this URL could not be reached or refused the request; nothing "
+        "was read or changed: check the endpoint, the credentials and the network, then retry"
+    )
+
+
 class DDPWindowError(ResumeError):
     """DistributedDataParallel's record of an open accumulation window (the parameters its
     reducer found used under ``no_sync``) cannot be carried into this run; the detail names

@@ -18,6 +18,7 @@ from trainer_resume.difference import first_difference
 from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import (
     CheckpointCorruptedError,
+    CheckpointFormatError,
     CheckpointWriteError,
     RunFinishedError,
     StorageURLError,
@@ -173,3 +174,63 @@ def test_export_reads_a_pause_at_a_url_and_writes_the_weights_to_a_url(url: str)
         weights = torch.load(exported, weights_only=True)
     assert first_difference(trainer.model.state_dict(), weights) is None
     assert result.file_bytes == fs.size(path)
+
+
+def test_a_scheme_in_capitals_names_the_same_place(url: str) -> None:
+    trainer = TinyTrainer()
+    trainer.train_step()
+    trainer.pause(url.upper().split("://")[0] + "://" + url.split("://")[1] + "/pause.ckpt")
+    resumed = TinyTrainer()
+    resumed.resume(f"{url}/pause.ckpt")
+    assert first_difference(trainer.model.state_dict(), resumed.model.state_dict()) is None
+    assert objects.list_names(url) == ["pause.ckpt"]
+
+
+@pytest.mark.parametrize("where", ["s3:/bucket/run/pause.ckpt", "memory:/run/pause.ckpt"])
+def test_a_url_with_a_slash_missing_is_refused_and_creates_no_folder(
+    in_tmp: Path, where: str
+) -> None:
+    trainer = TinyTrainer()
+    trainer.train_step()
+    scheme = where.split(":")[0]
+    with pytest.raises(StorageURLError, match=f"write '{scheme}://"):
+        trainer.pause(where)
+    with pytest.raises(StorageURLError, match="a slash missing"):
+        trainer.pause_on_signal(where)
+    with pytest.raises(StorageURLError, match="a slash missing"):
+        TinyTrainer().resume(where)
+    assert list(in_tmp.iterdir()) == []
+    trainer.pause(f"./{where}")  # a local folder named after the scheme, said so
+    assert (in_tmp / where).is_file()
+
+
+class _BrokenFileSystem(fsspec.AbstractFileSystem):
+    """A scheme whose filesystem cannot be set up here (as hdfs:// without a JVM)."""
+
+    protocol = "brokenfs"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise OSError("Unable to load libjvm\nmore lines of the loader")
+
+
+def test_a_filesystem_that_cannot_be_set_up_is_refused_with_353(in_tmp: Path) -> None:
+    fsspec.register_implementation("brokenfs", _BrokenFileSystem, clobber=True)
+    trainer = TinyTrainer()
+    trainer.train_step()
+    with pytest.raises(
+        StorageURLError, match=r"could not be set up: OSError: Unable to load libjvm$"
+    ):
+        trainer.pause("brokenfs://cluster/run/pause.ckpt")
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_resume_latest_of_a_pause_file_instead_of_its_directory_is_refused(url: str) -> None:
+    trainer = TinyTrainer()
+    trainer.train_step()
+    trainer.pause(f"{url}/pause.ckpt")
+    fresh = TinyTrainer()
+    with pytest.raises(CheckpointFormatError, match=r"\[321\].*is a file, not a resume-point"):
+        fresh.resume_latest(f"{url}/pause.ckpt")
+    assert fresh.completed_steps == 0
+    assert fresh.resume_latest(url) == f"{url}/pause.ckpt"  # its directory
+    assert fresh.completed_steps == 1

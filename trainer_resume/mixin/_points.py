@@ -16,8 +16,10 @@ from .. import distributed as _distributed
 from ..errors import CheckpointCorruptedError, CheckpointFormatError, SkippedCheckpointWarning
 from ..finished import refuse_if_finished
 from ..resume_points import ResumePoint, ResumePoints
+from ..resume_points.files import require_directory
 from ..resume_points.sharded_points import committed_sharded
 from ..state import StrPath
+from ..storage import paths
 from ._latest import Chosen, latest_to_resume
 from ._pause import pause_checkpoint, point_shards
 from ._resume import resume_from
@@ -84,6 +86,7 @@ def resume_latest_sharded(
     if guard.points is not None:
         guard.points.wait()
     key = settings_of(trainer, "resume_latest()").key
+    require_directory(paths.location(directory))
     refuse_if_finished(directory, key=key)
     listed = (
         _distributed.rank_zero_result(lambda: committed_sharded(directory, key=key))

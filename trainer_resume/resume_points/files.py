@@ -49,6 +49,7 @@ __all__ = [
     "point_steps",
     "remove_points",
     "remove_stale_temp_files",
+    "require_directory",
     "retain_points",
 ]
 
@@ -162,6 +163,7 @@ def newest_checkpoint(
             are listed).
     """
     location = paths.location(directory)
+    require_directory(location)
     read = load if load is not None else (lambda path: load_checkpoint(path, key=key))
     for _ in range(_RESCANS):
         # A prefix with nothing under it is no "directory", but may have a finished
@@ -178,6 +180,16 @@ def newest_checkpoint(
         f"{location}: the newest point vanished before it could be read in {_RESCANS} listings "
         "in a row; is another process removing points?"
     )
+
+
+def require_directory(location: str) -> None:
+    """Refuse a file given where a resume-point directory is expected (321): taken for an
+    empty directory, it would start the run over beside its pause file."""
+    if paths.is_file(location):
+        raise CheckpointFormatError(
+            f"{location} is a file, not a resume-point directory: resume(path) resumes from "
+            "one pause file, resume_latest(directory) from the newest file of a directory"
+        )
 
 
 def latest_checkpoint(

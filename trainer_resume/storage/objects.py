@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ..errors import StorageUnavailableError
 from .urls import filesystem
 
 __all__ = [
@@ -234,23 +235,55 @@ def read_object(url: str) -> bytes:
     return fs.cat_file(path)
 
 
-def exists(url: str) -> bool:
+def _info(url: str) -> dict[str, Any] | None:
+    """What the store says of ``url`` (``None``: nothing there).
+
+    fsspec's ``isfile`` / ``isdir`` answer ``False`` for any failure; an endpoint that
+    cannot be reached or a request refused is not "nothing there" (a resume would then
+    start over), so only ``FileNotFoundError`` means that here.
+
+    Raises:
+        StorageUnavailableError: the store did not answer (355).
+    """
     fs, path = filesystem(url)
     fs.invalidate_cache(path)
-    return bool(fs.isfile(path))
+    with _answered(url):
+        try:
+            return dict(fs.info(path))
+        except FileNotFoundError:
+            return None
+
+
+@contextlib.contextmanager
+def _answered(url: str) -> Iterator[None]:
+    """Raise a failure of a query of the store as :class:`StorageUnavailableError` (355)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except StorageUnavailableError:
+        raise
+    except Exception as error:  # noqa: BLE001 - botocore's, aiohttp's, fsspec's: all say "no answer"
+        raise StorageUnavailableError(f"{url}: {type(error).__name__}: {error}") from error
+
+
+def exists(url: str) -> bool:
+    """Whether an object exists at ``url`` (a failure to ask raises 355)."""
+    info = _info(url)
+    return info is not None and info.get("type") == "file"
 
 
 def is_dir(url: str) -> bool:
-    """Whether objects exist under ``url`` as a prefix (a "directory")."""
-    fs, path = filesystem(url)
-    fs.invalidate_cache(path)
-    return bool(fs.isdir(path))
+    """Whether objects exist under ``url`` as a prefix (a "directory"; a failure to ask raises 355)."""
+    info = _info(url)
+    return info is not None and info.get("type") == "directory"
 
 
 def size_of(url: str) -> int:
     fs, path = filesystem(url)
     fs.invalidate_cache(path)
-    return int(fs.size(path))
+    with _answered(url):
+        return int(fs.size(path))
 
 
 def list_names(url: str) -> list[str]:
@@ -258,7 +291,8 @@ def list_names(url: str) -> list[str]:
     fs, path = filesystem(url)
     fs.invalidate_cache(path)
     try:
-        entries = fs.ls(path, detail=True, refresh=True)
+        with _answered(url):
+            entries = fs.ls(path, detail=True, refresh=True)
     except FileNotFoundError:
         return []
     names = []
@@ -273,7 +307,7 @@ def list_names(url: str) -> list[str]:
 def remove(url: str) -> None:
     """Remove the object at ``url`` (a missing one raises ``FileNotFoundError``)."""
     fs, path = filesystem(url)
-    if not fs.isfile(path):
+    if not exists(url):
         raise FileNotFoundError(url)
     fs.rm_file(path)
     fs.invalidate_cache(path)

@@ -17,7 +17,16 @@ import torch
 from .. import _atomic
 from ..errors import CheckpointWriteError
 from . import objects
-from .urls import basename, check_location, is_url, join, local_path, parent
+from .urls import (
+    basename,
+    check_local_path,
+    check_location,
+    is_url,
+    join,
+    local_path,
+    normalized,
+    parent,
+)
 
 __all__ = [
     "basename",
@@ -47,7 +56,9 @@ def location(path: Any) -> str:
     path = local_path(os.fspath(path) if isinstance(path, os.PathLike) else path)
     if is_url(path):
         check_location(path)
-        return path.rstrip("/")
+        return normalized(path).rstrip("/")
+    if isinstance(path, str):
+        check_local_path(path)
     return os.fspath(path)
 
 

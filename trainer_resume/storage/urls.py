@@ -30,12 +30,15 @@ __all__ = [
     "is_url",
     "join",
     "local_path",
+    "normalized",
     "parent",
     "set_storage_options",
 ]
 
 # "scheme://": two characters at least, so a Windows drive ("C:\\", "C:/") is no URL.
 _URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]+)://")
+# "s3:/bucket/...": a URL with one slash missing (a local folder named "s3:" otherwise).
+_ONE_SLASH = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]+):/(?!/)")
 # A scheme's usual package, for the message (fsspec names some itself).
 _PACKAGES = {
     "s3": "s3fs",
@@ -61,6 +64,38 @@ def is_url(path: Any) -> bool:
         return False
     match = _URL.match(path)
     return match is not None and match.group("scheme").lower() != "file"
+
+
+def normalized(url: str) -> str:
+    """``url`` with its scheme in lower case (``S3://b/k`` is ``s3://b/k``: schemes are
+    case-insensitive, fsspec's registry is not)."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme.lower()}://{rest}"
+
+
+def check_local_path(path: str) -> None:
+    """Refuse a local path that reads as a URL with one slash missing (``s3:/bucket/run``),
+    which would otherwise become a local folder named ``s3:`` (353)."""
+    match = _ONE_SLASH.match(path)
+    if match is None:
+        return
+    scheme = match.group("scheme").lower()
+    if scheme == "file" or not _known(scheme):
+        return
+    rest = path[match.end() :]
+    raise StorageURLError(
+        f"{path!r} reads as a {scheme}:// URL with a slash missing: write "
+        f"'{scheme}://{rest}' (or './{path}' for a local folder named '{match.group('scheme')}:')"
+    )
+
+
+def _known(scheme: str) -> bool:
+    try:
+        import fsspec
+        from fsspec.registry import known_implementations
+    except ImportError:  # pragma: no cover - fsspec is a dependency
+        return scheme in _PACKAGES
+    return scheme in _PACKAGES or scheme in known_implementations or scheme in fsspec.registry
 
 
 def local_path(path: Any) -> Any:
@@ -119,7 +154,8 @@ def filesystem(url: str) -> tuple[Any, str]:
         StorageURLError: no installed implementation for the scheme (353), naming the
             package to install.
     """
-    scheme = url.split("://", 1)[0].lower()
+    url = normalized(url)
+    scheme = url.split("://", 1)[0]
     try:
         import fsspec
         from fsspec.registry import known_implementations
@@ -136,6 +172,11 @@ def filesystem(url: str) -> tuple[Any, str]:
         raise StorageURLError(
             f"{url}: the {scheme}:// implementation is not installed; install {wanted}"
             + (" (pip install 'trainer-resume[s3]')" if package == "s3fs" else "")
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - e.g. hdfs:// without a JVM: no filesystem
+        raise StorageURLError(
+            f"{url}: the {scheme}:// filesystem could not be set up: "
+            f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
         ) from exc
     return fs, path
 

@@ -1,0 +1,89 @@
+"""A bucket that does not answer (its endpoint unreachable) is never taken for an empty
+one: every question about it raises 355, the command line says so in one line, and the
+pause there is intact once the bucket answers again."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+import torch
+from support.trainers import TinyTrainer
+
+from trainer_resume import run_finished
+from trainer_resume.adapters.lightning import ResumeCallback
+from trainer_resume.cli import main
+from trainer_resume.errors import StorageUnavailableError
+from trainer_resume.storage import paths, set_storage_options
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def paused(bucket: str) -> Iterator[tuple[str, list[torch.Tensor]]]:
+    """A pause after 2 steps in the bucket and the losses of steps 3 and 4 of the
+    uninterrupted run; then the bucket's endpoint pointed at a closed port."""
+    reference = TinyTrainer()
+    expected = [reference.train_step() for _ in range(4)]
+    trainer = TinyTrainer()
+    trainer.train_step(), trainer.train_step()
+    url = f"{bucket}/run/pause.ckpt"
+    trainer.pause(url)
+    set_storage_options(
+        bucket,
+        {
+            "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_closed_port()}"},
+            "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},
+        },
+    )
+    try:
+        yield url, expected[2:]
+    finally:
+        set_storage_options(bucket, None)
+
+
+def test_questions_about_an_unreachable_bucket_raise_355_instead_of_no_such_file(
+    paused: tuple[str, list[torch.Tensor]],
+) -> None:
+    url, _ = paused
+    directory = url.rsplit("/", 1)[0]
+    for ask in (
+        lambda: paths.exists(url),
+        lambda: paths.is_dir(directory),
+        lambda: paths.list_names(directory),
+        lambda: run_finished(url),
+        lambda: ResumeCallback(url).ckpt_path,  # None would fit from the start
+        lambda: TinyTrainer().resume(url),
+    ):
+        with pytest.raises(StorageUnavailableError, match=r"\[355\].*Could not connect"):
+            ask()
+
+
+def test_the_command_line_reports_an_unreachable_bucket_in_one_line_with_status_3(
+    paused: tuple[str, list[torch.Tensor]], tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = paused
+    for arguments in (["inspect", url], ["export", url, str(tmp_path / "weights.pt")]):
+        assert main(arguments) == 3
+        captured = capsys.readouterr()
+        assert captured.err.startswith("error [355]: "), captured.err
+        assert "Traceback" not in captured.err and captured.err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_pause_resumes_once_the_bucket_answers_again(
+    paused: tuple[str, list[torch.Tensor]], bucket: str
+) -> None:
+    url, expected = paused
+    with pytest.raises(StorageUnavailableError):
+        TinyTrainer().resume(url)
+    set_storage_options(bucket, None)
+    resumed = TinyTrainer()
+    resumed.resume(url)
+    for want in expected:
+        assert torch.equal(resumed.train_step(), want)
