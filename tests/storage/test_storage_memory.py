@@ -174,6 +174,10 @@ def test_export_reads_a_pause_at_a_url_and_writes_the_weights_to_a_url(url: str)
         weights = torch.load(exported, weights_only=True)
     assert first_difference(trainer.model.state_dict(), weights) is None
     assert result.file_bytes == fs.size(path)
+    with pytest.raises(CheckpointFormatError, match=r"\[321\].* is a prefix of objects"):
+        export_checkpoint(url, f"{url}/again.pt")  # the prefix, not the pause in it
+    with pytest.raises(FileNotFoundError):
+        export_checkpoint(f"{url}/nothing.ckpt", f"{url}/again.pt")
 
 
 def test_a_scheme_in_capitals_names_the_same_place(url: str) -> None:

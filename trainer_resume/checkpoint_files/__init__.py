@@ -124,6 +124,8 @@ def read_checkpoint_file(
     """
     where = paths.location(path)
     if paths.is_url(where) and not paths.exists(where):
+        if paths.is_dir(where):
+            raise CheckpointFormatError(f"{where} is a prefix of objects, not a checkpoint file")
         raise FileNotFoundError(where)
     if not paths.is_url(where) and os.path.isdir(where):
         raise CheckpointFormatError(f"{where} is a directory, not a checkpoint file")
