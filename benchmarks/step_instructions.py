@@ -38,7 +38,7 @@ from typing import Any
 from benchmarks._common import environment, print_table, write_json
 
 CASES = ("map, 0 workers", "iterable, 0 workers")
-VARIANTS = ("bare", "loader", "untracked", "library", "torchdata")
+VARIANTS = ("bare", "loader", "library", "dropping", "torchdata")
 _ROOT = Path(__file__).resolve().parent.parent
 
 

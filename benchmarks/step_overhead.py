@@ -5,7 +5,8 @@ shows: a bare step is about a hundred microseconds. For each loader case:
 
 * **bare**: ``x, y = next(batches); loss = ...; backward; step`` over torch's ``DataLoader``;
 * **library**: the same step as the ``@training_step`` method of a ``TrainingResumeMixin``
-  trainer (the quickstart shape) fetching from ``ResumableDataLoader(resumable=True)``;
+  trainer (the quickstart shape, default settings) fetching from
+  ``ResumableDataLoader(resumable=True)``;
 * beside them, for context: the bare loop over torchdata's ``StatefulDataLoader`` (its own
   per-step cost, not a target), and Lightning's ``Trainer.fit`` over the same ``DataLoader``
   (``max_steps``; timed by a callback from the first timed batch to the last).
@@ -14,10 +15,11 @@ For context, not targets: in the map-style case without workers, the bare loop p
 library's per-batch seeding alone (what every such batch needs to replay its
 augmentation: the global generators seeded, the caller's handed back); in both cases
 without workers, where the rest goes: the bare loop over the ``ResumableDataLoader``
-alone (no trainer), and the library's step without its gradient tracking (the
-process-wide optimizer step hook taken out, so no parameter is hooked); and, after the
-cases, the gradient tracking's cost per parameter on a model of 200 parameters, in a
-loop that zeroes first and in one that never zeroes (whose gradients are kept for good).
+alone (no trainer), and the library's step of a trainer that declares
+``spent_gradients="drop"`` (its gradient tracking: a process-wide optimizer step hook and
+a hook on each parameter an optimizer steps); and, after the cases, the gradient
+tracking's cost per parameter on a model of 200 parameters, in a loop that zeroes first
+and in one that never zeroes (whose gradients are kept for good).
 
 Cases: map-style (``shuffle=True``), 0 workers; an ``IterableDataset`` with
 ``state_dict()``, 0 workers; the same with 2 workers. Per case every variant is built once
@@ -28,8 +30,9 @@ Each figure is wall-clock µs per step, with the main thread's CPU time beside i
 the loop itself pays, whatever else runs on the machine); the report gives the median
 over rounds, every round's spread (min-max), and the median of the per-round ratios to
 the bare loop of the same round, the figure the targets are checked against. Every variant
-but the library's steps without the library's process-wide optimizer step hook (taken out
-while it steps), as it would in a process without trainer-resume.
+but the ``spent_gradients="drop"`` one steps without the gradient tracking's process-wide
+optimizer step hook (taken out while it steps), as in a process where no trainer declared
+it.
 
     python -m benchmarks.step_overhead --quick
 
@@ -62,13 +65,13 @@ FEATURES = 16
 BATCH = 32
 SIZE = 1 << 22  # items: no pass ends inside a timed run
 CASES = ("map, 0 workers", "iterable, 0 workers", "iterable, 2 workers")
-VARIANTS = ("bare", "seeding", "loader", "untracked", "library", "torchdata", "lightning")
+VARIANTS = ("bare", "seeding", "loader", "library", "dropping", "torchdata", "lightning")
 LABELS = {
     "bare": "bare loop, DataLoader",
     "seeding": "bare loop + per-batch seeding alone",
     "loader": "bare loop, ResumableDataLoader alone",
-    "untracked": "@training_step without gradient tracking",
     "library": "@training_step, ResumableDataLoader",
+    "dropping": "the same, spent_gradients='drop' (gradient tracking)",
     "torchdata": "bare loop, StatefulDataLoader",
     "lightning": "Lightning Trainer.fit, DataLoader",
 }
@@ -77,12 +80,12 @@ LIGHTNING_RUNS = 3  # Lightning is context, not a target: a few runs of its own 
 # seeding in the map-style case without workers, the one case where the main thread seeds
 # each batch (the seed and the hand-back of the caller's generators, as the library's
 # fetch does), so its share of the library's cost shows; where the main process pays the
-# loader's work, how the library's cost splits between the loader, the step (guard,
-# boundary) and the gradient tracking.
+# loader's work, how the library's cost splits between the loader and the step (guard,
+# boundary), and what the gradient tracking of spent_gradients="drop" adds.
 CONTEXT_CASES = {
     "seeding": ("map, 0 workers",),
     "loader": ("map, 0 workers", "iterable, 0 workers"),
-    "untracked": ("map, 0 workers", "iterable, 0 workers"),
+    "dropping": ("map, 0 workers", "iterable, 0 workers"),
 }
 # Context too: the gradient tracking's cost per parameter on a model with many.
 TRACKING_LAYERS = 100  # Linear(8, 8) layers: 200 parameters
@@ -173,11 +176,15 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any)
 class Trainer(TrainingResumeMixin):
     """The quickstart shape: the step fetches its batch from the loader's iterator."""
 
-    def __init__(self, loader: ResumableDataLoader) -> None:
+    def __init__(self, loader: ResumableDataLoader, spent_gradients: str = "save") -> None:
         self.model, self.optimizer = _model()
         self.loader = loader
         self.batches = iter(loader)
-        self._initialize_training_resume({"benchmark": "step_overhead"}, version="step/1")
+        self._initialize_training_resume(
+            {"benchmark": "step_overhead"},
+            version="step/1",
+            spent_gradients=spent_gradients,  # type: ignore[arg-type]
+        )
 
     def _resume_objects(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer}
@@ -206,12 +213,13 @@ def _timed(step: Callable[[], object], steps: int) -> tuple[float, float]:
 
 @contextlib.contextmanager
 def _as_without_the_library(variant: str) -> Iterator[None]:
-    """Every variant but the library's steps as in a process without trainer-resume: the
-    process-wide optimizer step hook the library installs (``mixin/_gradient_liveness.py``,
-    which also hooks each parameter an optimizer steps) is taken out while it steps, and
-    put back after, so the bare loops pay none of the library's gradient tracking."""
+    """Every variant but the steps of a ``spent_gradients="drop"`` trainer as in a process
+    where no such trainer was made: the process-wide optimizer step hook it installs
+    (``mixin/_gradient_liveness.py``, which also hooks each parameter an optimizer steps)
+    is taken out while they step, and put back after, so the bare loops and the library's
+    default step pay none of the gradient tracking."""
     tracker = _gradient_liveness._TRACKER
-    if variant == "library" or tracker.handle is None:
+    if variant == "dropping" or tracker.handle is None:
         yield
         return
     with _gradient_liveness._INSTALL:
@@ -228,8 +236,9 @@ class Runner:
 
     def __init__(self, variant: str, case: str) -> None:
         self.loader = _loader(_LOADERS.get(variant, variant), case)
-        if variant in ("library", "untracked"):
-            trainer = Trainer(self.loader)  # type: ignore[arg-type]
+        if variant in ("library", "dropping"):
+            spent = "drop" if variant == "dropping" else "save"
+            trainer = Trainer(self.loader, spent)  # type: ignore[arg-type]
             self.iterator: Any = None
             self.step: Callable[[], object] = trainer.step
         elif variant == "seeding":
@@ -261,7 +270,7 @@ def _nothing() -> None:
 
 
 # The loader each context variant steps over (the others: their own name's).
-_LOADERS = {"seeding": "bare", "loader": "library", "untracked": "library"}
+_LOADERS = {"seeding": "bare", "loader": "library", "dropping": "library"}
 
 
 def gradient_tracking(rounds: int, steps: int, *, zeroes: bool = True) -> dict[str, Any]:
@@ -286,7 +295,7 @@ def gradient_tracking(rounds: int, steps: int, *, zeroes: bool = True) -> dict[s
         return step
 
     _gradient_liveness.track_gradients()
-    steps_of = {"bare": build(), "library": build()}
+    steps_of = {"bare": build(), "dropping": build()}
     parameters = 2 * TRACKING_LAYERS
     cpu: dict[str, list[float]] = {name: [] for name in steps_of}
     for number in range(rounds):
@@ -297,7 +306,7 @@ def gradient_tracking(rounds: int, steps: int, *, zeroes: bool = True) -> dict[s
                     steps_of[name]()
                 cpu[name].append(_timed(steps_of[name], steps)[1])
     per_parameter = [
-        (ours - theirs) / parameters for ours, theirs in zip(cpu["library"], cpu["bare"])
+        (ours - theirs) / parameters for ours, theirs in zip(cpu["dropping"], cpu["bare"])
     ]
     return {
         "parameters": parameters,
@@ -510,9 +519,9 @@ def main(argv: list[str] | None = None) -> None:
                 "",
             ],
             [
-                f"{loop}: with the library's gradient tracking",
-                f"{statistics.median(found['cpu_us_per_step']['library']):.0f}",
-                _spread(found["cpu_us_per_step"]["library"]),
+                f"{loop}: with the gradient tracking (spent_gradients='drop')",
+                f"{statistics.median(found['cpu_us_per_step']['dropping']):.0f}",
+                _spread(found["cpu_us_per_step"]["dropping"]),
                 f"{found['median_us_per_parameter']:.2f} ({_spread(found['us_per_parameter'], 2)})",
             ],
         ]

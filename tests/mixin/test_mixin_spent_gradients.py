@@ -1,9 +1,12 @@
-"""A pause carries the gradients the next step still needs, and only those.
+"""By default a pause carries every gradient that is set; a trainer that declares
+``spent_gradients="drop"`` carries the gradients the next step still needs, and only those.
 
 The loops (support.zero_grad_loops): one micro-batch per ``@training_step``, AdamW and
 SGD over different parameters, bf16 autocast with a ``GradScaler("cpu")``, a branch
-reached on even micro-steps only. With ``zero_grad()`` first, the gradients at a step
-boundary are spent: once the loop has shown that it sets them to ``None`` before its
+reached on even micro-steps only. A loop that reads the last step's gradients before its
+``zero_grad()`` resumes exactly by default (no hook sees a read). With
+``spent_gradients="drop"`` and ``zero_grad()`` first, the gradients at a step boundary
+are spent: once the loop has shown that it sets them to ``None`` before its
 next backward, pauses and resume points hold none, and a fresh trainer still continues
 as the uninterrupted run (model, gradients, both optimizers, scaler, every later loss
 and the RNG after, tensor by tensor). Gradients the next step reads are kept: inside a
@@ -66,12 +69,16 @@ def test_a_zero_grad_first_pause_without_gradients_resumes_in_a_new_process(
     pause = tmp_path / "pause.ckpt"
     assert zero_grad_loops.paused("first", 4, pause) == 4
     assert zero_grad_loops.saved_gradients(pause) == [None]
-    out = tmp_path / "resumed.pt"
-    options = json.dumps({"style": "first"})
+    result = _resumed_in_a_new_process(pause, tmp_path / "resumed.pt", {"style": "first"})
+    assert result["start"] == 4
+    assert zero_grad_loops.difference_after(first_loop, result["outcome"], 4) is None
+
+
+def _resumed_in_a_new_process(pause: Path, out: Path, options: dict[str, Any]) -> dict[str, Any]:
     command = [sys.executable, "-m", "support.zero_grad_loops", "resume", str(pause), str(out)]
     path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
-        [*command, options],
+        [*command, json.dumps(options)],
         cwd=TESTS,
         capture_output=True,
         text=True,
@@ -79,9 +86,48 @@ def test_a_zero_grad_first_pause_without_gradients_resumes_in_a_new_process(
         env=dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1"),
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = torch.load(out, weights_only=True)
+    return torch.load(out, weights_only=True)
+
+
+def test_by_default_a_zero_grad_first_pause_holds_its_spent_gradients_and_resumes_exactly(
+    tmp_path: Path, first_loop: dict[str, Any]
+) -> None:
+    path = tmp_path / "pause.ckpt"
+    assert zero_grad_loops.paused("first", 4, path, spent_gradients=None) == 4
+    (saved,) = zero_grad_loops.saved_gradients(path)
+    # Those of the two layers every step reaches (the branch's: None, not reached at step 4).
+    assert saved is not None and saved["model"]["first.weight"] is not None
+    assert saved["model"]["second.weight"] is not None
+    actual, start = zero_grad_loops.resumed("first", path, spent_gradients=None)
+    assert start == 4
+    assert zero_grad_loops.difference_after(first_loop, actual, 4) is None
+
+
+def test_a_loop_that_reads_the_last_gradients_before_zero_grad_resumes_exactly_by_default(
+    tmp_path: Path,
+) -> None:
+    # No hook sees the read: only the default, which saves spent gradients, is exact here.
+    expected = zero_grad_loops.uninterrupted("reads", spent_gradients=None)
+    pause = tmp_path / "pause.ckpt"
+    assert zero_grad_loops.paused("reads", 4, pause, spent_gradients=None) == 4
+    (saved,) = zero_grad_loops.saved_gradients(pause)
+    assert saved is not None and saved["model"]["second.weight"] is not None
+    result = _resumed_in_a_new_process(
+        pause, tmp_path / "resumed.pt", {"style": "reads", "spent_gradients": None}
+    )
     assert result["start"] == 4
-    assert zero_grad_loops.difference_after(first_loop, result["outcome"], 4) is None
+    assert zero_grad_loops.difference_after(expected, result["outcome"], 4) is None
+    # The declaration is what the default guards against: with "drop" the read sees None.
+    dropped = tmp_path / "dropped.ckpt"
+    assert zero_grad_loops.paused("reads", 4, dropped) == 4
+    assert zero_grad_loops.saved_gradients(dropped) == [None]
+    actual, _ = zero_grad_loops.resumed("reads", dropped)
+    assert zero_grad_loops.difference_after(expected, actual, 4) is not None
+
+
+def test_spent_gradients_takes_save_or_drop() -> None:
+    with pytest.raises(ValueError, match="spent_gradients must be 'save' or 'drop', got 'keep'"):
+        zero_grad_loops.LoopTrainer("first", spent_gradients="keep")
 
 
 def test_resume_points_of_a_zero_grad_first_loop_hold_no_gradients_and_resume_exactly(
@@ -259,7 +305,9 @@ class _CompiledStepTrainer(TrainingResumeMixin):
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
         self.optimizer_step = torch.compile(self.optimizer.step, backend="eager")
         self.inputs = torch.randn(16, 6, generator=torch.Generator().manual_seed(1))
-        self._initialize_training_resume({"loop": "compiled optimizer step"}, version="1")
+        self._initialize_training_resume(
+            {"loop": "compiled optimizer step"}, version="1", spent_gradients="drop"
+        )
 
     def _resume_objects(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer}

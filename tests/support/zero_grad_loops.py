@@ -6,8 +6,13 @@ micro-batches. Loop styles: ``"first"`` calls ``zero_grad()`` (gradients set to
 order); ``"in_place"`` calls ``zero_grad(set_to_none=False)`` there; ``"replace"`` puts a
 new zero tensor in each gradient's place there (``p.grad = torch.zeros_like(p.grad)``:
 an in-place zero by another name); ``"held"`` is ``"first"`` with each step's spent
-gradients kept in a list until the next step (say, for logging); ``"never"`` never
-zeroes, so every backward adds to the gradients already applied. Two optimizers own
+gradients kept in a list until the next step (say, for logging); ``"reads"`` is
+``"first"`` whose loss is weighted by the last step's gradient norm, read before its
+``zero_grad()`` (so a spent gradient's value reaches the next step); ``"never"`` never
+zeroes, so every backward adds to the gradients already applied. The trainers declare
+``spent_gradients="drop"`` (their loops never read a spent gradient, but for
+``"reads"``), the rule these tests are about; ``spent_gradients=None`` takes the
+library's default. Two optimizers own
 different parameters (AdamW and SGD with momentum), bf16 autocast with a
 ``GradScaler("cpu")``, dropout, a shuffled loader; a branch of the model runs on even
 micro-steps only, so some steps reach a parameter no backward touches. Options: a
@@ -79,6 +84,7 @@ class LoopTrainer(TrainingResumeMixin):
         branch: bool = True,
         idle: bool = False,
         points: ResumePoints | None = None,
+        spent_gradients: str | None = "drop",
     ) -> None:
         self.style, self.accumulate, self.skip_at = style, accumulate, skip_at
         torch.manual_seed(0)
@@ -125,8 +131,13 @@ class LoopTrainer(TrainingResumeMixin):
             "idle": idle,
         }
         # "held" is the loop's log of the last step's gradients, not training state.
+        declared = {} if spent_gradients is None else {"spent_gradients": spent_gradients}
         self._initialize_training_resume(
-            config, version="1", resume_points=points, excluded_attributes=("held",)
+            config,
+            version="1",
+            resume_points=points,
+            excluded_attributes=("held",),
+            **declared,  # type: ignore[arg-type]
         )
 
     def _resume_objects(self) -> dict[str, Any]:
@@ -145,7 +156,16 @@ class LoopTrainer(TrainingResumeMixin):
     @training_step
     def step(self, batch: Any) -> None:
         x, y = batch
-        if self.micro % self.accumulate == 0 and self.style in ("first", "in_place", "held"):
+        weight = 1.0
+        if self.style == "reads":  # the last step's gradient, read before zero_grad()
+            last = self.module.second.weight.grad
+            weight = 1.0 if last is None else 1.0 + float(last.float().norm())
+        if self.micro % self.accumulate == 0 and self.style in (
+            "first",
+            "in_place",
+            "held",
+            "reads",
+        ):
             for optimizer in (self.adamw, self.sgd):
                 optimizer.zero_grad(set_to_none=self.style != "in_place")
         if self.micro % self.accumulate == 0 and self.style == "replace":
@@ -157,6 +177,7 @@ class LoopTrainer(TrainingResumeMixin):
         with sync:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = nn.functional.mse_loss(self.model(x, self.micro), y) / self.accumulate
+                loss = loss * weight
             if self.micro + 1 == self.skip_at:
                 loss = loss * float("inf")  # the scaler finds inf gradients and skips the steps
             self.scaler.scale(loss).backward()

@@ -65,6 +65,7 @@ class TrainingResumeMixin:
         excluded_attributes: Iterable[str] = (),
         config_ignore: Collection[str] = (),
         scheduler_steps: Literal["convert", "keep"] = "convert",
+        spent_gradients: Literal["save", "drop"] = "save",
     ) -> None:
         """Sign ``config`` (its ``load`` entry excluded) and record the module version.
 
@@ -96,12 +97,19 @@ class TrainingResumeMixin:
                 count, as the step count moves (the samples seen are kept: schedules
                 over samples); ``"keep"`` leaves them at the paused step (schedules
                 over optimizer steps). docs/distributed.md, "Resume".
+            spent_gradients: ``"save"`` (the default) saves every gradient that is
+                set at the pause; ``"drop"`` leaves out those every owning optimizer
+                has stepped on, once the loop was seen to set them to ``None`` before
+                its next backward: you declare that the loop never reads a spent
+                gradient (before its ``zero_grad()``), which is then restored as
+                ``None``. docs/trainer.md, "Gradient accumulation".
 
         Raises:
             TypeError, ValueError: ``version`` is not a non-empty str, ``key`` is
                 not bytes of at least 16 (checked here, not at the first pause), or
                 ``config`` has no canonical form, ``config_ignore`` holds a
-                malformed path or ``scheduler_steps`` is neither value.
+                malformed path or ``scheduler_steps`` or ``spent_gradients`` is
+                neither of its values.
         """
         initialize(
             self,
@@ -113,6 +121,7 @@ class TrainingResumeMixin:
             config_ignore=config_ignore,
             base=TrainingResumeMixin,
             scheduler_steps=scheduler_steps,
+            spent_gradients=spent_gradients,
         )
 
     # ------------------------------------------------------------ state flags

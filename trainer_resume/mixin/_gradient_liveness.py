@@ -1,4 +1,9 @@
-"""Which gradients the next step still needs: what a pause must carry and what it may drop.
+"""Which gradients are spent: what a pause of a ``spent_gradients="drop"`` trainer may drop.
+
+A trainer initialised with ``spent_gradients="drop"`` declares that its loop never reads
+a spent gradient (a read before ``zero_grad()``, a loss weighted by the last gradient
+norm, leaves no trace a hook could see); the tracking below is installed by the first
+such trainer of the process and tells which gradients it may then leave out.
 
 At a step boundary a parameter's ``.grad`` is either *live* (written by a backward
 after the last ``optimizer.step()`` of some optimizer that owns it: the partial sum of

@@ -4,11 +4,14 @@ A ``@training_step`` may be one micro-batch of a gradient-accumulation window, s
 pause, a resume point or a ``checkpoint()`` may land while ``.grad`` holds the
 window's partial sum. Such gradients are part of the state that moves between steps:
 every parameter of every module and optimizer among the resume objects has its
-``.grad`` saved when the next step still needs it, ``None`` otherwise (a gradient
-that was ``None``, or one spent by an optimizer step that the loop is known to set to
-``None`` before its next backward: see :mod:`._gradient_liveness`), validated against
-the live parameters before ``resume()`` changes anything, and assigned back as part of
-the restore. With nothing to save, nothing is saved, so files written before this
+``.grad`` saved when it is set, ``None`` otherwise, validated against the live
+parameters before ``resume()`` changes anything, and assigned back as part of the
+restore. A trainer initialised with ``spent_gradients="drop"`` declares that its loop
+never reads a gradient once every optimizer that owns it has stepped on it: such a
+spent gradient, which the loop is known to set to ``None`` before its next backward,
+is then saved as ``None`` too (see :mod:`._gradient_liveness`). The default saves it:
+a loop may read the last step's gradients before its ``zero_grad()`` (a loss weighted
+by the last gradient norm), which no hook sees. With nothing to save, nothing is saved, so files written before this
 rule stay resumable; restoring such a file leaves every gradient ``None``, as the
 loop that wrote it would have made it before its next backward.
 
@@ -92,11 +95,12 @@ def collect_gradients(
     memo: dict[Any, Any],
     *,
     skipped: frozenset[str] | set[str] = frozenset(),
+    drop_spent: bool = False,
 ) -> dict[str, Any] | None:
     """The gradients to save, or ``None`` when no parameter's gradient is needed.
 
-    A gradient is saved when it is set and the next step may still read it (see
-    :mod:`._gradient_liveness`); the others are saved as ``None``.
+    Every gradient that is set is saved; with ``drop_spent``, one that is spent (see
+    :mod:`._gradient_liveness`) is saved as ``None``.
 
     Args:
         objects: The resume objects (name -> object).
@@ -105,13 +109,15 @@ def collect_gradients(
         memo: Shared with the rest of the snapshot, so a gradient met twice (a
             module and its optimizer) is saved once.
         skipped: Objects written through the sharded path.
+        drop_spent: The trainer's ``spent_gradients="drop"``: the loop never reads a
+            gradient once it is spent.
     """
     entries = list(gradient_parameters(objects, skipped))
     params = [param for _, _, groups in entries for group in groups for _, param in group]
     if all(param.grad is None for param in params):
         return None
     optimizers = [obj for obj in objects.values() if isinstance(obj, torch.optim.Optimizer)]
-    spent = spent_parameters(params, optimizers)
+    spent = spent_parameters(params, optimizers) if drop_spent else frozenset()
     if all(param.grad is None or id(param) in spent for param in params):
         return None
     saved: dict[str, Any] = {}

@@ -183,7 +183,13 @@ def pause_checkpoint(
         "rng": boundary_random_state(),
     }
     # Inside a gradient-accumulation window the partial sums move to the next step too.
-    gradients = collect_gradients(objects, copy, memo, skipped=set(sharded.names))
+    gradients = collect_gradients(
+        objects,
+        copy,
+        memo,
+        skipped=set(sharded.names),
+        drop_spent=settings.spent_gradients == "drop",
+    )
     if gradients is not None:
         checkpoint[GRADIENTS_KEY] = gradients
     # So does DDP's record of the parameters it found used in an open window.

@@ -19,9 +19,10 @@ SETTINGS_ATTRIBUTE = "_training_resume_settings"
 
 
 class Settings:
-    """The module version, the signed config, the signing key, the scheduler-step rule."""
+    """The module version, the signed config, the signing key, the scheduler-step rule and
+    whether spent gradients are left out."""
 
-    __slots__ = ("config", "key", "scheduler_steps", "version")
+    __slots__ = ("config", "key", "scheduler_steps", "spent_gradients", "version")
 
     def __init__(
         self,
@@ -29,11 +30,13 @@ class Settings:
         config: SignedConfig,
         key: bytes | None,
         scheduler_steps: str = "convert",
+        spent_gradients: str = "save",
     ) -> None:
         self.version = version
         self.config = config
         self.key = key
         self.scheduler_steps = scheduler_steps  # per-step schedulers on another world size
+        self.spent_gradients = spent_gradients  # "drop": declared never read once spent
 
     @property
     def signature(self) -> str:

@@ -43,6 +43,7 @@ def initialize(
     config_ignore: Collection[str],
     base: type,
     scheduler_steps: str = "convert",
+    spent_gradients: str = "save",
 ) -> None:
     """The body of ``_initialize_training_resume`` (arguments and errors as documented there).
 
@@ -57,12 +58,15 @@ def initialize(
         raise TypeError(f"excluded_attributes must be attribute names, got {excluded_attributes!r}")
     if scheduler_steps not in ("convert", "keep"):
         raise ValueError(f"scheduler_steps must be 'convert' or 'keep', got {scheduler_steps!r}")
+    if spent_gradients not in ("save", "drop"):
+        raise ValueError(f"spent_gradients must be 'save' or 'drop', got {spent_gradients!r}")
     if resume_points is not None and not isinstance(resume_points, ResumePoints):
         raise TypeError(f"resume_points must be a ResumePoints, got {type(resume_points).__name__}")
-    # From here on every optimizer step is seen, so a pause can tell spent gradients.
-    track_gradients()
+    if spent_gradients == "drop":
+        # From here on every optimizer step is seen, so a pause can tell spent gradients.
+        track_gradients()
     trainer.__dict__[SETTINGS_ATTRIBUTE] = Settings(
-        version, sign_config(config, ignore=config_ignore), key, scheduler_steps
+        version, sign_config(config, ignore=config_ignore), key, scheduler_steps, spent_gradients
     )
     if GUARD_ATTRIBUTE not in trainer.__dict__:
         trainer.__dict__[GUARD_ATTRIBUTE] = StepGuard(pause_at_step_boundary)
