@@ -97,3 +97,19 @@ def test_a_sweep_ignoring_its_logger_refuses_a_changed_lr_and_data_dir_and_resum
     assert set(hydra_runs.output_dirs(paused)).isdisjoint(hydra_runs.output_dirs(resumed.lines))
     for seed in (1, 2):
         hydra_runs.assert_continues_reference(project.result(seed), references[seed])
+
+
+def test_a_pause_path_in_the_launchs_run_directory_is_warned_about_before_training(
+    tmp_path: Path,
+) -> None:
+    # Hydra names the run directory by the launch time: a requeue would not find the pause.
+    project = Project(tmp_path, "mixin")
+    inside = project.launch("pause_path=${paths.output_dir}/pause.ckpt")
+    assert inside.status == 0, inside.describe()
+    (output_dir,) = hydra_runs.output_dirs(inside.lines)
+    assert (
+        f"UnsavedStateWarning: the pause path {output_dir}/pause.ckpt lies in this launch's "
+        f"Hydra run directory {output_dir}, which Hydra names by the launch time"
+    ) in inside.stderr, inside.describe()
+    outside = project.launch("seed=2")  # pause_path under ${paths.root_dir}: no warning
+    assert outside.status == 0 and "Hydra run directory" not in outside.stderr, outside.describe()

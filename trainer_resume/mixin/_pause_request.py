@@ -16,6 +16,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
 from .._signals import DEFAULT_PAUSE_SIGNALS, Handler, install_handlers, restore_handlers
+from ..launch_directory import warn_if_in_launch_directory
 from ..sharded.detect import sharded_objects
 from ..state import StrPath
 from ..storage.paths import is_url, make_parent_directory
@@ -153,6 +154,7 @@ def arm_signals(
     warn_without_step_after: float | None,
 ) -> SignalPause:
     """The body of ``pause_on_signal()``: the previous handle restored, a new one armed."""
+    warn_if_in_launch_directory(path, "the pause path")
     make_parent_directory(path)  # a missing folder is created now, or refused with the reason
     if is_url(path):
         try:

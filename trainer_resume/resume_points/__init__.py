@@ -51,6 +51,7 @@ from ..errors import (
     UnsupportedResumeConfigurationError,
 )
 from ..finished import mark_finished
+from ..launch_directory import warn_if_in_launch_directory
 from ..state import StrPath
 from ..storage import paths
 from ..storage.urls import set_storage_options
@@ -246,6 +247,7 @@ class ResumePoints:
             if storage_options:
                 raise ValueError("storage_options apply to URLs (s3://...), not to local paths")
             self.directory = os.path.abspath(location)
+            warn_if_in_launch_directory(location, "the resume points' directory")
             os.makedirs(self.directory, exist_ok=True)
         self.every_steps = every_steps
         self.every_seconds = every_seconds

@@ -48,6 +48,7 @@ from ...errors import (
     UnsupportedResumeConfigurationError,
 )
 from ...finished import mark_finished, refuse_if_finished, run_finished
+from ...launch_directory import warn_if_in_launch_directory
 from ...rng import random_state, restore_random_state, validate_random_state
 from ...signature import sign_config
 from ...state import LightningPauseState, RandomState
@@ -146,6 +147,7 @@ class ResumeCallback(Callback):
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
         self.path = paths.location(path)
+        warn_if_in_launch_directory(self.path, "the pause path")
         if storage_options is not None:
             set_storage_options(self.path, storage_options)
         self.strict = strict
