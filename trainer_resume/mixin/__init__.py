@@ -89,9 +89,10 @@ class TrainingResumeMixin:
             config_ignore: Dotted paths of keys that describe the run rather than
                 the training (``"logger"``, ``"paths.output_dir"``), left out of the
                 signature with their subtrees. A pause records them; a resume must
-                pass at least those. Values from Hydra's ``${hydra:...}`` and
-                ``${now:...}`` need no entry: they are signed as written
-                (docs/trainer.md, "Configs").
+                pass at least those. The launch's values from Hydra's ``${hydra:...}``
+                (its run directories, job name, number and id, working directory)
+                and ``${now:...}`` need no entry: they are signed as written
+                (docs/configs.md, "Interpolations").
             scheduler_steps: On a resume with another number of ranks, ``"convert"``
                 moves the LR schedulers stepped once per step to the converted step
                 count, as the step count moves (the samples seen are kept: schedules

@@ -1,19 +1,19 @@
 """The gradients a pause carries from one step to the next (the accumulation rule).
 
 A ``@training_step`` may be one micro-batch of a gradient-accumulation window, so a
-pause, a resume point or a ``checkpoint()`` may land while ``.grad`` holds the
-window's partial sum. Such gradients are part of the state that moves between steps:
-every parameter of every module and optimizer among the resume objects has its
-``.grad`` saved when it is set, ``None`` otherwise, validated against the live
-parameters before ``resume()`` changes anything, and assigned back as part of the
-restore. A trainer initialised with ``spent_gradients="drop"`` declares that its loop
-never reads a gradient once every optimizer that owns it has stepped on it: such a
-spent gradient, which the loop is known to set to ``None`` before its next backward,
-is then saved as ``None`` too (see :mod:`._gradient_liveness`). The default saves it:
-a loop may read the last step's gradients before its ``zero_grad()`` (a loss weighted
-by the last gradient norm), which no hook sees. With nothing to save, nothing is saved, so files written before this
-rule stay resumable; restoring such a file leaves every gradient ``None``, as the
-loop that wrote it would have made it before its next backward.
+pause, a resume point or a ``checkpoint()`` may land while ``.grad`` holds the window's
+partial sum. Such gradients are part of the state that moves between steps: every
+parameter of every module and optimizer among the resume objects has its ``.grad`` saved
+when it is set, ``None`` otherwise, validated against the live parameters before
+``resume()`` changes anything, and assigned back as part of the restore. A trainer
+initialised with ``spent_gradients="drop"`` declares that its loop never reads a
+gradient once every optimizer that owns it has stepped on it: such a spent gradient,
+which the loop is known to set to ``None`` before its next backward, is then saved as
+``None`` too (see :mod:`._gradient_liveness`). The default saves it: a loop may read the
+last step's gradients before its ``zero_grad()`` (a loss weighted by the last gradient
+norm), which no hook sees. With nothing to save, nothing is saved, so files written
+before this rule stay resumable; restoring such a file leaves every gradient ``None``,
+as the loop that wrote it would have made it before its next backward.
 
 This is exact for every loop style (``zero_grad()`` first,
 ``zero_grad(set_to_none=True)`` after the optimizer step, ``zero_grad()`` at a window's
