@@ -4,6 +4,7 @@ pause there is intact once the bucket answers again."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterator
 
@@ -18,10 +19,13 @@ from trainer_resume.errors import StorageUnavailableError
 from trainer_resume.storage import paths, set_storage_options
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+@contextlib.contextmanager
+def _refusing_port() -> Iterator[int]:
+    """A port bound and never listened on, held for the test: connections are refused,
+    and no other server can take it meanwhile."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield int(held.getsockname()[1])
 
 
 @pytest.fixture
@@ -34,17 +38,18 @@ def paused(bucket: str) -> Iterator[tuple[str, list[torch.Tensor]]]:
     trainer.train_step(), trainer.train_step()
     url = f"{bucket}/run/pause.ckpt"
     trainer.pause(url)
-    set_storage_options(
-        bucket,
-        {
-            "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_closed_port()}"},
-            "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},
-        },
-    )
-    try:
-        yield url, expected[2:]
-    finally:
-        set_storage_options(bucket, None)
+    with _refusing_port() as port:
+        set_storage_options(
+            bucket,
+            {
+                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"},
+                "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},
+            },
+        )
+        try:
+            yield url, expected[2:]
+        finally:
+            set_storage_options(bucket, None)
 
 
 def test_questions_about_an_unreachable_bucket_raise_355_instead_of_no_such_file(
