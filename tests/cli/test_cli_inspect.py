@@ -149,6 +149,28 @@ def test_inspect_shows_a_sharded_loaders_global_position(tmp_path_factory, capsy
     assert summary["loaders"]["train"]["num_replicas"] == 2
 
 
+def test_a_sharded_batch_samplers_stream_is_shown_sharded_over_the_pauses_processes():
+    # Its state keeps no rank count (it loads with any): the processes that paused are it.
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    from trainer_resume.cli.describe import loader_positions
+    from trainer_resume.loaders import ResumableDataLoader, ShardedBatchSampler
+
+    data = list(range(16))
+    batches = BatchSampler(RandomSampler(data), batch_size=2, drop_last=True)
+    loader = ResumableDataLoader(
+        data,
+        batch_sampler=ShardedBatchSampler(batches, num_replicas=2, rank=0),
+        resumable=True,
+    )
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    state = loader.state_dict()
+    (position,) = loader_positions({"train": state}, world_size=2).values()
+    assert position["num_replicas"] == 2  # its settings' num_replicas (DistributedSampler's) is 1
+    loader.close()
+
+
 @pytest.mark.slow
 def test_inspect_of_a_distributed_pause_shows_every_process(tmp_path_factory, capsys):
     path, weights = distributed_pause(tmp_path_factory)
@@ -216,21 +238,6 @@ def test_inspect_of_a_directory_names_as_newest_the_point_resume_latest_takes(
 def test_inspect_of_an_empty_directory_fails_with_code_321(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 3
     assert capsys.readouterr().err.startswith("error [321]: ")
-
-
-def test_inspect_of_a_directory_of_sharded_resume_points_names_the_newest_to_inspect(
-    tmp_path, capsys
-):
-    for steps in (2, 4):  # committed: a manifest (inspect of the point itself verifies it)
-        point = tmp_path / f"point-{steps:012d}.sharded"
-        point.mkdir()
-        (point / "manifest.ckpt").write_bytes(b"")
-    (tmp_path / "point-000000000006.sharded").mkdir()  # a write that never committed
-    assert main(["inspect", str(tmp_path)]) == 3
-    error = capsys.readouterr().err
-    assert error.startswith("error [321]: ")
-    assert "holds the resume points of a sharded model" in error
-    assert error.rstrip().endswith(str(tmp_path / "point-000000000004.sharded"))
 
 
 # ---------------------------------------------------------------------- Lightning files
@@ -478,6 +485,38 @@ def test_inspect_of_a_sharded_pause_directory_verifies_every_file_and_shows_its_
     # Its names, from DCP's index: the two Linears of the rank trainer's Sequential.
     assert summary["objects"]["model"]["keys"] == 4
     assert summary["objects"]["model"]["first_keys"] == ["0.weight", "0.bias", "3.weight"]
+
+
+def test_inspect_of_a_sharded_models_points_directory_describes_what_resume_latest_takes(
+    sharded_pause, tmp_path, capsys
+):
+    from trainer_resume.resume_points.sharded_points import committed_sharded
+
+    path, _ = sharded_pause
+    points = tmp_path / "points"
+    points.mkdir()
+    shutil.copytree(path, points / "point-000000000003.sharded")
+    shutil.copytree(path, points / "pause")  # a signal's pause: it wins the tie
+    (points / "point-000000000006.sharded").mkdir()  # a write that never committed
+    assert committed_sharded(points, key=None)[0] == (SHARDED_STEPS, str(points / "pause"))
+    output = inspect_text(points, capsys)
+    blank = output.index("")
+    lines, newest = output[:blank], output[blank + 1 :]
+    assert field(lines, "kind") == "resume-point directory (sharded model)"
+    assert field(lines, "resume points") == "point-000000000003.sharded (step 3)"
+    assert field(lines, "pause files") == "pause (step 3)"
+    assert field(lines, "newest valid") == "pause, below"
+    assert field(newest, "kind") == "sharded pause directory (FSDP2/DCP)"
+    assert field(newest, "steps") == f"completed_steps {SHARDED_STEPS}"
+    # A pause whose shard was damaged is skipped for the point, as a resume skips it.
+    generation = next(p for p in (points / "pause").iterdir() if p.name.startswith("gen-"))
+    shard = generation / "rank-0.ckpt"
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    lines = inspect_text(points, capsys)
+    assert field(lines, "newest valid") == "point-000000000003.sharded, below"
+    assert any(line.startswith(f"  skipped {points / 'pause'}: [322]") for line in lines)
 
 
 def test_inspect_of_a_lone_sharded_manifest_says_what_it_is(sharded_pause, capsys):

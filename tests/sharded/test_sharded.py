@@ -17,6 +17,7 @@ import torch.distributed as dist
 from support.fsdp_workers import FSDPTrainer
 from torch import nn
 
+from trainer_resume import run_finished
 from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import (
     CheckpointCorruptedError,
@@ -24,6 +25,7 @@ from trainer_resume.errors import (
     CheckpointSignatureError,
     CheckpointWriteError,
     ResumeStateMismatchError,
+    RunFinishedError,
     UnsafeCheckpointError,
     UnsupportedResumeConfigurationError,
 )
@@ -119,6 +121,17 @@ def test_pausing_again_commits_a_new_generation_and_only_then_removes_the_old_on
         "dcp/__0_0.distcp",
         "rank-0.ckpt",
     ]
+
+
+def test_finish_retires_the_sharded_pause_after_its_marker_and_a_resume_is_refused(
+    one_rank, paused
+):
+    trainer = _trainer(one_rank, 4)
+    marker = trainer.finish(paused)
+    assert os.listdir(paused) == ["run.finished"] and marker == str(paused / "run.finished")
+    assert run_finished(paused).completed_steps == 4
+    with pytest.raises(RunFinishedError):
+        _trainer(one_rank).resume(paused)
 
 
 def test_a_directory_without_a_committed_manifest_is_never_resumed(one_rank, paused):

@@ -45,7 +45,7 @@ from ..checkpoint_files.lightning import PAUSE_KEY
 from ..errors import CheckpointCorruptedError, CheckpointFormatError, SkippedCheckpointWarning
 from ..finished import finished_marker_path
 from ..resume_points.files import candidates, point_name
-from ..resume_points.sharded_points import list_sharded_points
+from ..resume_points.sharded_points import committed_sharded, is_sharded_point
 from ..state import (
     BATCH_SAMPLER_FORMAT,
     DALI_ITERATOR_FORMAT,
@@ -64,6 +64,7 @@ __all__ = [
     "describe_directory",
     "describe_file",
     "loader_position",
+    "loader_positions",
     "manifest_summary",
     "module_keys",
     "pause_summary",
@@ -180,9 +181,7 @@ def pause_summary(content: Mapping[str, Any]) -> dict[str, Any]:
             "bytes": size,
         }
     # Every rank saved the same global cursor; rank 0's loaders are the file's top level.
-    summary["loaders"] = {
-        str(name): loader_position(state) for name, state in (content.get("loaders") or {}).items()
-    }
+    summary["loaders"] = loader_positions(content.get("loaders"), summary["world_size"])
     rank_rng = [rank.get("rng") for rank in ranks if isinstance(rank, Mapping)]
     summary["rng"] = rng_summary(content.get("rng"), processes=len(rank_rng) or 1)
     summary["extra"] = [str(k) for k in (content.get("extra") or {})]
@@ -198,9 +197,19 @@ def module_keys(state: Any) -> dict[str, Any]:
     return {"keys": len(state), "first_keys": [str(key) for key in list(state)[:FIRST_KEYS]]}
 
 
-def loader_position(state: Any) -> dict[str, Any]:
+def loader_positions(loaders: Any, world_size: int) -> dict[str, Any]:
+    """:func:`loader_position` of each loader of a pause written by ``world_size`` processes."""
+    if not isinstance(loaders, Mapping):
+        return {}
+    return {str(name): loader_position(state, world_size) for name, state in loaders.items()}
+
+
+def loader_position(state: Any, world_size: int | None = None) -> dict[str, Any]:
     """Consumed samples, cycle, offset (with its unit), delivered batches and ranks of a loader
-    (of a DALI iterator: its epoch, batches and the size of each pipeline's DALI checkpoint)."""
+    (of a DALI iterator: its epoch, batches and the size of each pipeline's DALI checkpoint).
+
+    A ``ShardedBatchSampler`` keeps no rank count in its state (a state loads with any):
+    its stream is sharded over the processes that wrote the pause, ``world_size``."""
     position: dict[str, Any] = {}
     if not isinstance(state, Mapping):
         return position
@@ -211,7 +220,11 @@ def loader_position(state: Any) -> dict[str, Any]:
         if key in inner:
             position[key] = inner[key]
     settings = inner.get("settings")
-    if (
+    if isinstance(settings, Mapping) and settings.get("batch_sampler") == "ShardedBatchSampler":
+        position.pop("num_replicas", None)
+        if world_size is not None:
+            position["num_replicas"] = world_size
+    elif (
         "num_replicas" not in position
         and isinstance(settings, Mapping)
         and "num_replicas" in settings
@@ -443,10 +456,15 @@ def _pause_steps(content: Any) -> int:
 
 
 def describe_directory(
-    path: str, *, key: bytes | None = None, read: Callable[[str], CheckpointFile]
+    path: str,
+    *,
+    key: bytes | None = None,
+    read: Callable[[str], CheckpointFile],
+    read_sharded: Callable[[str], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A resume-point directory: its points, pause files, finished marker, and its newest
-    valid file described in full (``read`` verifies and loads one file).
+    valid file described in full (``read`` verifies and loads one file). The points of a
+    sharded model are directories: ``read_sharded`` verifies and describes one.
 
     Read-only: unlike ``resume_latest`` it removes no temp file and refuses nothing.
 
@@ -459,13 +477,11 @@ def describe_directory(
     skipped = [str(w.message) for w in caught if issubclass(w.category, SkippedCheckpointWarning)]
     marker = finished_marker_path(path)
     finished = paths.is_file(marker)
-    if not found and not finished:
-        sharded = [p for _, p, committed in list_sharded_points(path) if committed]
+    if not found and read_sharded is not None and not paths.is_url(path):
+        sharded = committed_sharded(path, key=key)
         if sharded:
-            raise CheckpointFormatError(
-                f"{path} holds the resume points of a sharded model, each a sharded pause "
-                f"directory: inspect one, e.g. the newest, {sharded[-1]}"
-            )
+            return _sharded_directory(path, sharded, finished, marker, read_sharded)
+    if not found and not finished:
         raise CheckpointFormatError(
             f"{path} is a directory without resume points, pause files or a finished marker"
         )
@@ -500,6 +516,40 @@ def describe_directory(
             )
             continue
         summary["newest"] = describe_file(file, signature_verified=key is not None)
+        break
+    summary["skipped"] = skipped
+    return summary
+
+
+def _sharded_directory(
+    path: str,
+    sharded: list[tuple[int, str]],
+    finished: bool,
+    marker: str,
+    read_sharded: Callable[[str], dict[str, Any]],
+) -> dict[str, Any]:
+    """The points and pause directories of a sharded model, newest first, and the one
+    ``resume_latest`` takes (the newest committed one that verifies) described in full."""
+
+    def entry(steps: int, where: str) -> dict[str, Any]:
+        return {"file": paths.basename(where), "completed_steps": steps}
+
+    summary: dict[str, Any] = {
+        "path": path,
+        "kind": DIRECTORY,
+        "description": "resume-point directory (sharded model)",
+        "points": [entry(s, p) for s, p in sharded if is_sharded_point(p)],
+        "pause_files": [entry(s, p) for s, p in sharded if not is_sharded_point(p)],
+        "finished": paths.basename(marker) if finished else None,
+        "newest": None,
+    }
+    skipped: list[str] = []
+    for _, where in sharded:  # newest first, a pause before a point of its step
+        try:
+            summary["newest"] = read_sharded(where)
+        except (CheckpointCorruptedError, CheckpointFormatError) as error:
+            skipped.append(f"skipped {where}: {error}")
+            continue
         break
     summary["skipped"] = skipped
     return summary

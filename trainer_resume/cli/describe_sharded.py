@@ -18,6 +18,7 @@ from .describe import (
     FIRST_KEYS,
     SHARDED_MANIFEST,
     describe_file,
+    loader_positions,
     manifest_summary,
     pause_summary,
 )
@@ -77,4 +78,5 @@ def describe_sharded(path: str, *, key: bytes | None) -> dict[str, Any]:
             described["objects"][name].update(keys=len(keys), first_keys=keys[:FIRST_KEYS])
     summary.update(described)
     summary["world_size"] = pause.manifest["world_size"]
+    summary["loaders"] = loader_positions(pause.checkpoint.get("loaders"), summary["world_size"])
     return summary

@@ -34,7 +34,12 @@ def summarize(path: str, *, key: bytes | None = None) -> dict[str, Any]:
     if is_sharded_pause(path):
         return describe_sharded(path, key=key)
     if paths.is_dir(path):
-        return describe_directory(path, key=key, read=lambda p: read_checkpoint_file(p, key=key))
+        return describe_directory(
+            path,
+            key=key,
+            read=lambda p: read_checkpoint_file(p, key=key),
+            read_sharded=lambda p: describe_sharded(p, key=key),
+        )
     return describe_file(read_checkpoint_file(path, key=key), signature_verified=key is not None)
 
 

@@ -1,4 +1,5 @@
-"""``finish()``: the run's finished marker replaces its pause file; its resume points retire.
+"""``finish()``: the run's finished marker replaces its pause file (or sharded pause
+directory); its resume points retire.
 
 See :mod:`trainer_resume.finished`: from then on ``resume(path)`` refuses and
 ``run_finished`` returns the marker, so a requeued job that already finished can exit.
@@ -6,14 +7,16 @@ See :mod:`trainer_resume.finished`: from then on ``resume(path)`` refuses and
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from .. import distributed as _distributed
 from ..errors import TrainerLockedError
 from ..finished import finished_marker_path, mark_finished
+from ..sharded.write import retire_pause
 from ..state import StrPath
+from ..storage.paths import is_url, make_parent_directory
 from ..storage.paths import location as checked_location
-from ..storage.paths import make_parent_directory
 from ._settings import settings_of
 from ._step_guard import StepGuard
 
@@ -33,6 +36,8 @@ def finish_run(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) ->
     def write() -> None:
         make_parent_directory(location)
         mark_finished(location, completed_steps=guard.completed_steps, key=key)
+        if not is_url(location) and os.path.isdir(location):
+            retire_pause(location)  # a sharded pause directory goes as a pause file does
         if guard.points is not None:  # the resume points retire with the pause file
             guard.points.retire(completed_steps=guard.completed_steps, key=key)
 

@@ -31,6 +31,7 @@ from ..state import StrPath
 
 __all__ = [
     "committed_sharded",
+    "is_sharded_point",
     "list_sharded_points",
     "retain_sharded_points",
     "sharded_point_name",
@@ -42,6 +43,11 @@ _SHARDED_POINT = re.compile(r"point-(\d{12})\.sharded")
 def sharded_point_name(completed_steps: int) -> str:
     """The directory name of the sharded point taken after ``completed_steps`` steps."""
     return f"point-{completed_steps:012d}.sharded"
+
+
+def is_sharded_point(path: StrPath) -> bool:
+    """Whether ``path`` is named as a sharded resume point (not a pause directory)."""
+    return _SHARDED_POINT.fullmatch(os.path.basename(os.fspath(path))) is not None
 
 
 def list_sharded_points(directory: StrPath) -> list[tuple[int, str, bool]]:

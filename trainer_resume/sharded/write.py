@@ -50,7 +50,7 @@ from .manifest import (
     rank_file,
 )
 
-__all__ = ["dcp_failure", "dcp_state", "host_copy", "write_pause"]
+__all__ = ["dcp_failure", "dcp_state", "host_copy", "retire_pause", "write_pause"]
 
 
 def dcp_state(objects: Mapping[str, Any], sharded: ShardedObjects) -> dict[str, Any]:
@@ -243,6 +243,19 @@ def write_pause(
     if rank == 0:
         _remove_other_generations(target, generation)
     return manifest, metadata
+
+
+def retire_pause(target: str) -> bool:
+    """Remove the sharded pause in directory ``target`` (its manifest first, then its
+    generations) once the run's finished marker there is durable; ``False`` where
+    ``target`` holds no sharded pause. A crash part-way leaves the marker, which wins."""
+    manifest = os.path.join(target, MANIFEST_NAME)
+    if not os.path.isfile(manifest):
+        return False
+    os.remove(manifest)
+    fsync_directory(target)
+    _remove_other_generations(target, keep="")
+    return True
 
 
 def _remove_other_generations(target: str, keep: str) -> None:
