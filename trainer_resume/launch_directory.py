@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 from .errors import UnsavedStateWarning
+from .storage.urls import is_url, local_path
 
 __all__ = ["launch_directory", "warn_if_in_launch_directory"]
 
@@ -51,12 +52,15 @@ def warn_if_in_launch_directory(path: Any, what: str) -> None:
         path: The pause path or resume-point directory given.
         what: What it is, for the message (``"the pause path"``).
     """
-    if not isinstance(path, (str, os.PathLike)) or "://" in os.fspath(path):
+    if not isinstance(path, (str, os.PathLike)):
+        return
+    local = local_path(os.fspath(path))
+    if is_url(local):
         return
     directory = launch_directory()
     if directory is None:
         return
-    inside = os.path.abspath(os.fspath(path))
+    inside = os.path.abspath(local)
     root = os.path.abspath(directory)
     if inside != root and not inside.startswith(root + os.sep):
         return

@@ -460,7 +460,7 @@ def describe_directory(
     *,
     key: bytes | None = None,
     read: Callable[[str], CheckpointFile],
-    read_sharded: Callable[[str], dict[str, Any]] | None = None,
+    read_sharded: Callable[[str], dict[str, Any]],
 ) -> dict[str, Any]:
     """A resume-point directory: its points, pause files, finished marker, and its newest
     valid file described in full (``read`` verifies and loads one file). The points of a
@@ -477,7 +477,7 @@ def describe_directory(
     skipped = [str(w.message) for w in caught if issubclass(w.category, SkippedCheckpointWarning)]
     marker = finished_marker_path(path)
     finished = paths.is_file(marker)
-    if not found and read_sharded is not None and not paths.is_url(path):
+    if not found and not paths.is_url(path):
         sharded = committed_sharded(path, key=key)
         if sharded:
             return _sharded_directory(path, sharded, finished, marker, read_sharded)

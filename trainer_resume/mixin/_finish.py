@@ -7,7 +7,6 @@ See :mod:`trainer_resume.finished`: from then on ``resume(path)`` refuses and
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from .. import distributed as _distributed
@@ -36,7 +35,7 @@ def finish_run(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath) ->
     def write() -> None:
         make_parent_directory(location)
         mark_finished(location, completed_steps=guard.completed_steps, key=key)
-        if not is_url(location) and os.path.isdir(location):
+        if not is_url(location):
             retire_pause(location)  # a sharded pause directory goes as a pause file does
         if guard.points is not None:  # the resume points retire with the pause file
             guard.points.retire(completed_steps=guard.completed_steps, key=key)

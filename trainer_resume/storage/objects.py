@@ -261,8 +261,6 @@ def _answered(url: str) -> Iterator[None]:
         yield
     except FileNotFoundError:
         raise
-    except StorageUnavailableError:
-        raise
     except Exception as error:  # noqa: BLE001 - botocore's, aiohttp's, fsspec's: all say "no answer"
         raise StorageUnavailableError(f"{url}: {type(error).__name__}: {error}") from error
 

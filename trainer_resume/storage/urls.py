@@ -80,7 +80,7 @@ def check_local_path(path: str) -> None:
     if match is None:
         return
     scheme = match.group("scheme").lower()
-    if scheme == "file" or not _known(scheme):
+    if scheme == "file" or not (scheme in _PACKAGES or _fsspec_knows(scheme)):
         return
     rest = path[match.end() :]
     raise StorageURLError(
@@ -89,13 +89,12 @@ def check_local_path(path: str) -> None:
     )
 
 
-def _known(scheme: str) -> bool:
-    try:
-        import fsspec
-        from fsspec.registry import known_implementations
-    except ImportError:  # pragma: no cover - fsspec is a dependency
-        return scheme in _PACKAGES
-    return scheme in _PACKAGES or scheme in known_implementations or scheme in fsspec.registry
+def _fsspec_knows(scheme: str) -> bool:
+    """Whether fsspec has an implementation (installed or not) registered for ``scheme``."""
+    import fsspec
+    from fsspec.registry import known_implementations
+
+    return scheme in known_implementations or scheme in fsspec.registry
 
 
 def local_path(path: Any) -> Any:
@@ -162,7 +161,7 @@ def filesystem(url: str) -> tuple[Any, str]:
     except ImportError as exc:  # pragma: no cover - fsspec is a dependency
         raise StorageURLError(f"{url}: fsspec is not installed (pip install fsspec)") from exc
     package = _PACKAGES.get(scheme)
-    if scheme not in known_implementations and scheme not in fsspec.registry:
+    if not _fsspec_knows(scheme):
         known = f"; install {package}" if package else ""
         raise StorageURLError(f"{url}: fsspec knows no scheme {scheme!r}{known}")
     try:
