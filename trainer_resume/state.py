@@ -19,7 +19,10 @@ if TYPE_CHECKING:  # typing.NotRequired needs Python 3.11; annotations are not e
     from typing_extensions import NotRequired
 
 __all__ = [
+    "Deferred",
+    "built",
     "cpu_state",
+    "now",
     "map_tensors",
     "PythonRandomState",
     "NumpyRandomState",
@@ -78,6 +81,27 @@ DALI_ITERATOR_FORMAT = "trainer_resume.dali_iterator/1"
 
 # What every path argument of the package accepts (``os.fspath`` reads it).
 StrPath = str | os.PathLike[str]
+
+
+# A state recorded now and built later: ``(build, *arguments)``, built by
+# ``build(*arguments)`` (:func:`built`); a function alone is ``(function,)``. A trainer
+# records one per loader after every step, where a tuple costs a fraction of a closure
+# or a ``functools.partial``.
+Deferred = tuple[Any, ...]
+
+
+def built(deferred: Deferred) -> Any:
+    """The state ``deferred`` describes: its function called with its arguments."""
+    return deferred[0](*deferred[1:])
+
+
+def now(state: Any) -> Deferred:
+    """``state``, taken now, as a :data:`Deferred` that builds it as it is."""
+    return (_itself, state)
+
+
+def _itself(value: Any) -> Any:
+    return value
 
 
 def is_int(value: Any) -> bool:

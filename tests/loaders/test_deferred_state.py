@@ -9,6 +9,7 @@ from support import iterable_streams as iterables
 from support.loader_streams import AugmentedDataset
 
 from trainer_resume.loaders import ResumableDataLoader
+from trainer_resume.state import built
 from trainer_resume.testing import first_difference
 
 
@@ -61,10 +62,10 @@ def test_a_boundary_record_is_the_deferred_state_and_epoch_ended_of_its_moment(k
         except StopIteration:
             batches = iter(loader)
             continue
-        build, ended = loader.boundary_record()
+        deferred, ended = loader.boundary_record()
         assert ended is loader.epoch_ended
         seen_end = seen_end or ended
-        assert first_difference(build(), loader.state_dict()) is None
+        assert first_difference(built(deferred), loader.state_dict()) is None
     assert seen_end
 
 
@@ -76,9 +77,9 @@ def test_a_boundary_record_takes_a_subclass_s_own_epoch_end() -> None:
 
     loader = EveryBatchEndsAnEpoch(AugmentedDataset(40), batch_size=4, resumable=True)
     next(iter(loader))
-    build, ended = loader.boundary_record()
+    deferred, ended = loader.boundary_record()
     assert ended is True
-    assert first_difference(build(), loader.state_dict()) is None
+    assert first_difference(built(deferred), loader.state_dict()) is None
 
 
 def test_a_boundary_record_takes_a_subclass_s_own_deferred_state() -> None:
@@ -89,8 +90,8 @@ def test_a_boundary_record_takes_a_subclass_s_own_deferred_state() -> None:
 
     loader = TaggedState(AugmentedDataset(40), batch_size=4, resumable=True)
     next(iter(loader))
-    build, ended = loader.boundary_record()
-    assert first_difference(build(), {**loader.state_dict(), "tagged": True}) is None
+    deferred, ended = loader.boundary_record()
+    assert first_difference(built(deferred), {**loader.state_dict(), "tagged": True}) is None
     assert ended is False
 
 
@@ -105,8 +106,8 @@ def test_a_boundary_record_runs_a_subclass_s_own_settle_once() -> None:
     loader = CountsSettles(AugmentedDataset(40), batch_size=4, resumable=True)
     next(iter(loader))
     settled.clear()
-    build, ended = loader.boundary_record()
+    deferred, ended = loader.boundary_record()
 
     assert settled == [0]
-    assert first_difference(build(), loader.state_dict()) is None
+    assert first_difference(built(deferred), loader.state_dict()) is None
     assert ended is False

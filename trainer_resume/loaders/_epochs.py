@@ -24,7 +24,7 @@ the same cursor and the rest of an epoch can be shared among another number of r
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from torch.utils.data import (
 
 from ..errors import LoaderStateError
 from ..rng import derive_seed
-from ..state import EpochSamplerSettings, EpochSamplerState
+from ..state import Deferred, EpochSamplerSettings, EpochSamplerState, now
 from . import _state_keys as keys
 from ._sources import Pending, Task
 from .sharded_batches import EpochShards, ShardedBatchSampler
@@ -346,18 +346,23 @@ class EpochSource:
             keys.SAMPLER_EPOCH: sampler_epoch,
         }  # type: ignore[return-value]
 
-    def position(self) -> Callable[[], EpochSamplerState]:
+    def position(self) -> Deferred:
         """The delivered position now, its state built later: the state holds only
         integers, a copy of the settings (never changed) and a generator state nothing
         changes in place. Within a computed epoch only the integers are taken now."""
         computed = self._computed
         epoch = self._epoch
         if computed is None or computed.number != epoch:
-            state = self.state()
-            return lambda: state
-        offset, delivered = self._offset, self._delivered
-        generator_state, sampler_epoch = computed.generator_state, computed.sampler_epoch
-        return lambda: self._state(epoch, offset, delivered, generator_state, sampler_epoch)
+            return now(self.state())
+        return (
+            type(self)._state,
+            self,
+            epoch,
+            self._offset,
+            self._delivered,
+            computed.generator_state,
+            computed.sampler_epoch,
+        )
 
     def validate(self, state: Mapping[str, Any]) -> None:
         what = "epoch sampler state"

@@ -23,12 +23,13 @@ copies then hold exactly what was delivered, never what was prefetched.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from operator import attrgetter
 from typing import Any
 
 from ..errors import LoaderStateError, UnsupportedResumeConfigurationError
 from ..rng import validate_random_state
-from ..state import IterableDatasetSettings, IterableDatasetState
+from ..state import Deferred, IterableDatasetSettings, IterableDatasetState, built
 from . import _state_keys as keys
 from ._driver import StreamingDriver
 from ._global_generators import Snapshot, capture, snapshot_of, state_of
@@ -252,28 +253,23 @@ class IterableSource:
     # --- state -----------------------------------------------------------------------
 
     def state(self) -> IterableDatasetState:
-        return self.position()()
+        return built(self.position())
 
-    def position(self) -> Callable[[], IterableDatasetState]:
+    def position(self) -> Deferred:
         """The delivered position now, its state built later (also from another thread).
 
         Only references are taken now: a record's fields are replaced, never changed in
         place (a delivered batch brings new states), so what they refer to stays as it
         was delivered; the state copies them when it is built.
         """
-        settings = dict(self._settings)
-        counts = (self._epoch, self._offset, self._delivered, self._next_worker)
-        records = [
-            (
-                record.dataset_state,
-                record.iterator_state,
-                record.generators,
-                record.batches,
-                record.ended,
-            )
-            for record in self._records
-        ]
-        return lambda: _state(settings, counts, records)
+        # The settings never change after __init__ (_state copies them); the records'
+        # fields are read by C calls: this runs after every step.
+        return (
+            _state,
+            self._settings,
+            (self._epoch, self._offset, self._delivered, self._next_worker),
+            list(map(_RECORD_FIELDS, self._records)),
+        )
 
     def validate(self, state: Mapping[str, Any]) -> None:
         what = "iterable dataset state"
@@ -375,6 +371,10 @@ class IterableSource:
 
 def _nothing() -> None:
     pass
+
+
+# What a position takes of each worker's record, in _state's order.
+_RECORD_FIELDS = attrgetter("dataset_state", "iterator_state", "generators", "batches", "ended")
 
 
 def _state(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from multiprocessing.context import BaseContext
 from typing import Any, cast
 
@@ -17,7 +18,7 @@ from ..errors import (
 )
 from ..pause_signals import worker_start
 from ..rng import derive_seed
-from ..state import LoaderState, cpu_state
+from ..state import Deferred, LoaderState, built, cpu_state, now
 from . import _state_keys as keys
 from ._batching import ResumableBatchSampler
 from ._configuration import check_resumable_configuration, source_of
@@ -531,13 +532,14 @@ class ResumableDataLoader(DataLoader):
         stream = self._require_stream("deferred_state_dict")
         stream.require_committable()
         self._settle()
-        return self._defer_state(stream)
+        return partial(built, self._defer_state(stream))
 
-    def boundary_record(self) -> tuple[Callable[[], LoaderState], bool]:
+    def boundary_record(self) -> tuple[Deferred, bool]:
         """:meth:`deferred_state_dict` and :attr:`epoch_ended`, read together.
 
         What a trainer records at every step boundary, in one call (it runs once per
-        step).
+        step): the deferred state as a :data:`~trainer_resume.state.Deferred` (built by
+        :func:`~trainer_resume.state.built`), and whether the epoch just ended.
 
         Raises:
             Same as :meth:`state_dict`.
@@ -546,24 +548,20 @@ class ResumableDataLoader(DataLoader):
         # runs once per step, where each Python call costs several times its own work.
         cls = type(self)
         stream = self.__dict__.get("_stream")
-        if (
-            stream is None
-            or stream.commit_failure is not None
-            or cls.deferred_state_dict is not ResumableDataLoader.deferred_state_dict
-            or cls.state_dict is not ResumableDataLoader.state_dict
-            or cls.epoch_ended is not ResumableDataLoader.epoch_ended
-            or cls._settle is not ResumableDataLoader._settle
-        ):
-            build = self.deferred_state_dict()  # settles: epoch_ended is known after it
+        plain = _PLAIN_CLASSES.get(cls)
+        if plain is None:
+            plain = _PLAIN_CLASSES[cls] = _keeps_the_boundary_methods(cls)
+        if stream is None or stream.commit_failure is not None or not plain:
+            deferred: Deferred = (self.deferred_state_dict(),)  # settles: epoch_ended known
             if cls.epoch_ended is not ResumableDataLoader.epoch_ended:
-                return build, self.epoch_ended is True  # a subclass's own
+                return deferred, self.epoch_ended is True  # a subclass's own
         else:
             active = self._active
             if isinstance(active, IterableIterator):  # _settle(), written out
                 active.look_ahead()
-            build = self._defer_state(stream)
+            deferred = self._defer_state(stream)
         active = self._active
-        return build, active is not None and active.ended
+        return deferred, active is not None and active.ended
 
     def validate_state_dict(self, state: Mapping[str, Any]) -> None:
         """Check ``state`` completely against this loader; changes nothing.
@@ -640,21 +638,21 @@ class ResumableDataLoader(DataLoader):
         """Hook: the delivered position as a :class:`LoaderState`."""
         return self._loader_state(stream, stream.augmentation_seed, stream.source.state())
 
-    def _defer_state(self, stream: Stream) -> Callable[[], LoaderState]:
-        """Hook: the delivered position now, as a function that builds its :class:`LoaderState`
-        (a CPU copy) later."""
+    def _defer_state(self, stream: Stream) -> Deferred:
+        """Hook: the delivered position now, as a :data:`~trainer_resume.state.Deferred`
+        :class:`LoaderState` (a CPU copy when built)."""
         if type(self)._collect_state is not ResumableDataLoader._collect_state:
-            state = cpu_state(self._collect_state(stream))  # a subclass's own state: taken now
-            return lambda: cpu_state(state)
+            # A subclass's own state: taken now, each build a copy of its own.
+            return (cpu_state, cpu_state(self._collect_state(stream)))
         source = stream.source
         position = getattr(source, "position", None)
-        if position is not None:
-            sampler_state = position()
-        else:  # a sampler's own state: copied now (a few integers)
-            taken = cpu_state(source.state())
-            sampler_state = lambda: taken  # noqa: E731
-        seed = stream.augmentation_seed
-        return lambda: cpu_state(self._loader_state(stream, seed, sampler_state()))
+        # A sampler without a position: its own state copied now (a few integers).
+        sampler = position() if position is not None else now(cpu_state(source.state()))
+        return (type(self)._built_state, self, stream, stream.augmentation_seed, sampler)
+
+    def _built_state(self, stream: Stream, seed: int, sampler: Deferred) -> LoaderState:
+        """The state of a deferred position (see :meth:`_defer_state`): a CPU copy."""
+        return cpu_state(self._loader_state(stream, seed, built(sampler)))
 
     def _loader_state(self, stream: Stream, seed: int, sampler_state: Any) -> LoaderState:
         return {
@@ -690,6 +688,17 @@ class ResumableDataLoader(DataLoader):
                 f"ResumableDataLoader.{method} needs a loader built with resumable=True"
             )
         return stream
+
+
+# Per class: whether it keeps the methods boundary_record's fast path writes out.
+_PLAIN_CLASSES: dict[type, bool] = {}
+
+
+def _keeps_the_boundary_methods(cls: type) -> bool:
+    return all(
+        getattr(cls, name) is getattr(ResumableDataLoader, name)
+        for name in ("deferred_state_dict", "state_dict", "epoch_ended", "_settle", "_defer_state")
+    )
 
 
 def _worker_died(error: RuntimeError) -> bool:

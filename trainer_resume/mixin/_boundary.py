@@ -28,51 +28,21 @@ pause or resume point requested here at the next boundary instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..checks.hook_results import resume_loaders
 from ..rng import random_state
-from ..state import RandomState, cpu_state
+from ..state import Deferred, RandomState, built, cpu_state, now
 
 __all__ = [
-    "Boundary",
     "boundary_loader_states",
     "boundary_random_state",
     "loader_epoch_ended",
     "record_boundary",
     "rng_device",
 ]
-
-
-class Boundary:
-    """The loader positions of one step boundary, and whether a loader's epoch just ended."""
-
-    __slots__ = ("_states", "epoch_ended", "positions")
-
-    def __init__(
-        self, positions: dict[str, Callable[[], Any]] | None, epoch_ended: bool = False
-    ) -> None:
-        # Per loader, a function that builds its state at this boundary; None: not known
-        # at this boundary, read live by a pause.
-        self.positions = positions
-        # A returned loader delivered its epoch's last batch in the step that just ended:
-        # the loop's epoch-end work (scheduler.step(), validation) has not run yet.
-        self.epoch_ended = epoch_ended
-        self._states: dict[str, Any] | None = None
-
-    @property
-    def loaders(self) -> dict[str, Any] | None:
-        """The loader states of this boundary, built on first use (None: not known)."""
-        positions = self.positions
-        if positions is None:
-            return None
-        states = self._states
-        if states is None:
-            states = self._states = {name: build() for name, build in positions.items()}
-        return states
 
 
 def rng_device() -> int | None:
@@ -85,10 +55,10 @@ def record_boundary(trainer: Any, guard: Any) -> None:
 
     Args:
         trainer: The trainer (its loaders read through ``resume_loaders``).
-        guard: Its ``StepGuard``; ``guard.boundary`` is replaced.
+        guard: Its ``StepGuard``; its ``boundary_*`` attributes are replaced.
     """
     # It runs after every step: one pass, one call per ResumableDataLoader.
-    states: dict[str, Any] | None = {}
+    positions: dict[str, Deferred] | None = {}
     ended = False
     try:
         others = None
@@ -96,11 +66,11 @@ def record_boundary(trainer: Any, guard: Any) -> None:
             # Looked up on the class, as deferred_state_dict (see _position).
             record = getattr(type(loader), "boundary_record", None)
             if record is not None:
-                states[name], seen = record(loader)  # type: ignore[index]
+                positions[name], seen = record(loader)  # type: ignore[index]
                 if seen:
                     ended = True
             else:
-                states[name] = _position(loader)  # type: ignore[index]
+                positions[name] = _position(loader)  # type: ignore[index]
                 others = [loader] if others is None else [*others, loader]
         # After state_dict(): over an IterableDataset it reads on to know a pass ended.
         if others is not None and not ended:
@@ -109,12 +79,16 @@ def record_boundary(trainer: Any, guard: Any) -> None:
         # A hook or loader that cannot answer here (not implemented, loaders not built
         # yet at initialisation, a loader that is not resumable) answers the same at
         # pause(), which then reports it; training itself goes on as before.
-        states, ended = None, False
-    guard.boundary = Boundary(states, ended)
+        positions, ended = None, False
+    # Plain stores, not an object: this runs after every step (under the training lock,
+    # as every reader of them).
+    guard.boundary_positions = positions
+    guard.boundary_ended = ended
+    guard.boundary_states = None
 
 
-def _position(loader: Any) -> Callable[[], Any]:
-    """The loader's position now, as a function that builds its state (a CPU copy).
+def _position(loader: Any) -> Deferred:
+    """The loader's position now, as a :data:`~trainer_resume.state.Deferred` state (a CPU copy).
 
     A loader with ``deferred_state_dict()`` (looked up on its class: a wrapper's
     ``__getattr__`` would answer for the loader inside) records a few integers now and
@@ -123,9 +97,8 @@ def _position(loader: Any) -> Callable[[], Any]:
     """
     deferred = getattr(type(loader), "deferred_state_dict", None)
     if deferred is not None:
-        return deferred(loader)  # type: ignore[no-any-return]
-    state = cpu_state(loader.state_dict())
-    return lambda: state
+        return (deferred(loader),)
+    return now(cpu_state(loader.state_dict()))
 
 
 def loader_epoch_ended(loader: Any) -> bool:
@@ -142,10 +115,14 @@ def loader_epoch_ended(loader: Any) -> bool:
 
 
 def boundary_loader_states(trainer: Any, guard: Any) -> dict[str, Any]:
-    """The loader states a pause saves: the last boundary's, else the live ones."""
-    boundary = guard.boundary
-    if boundary is not None and boundary.loaders is not None:
-        return boundary.loaders
+    """The loader states a pause saves: the last boundary's (built on first use, then kept
+    for the next pause or resume point at that boundary), else the live ones."""
+    positions = guard.boundary_positions
+    if positions is not None:
+        states = guard.boundary_states
+        if states is None:
+            states = guard.boundary_states = {name: built(d) for name, d in positions.items()}
+        return states
     return {
         name: cpu_state(loader.state_dict()) for name, loader in resume_loaders(trainer).items()
     }

@@ -59,8 +59,7 @@ def pause_at_step_boundary(trainer: TrainingResumeMixin, *, epoch_end_done: bool
     calls after that work.
     """
     guard: StepGuard = trainer.__dict__[GUARD_ATTRIBUTE]
-    boundary = guard.boundary
-    epoch_ended = not epoch_end_done and boundary is not None and boundary.epoch_ended
+    epoch_ended = not epoch_end_done and guard.boundary_ended
     failure = None
     if guard.points is not None:
         failure = guard.points.at_step_boundary(

@@ -48,8 +48,12 @@ class StepGuard:
         self.failed = False
         self.paused = False
         self.locked_reason: str | None = None
-        # The loader positions of the last step boundary (see _boundary).
-        self.boundary: Any = None
+        # The last step boundary (see _boundary): per loader, its deferred state (None:
+        # not known, read live by a pause); those states once built; whether a loader's
+        # epoch ended in the step before it (the loop's epoch-end work has not run yet).
+        self.boundary_positions: dict[str, Any] | None = None
+        self.boundary_states: dict[str, Any] | None = None
+        self.boundary_ended = False
         # Outermost steps started plus pause_if_requested() calls: places a pause lands.
         self.landings = 0
         # One-shot check of the trainer for forgotten hooks (see _hook_audit); it may
