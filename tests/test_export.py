@@ -16,6 +16,7 @@ from support.checkpoint_makers import (
 )
 from support.cli import run_cli
 
+from trainer_resume.checkpoint_files import read_checkpoint_file
 from trainer_resume.cli import main
 from trainer_resume.durable import save_checkpoint
 from trainer_resume.errors import CheckpointFormatError, CheckpointWriteError
@@ -181,6 +182,37 @@ def test_a_failed_write_leaves_the_previous_export_intact(tmp_path_factory, tmp_
     monkeypatch.undo()
     assert (tmp_path / "model.pt").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+
+
+def test_an_export_onto_the_file_it_exports_is_refused_and_the_file_stays_resumable(
+    tmp_path_factory, tmp_path, capsys
+):
+    shared, _ = mixin_pause(tmp_path_factory)
+    path = tmp_path / "pause.ckpt"
+    path.write_bytes(shared.read_bytes())
+    (tmp_path / "link.ckpt").symlink_to(path)
+    before = path.read_bytes()
+    for out in (path, tmp_path / "sub" / ".." / "pause.ckpt", tmp_path / "link.ckpt"):
+        with pytest.raises(ValueError, match="is the file being exported"):
+            export_checkpoint(path, out)
+    assert main(["export", str(path), str(path)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1
+    assert path.read_bytes() == before
+    assert read_checkpoint_file(path).kind == "pause"
+
+
+def test_an_export_onto_another_trainer_resume_file_is_refused_and_that_file_is_kept(
+    tmp_path_factory, tmp_path
+):
+    source, _ = mixin_pause(tmp_path_factory)
+    other = tmp_path / "other-run.ckpt"
+    save_checkpoint({"w": torch.ones(2)}, other)
+    before = other.read_bytes()
+    with pytest.raises(ValueError, match="is a trainer-resume file"):
+        export_checkpoint(source, other)
+    assert other.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other-run.ckpt"]
 
 
 # ---------------------------------------------------------------------- the export command

@@ -24,6 +24,7 @@ from .checkpoint_files import (
     LIGHTNING,
     LIGHTNING_PAUSE,
     PAUSE,
+    is_trainer_resume_file,
     read_checkpoint_file,
     tensor_totals,
 )
@@ -113,7 +114,9 @@ def export_checkpoint(
     Raises:
         ValueError: A bad ``format`` / ``what`` or a combination that cannot be
             written; ``object`` is not in the file, or no single model can be
-            chosen (the message lists the names).
+            chosen (the message lists the names); ``out`` is ``path`` itself or
+            another trainer-resume file (a pause file, resume point or checkpoint),
+            which the export would replace: nothing is written.
         TypeError: The chosen object is not a state_dict, or (safetensors) holds
             a value that is not a tensor.
         ImportError: ``format="safetensors"`` without the ``safetensors`` package.
@@ -138,6 +141,7 @@ def export_checkpoint(
     save_safetensors = _safetensors_writer() if format == "safetensors" else None
     source_path = paths.location(path)
     target = paths.location(out)
+    _check_target(source_path, target)
     file = read_checkpoint_file(source_path, key=key, plain=False)
     if file.kind == FINISHED:
         raise CheckpointFormatError(
@@ -170,6 +174,32 @@ def export_checkpoint(
         tensor_bytes=tensor_bytes,
         file_bytes=paths.size_of(target),
     )
+
+
+def _check_target(source: str, target: str) -> None:
+    """Refuse an ``out`` whose replacement would lose a trainer-resume file: the file
+    being exported, or another one (a run's last pause would be gone)."""
+    if paths.same_location(source, target) or _same_local_file(source, target):
+        raise ValueError(
+            f"the output {target} is the file being exported: an export replaces its "
+            "output, and the verified file would be lost; choose another output path"
+        )
+    if is_trainer_resume_file(target):
+        raise ValueError(
+            f"the output {target} is a trainer-resume file (a pause file, resume point or "
+            "checkpoint): an export replaces its output, and its state would be lost; "
+            "choose another output path, or remove that file first"
+        )
+
+
+def _same_local_file(source: str, target: str) -> bool:
+    """Two local paths of one file (a link, another spelling of the path)."""
+    if paths.is_url(source) or paths.is_url(target):
+        return False
+    try:
+        return os.path.samefile(source, target)
+    except OSError:  # either one missing
+        return False
 
 
 def _model_state(

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..checks.weights_only import refusal_reason
-from ..durable import CheckpointHeader, load_checkpoint, read_checkpoint_header
+from ..durable import MARKER, CheckpointHeader, load_checkpoint, read_checkpoint_header
 from ..errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
 from ..finished import FINISHED_FORMAT
 from ..state import PAUSE_FORMAT
@@ -49,6 +49,7 @@ __all__ = [
     "SAFETENSORS",
     "TORCH",
     "CheckpointFile",
+    "is_trainer_resume_file",
     "kind_of",
     "read_checkpoint_file",
     "tensor_totals",
@@ -101,6 +102,16 @@ def kind_of(content: Any) -> str:
     if is_lightning_checkpoint(content):
         return LIGHTNING_PAUSE if PAUSE_KEY in content else LIGHTNING
     return CHECKPOINT
+
+
+def is_trainer_resume_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a file (or object) that starts with trainer-resume's marker:
+    a pause file, resume point, finished marker or ``save_checkpoint`` file, whole or not."""
+    where = paths.location(path)
+    if not paths.is_file(where):
+        return False
+    with paths.open_binary(where) as handle:
+        return bool(handle.read(len(MARKER)) == MARKER)
 
 
 def read_checkpoint_file(

@@ -40,7 +40,8 @@ exit status:
      inspect: the file was described, plain torch.save and Lightning files included)
   1  a check failed (demo: the exact resume differs; audit-loader: a problem was found)
   2  usage error (bad option, unknown config key, factory not found; export: no single
-     model or an unknown object name, safetensors not installed)
+     model or an unknown object name, safetensors not installed, an OUT that is PATH
+     or another trainer-resume file)
   3  error (unreadable, corrupted, truncated, foreign or wrongly signed file;
      a training subprocess failed); printed as "error [code]: message"
 """

@@ -35,6 +35,7 @@ from ._direct_copy import DirectCopy, Unplannable, is_tensor_record, plan_record
 from ._format import (
     FORMAT_VERSION,
     HEADER_SIZE,
+    MARKER,
     MIN_KEY_BYTES,
     THREADED_HASH_MIN,
     Header,
@@ -57,6 +58,7 @@ from ._torch_io import (
 
 __all__ = [
     "FORMAT_VERSION",
+    "MARKER",
     "MIN_KEY_BYTES",
     "CheckpointHeader",
     "load_checkpoint",
