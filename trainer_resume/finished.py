@@ -37,6 +37,7 @@ __all__ = [
     "FinishedRun",
     "check_finished_marker",
     "finished_marker_path",
+    "is_finished_marker_name",
     "mark_finished",
     "refuse_if_finished",
     "run_finished",
@@ -61,6 +62,12 @@ def finished_marker_path(path: StrPath) -> str:
     if paths.is_dir(location):
         return paths.join(location, _DIRECTORY_MARKER)
     return location + _FILE_SUFFIX
+
+
+def is_finished_marker_name(name: str) -> bool:
+    """Whether a file name is a finished marker's: a point directory's ``run.finished``,
+    or a pause file's name with ``.finished`` appended."""
+    return name == _DIRECTORY_MARKER or name.endswith(_FILE_SUFFIX)
 
 
 def mark_finished(

@@ -204,6 +204,14 @@ def test_loader_factory_without_num_workers_parameter_is_a_usage_error(capsys):
     assert "takes no num_workers argument" in capsys.readouterr().err
 
 
+def test_an_empty_dataset_is_a_usage_error_not_a_pass(capsys):
+    assert main(["audit-loader", "support.audit_datasets:empty_dataset"]) == 2
+    assert capsys.readouterr().err == (
+        "error: support.audit_datasets:empty_dataset gave an empty dataset (len 0): there is "
+        "nothing to audit; return the dataset the training run reads\n"
+    )
+
+
 def test_unknown_factory_is_a_usage_error_naming_it(capsys):
     assert main(["audit-loader", "support.audit_datasets:no_such_factory"]) == 2
     assert (

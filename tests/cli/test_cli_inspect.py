@@ -366,6 +366,23 @@ def test_inspect_of_finished_marker_says_the_run_is_finished(tmp_path_factory, t
     )
 
 
+def test_inspect_of_a_directory_holding_a_pause_files_finished_marker_says_finished(
+    tmp_path_factory, tmp_path, capsys
+):
+    path, _ = mixin_pause(tmp_path_factory)
+    copy = tmp_path / "pause.ckpt"
+    copy.write_bytes(path.read_bytes())
+    mark_finished(copy, completed_steps=12)  # retires the pause file
+    lines = inspect_text(tmp_path, capsys)
+    assert field(lines, "finished") == "yes (pause.ckpt.finished): nothing to resume"
+    assert field(lines, "pause files") == "none"
+    copy.write_bytes(path.read_bytes())  # a finish stopped before it retired the pause file
+    summary = inspect_json(tmp_path, capsys)
+    assert summary["finished"] == "pause.ckpt.finished"
+    assert [entry["file"] for entry in summary["pause_files"]] == ["pause.ckpt"]
+    assert summary["skipped"] == []
+
+
 def test_inspect_of_a_file_holding_unsafe_objects_fails_with_code_328(tmp_path, capsys):
     unsafe = tmp_path / "unsafe.pt"
     torch.save({"when": os.times()}, unsafe)  # a posix.times_result: not in the weights-only set

@@ -53,6 +53,10 @@ def good_dataset() -> ImageDataset:
     return ImageDataset()
 
 
+def empty_dataset() -> ImageDataset:
+    return ImageDataset(0)
+
+
 def bad_shape_dataset() -> ImageDataset:
     return ImageDataset(bad_id=BAD_ID)
 

@@ -43,7 +43,8 @@ exit status:
      model or an unknown object name, safetensors not installed, an OUT that is PATH
      or another trainer-resume file)
   3  error (unreadable, corrupted, truncated, foreign or wrongly signed file;
-     a training subprocess failed); printed as "error [code]: message"
+     a training subprocess failed); printed as "error [code]: message", or
+     "error: no such file: PATH" (or the system's error) for a file it cannot open
 """
 
 

@@ -43,7 +43,7 @@ from ..checkpoint_files import (
 )
 from ..checkpoint_files.lightning import PAUSE_KEY
 from ..errors import CheckpointCorruptedError, CheckpointFormatError, SkippedCheckpointWarning
-from ..finished import finished_marker_path
+from ..finished import finished_marker_path, is_finished_marker_name
 from ..resume_points.files import candidates, point_name
 from ..resume_points.sharded_points import committed_sharded, is_sharded_point
 from ..state import (
@@ -475,13 +475,12 @@ def describe_directory(
         warnings.simplefilter("always", SkippedCheckpointWarning)
         found = candidates(path, key=key, steps_of=_pause_steps)
     skipped = [str(w.message) for w in caught if issubclass(w.category, SkippedCheckpointWarning)]
-    marker = finished_marker_path(path)
-    finished = paths.is_file(marker)
+    marker = _finished_marker(path)
     if not found and not paths.is_url(path):
         sharded = committed_sharded(path, key=key)
         if sharded:
-            return _sharded_directory(path, sharded, finished, marker, read_sharded)
-    if not found and not finished:
+            return _sharded_directory(path, sharded, marker, read_sharded)
+    if not found and marker is None:
         raise CheckpointFormatError(
             f"{path} is a directory without resume points, pause files or a finished marker"
         )
@@ -499,7 +498,7 @@ def describe_directory(
             for c in found
             if not c.is_point
         ],
-        "finished": paths.basename(marker) if finished else None,
+        "finished": paths.basename(marker) if marker is not None else None,
         "newest": None,
     }
     for candidate in found:  # newest first; the first one a resume would take, as it takes it
@@ -521,11 +520,22 @@ def describe_directory(
     return summary
 
 
+def _finished_marker(path: str) -> str | None:
+    """The directory's finished marker (``run.finished``), else a finished marker of a
+    pause file in it (``pause.ckpt.finished``: a ``ResumeCallback`` or ``pause_to`` file)."""
+    marker = finished_marker_path(path)
+    if paths.is_file(marker):
+        return marker
+    for name in paths.list_names(path):
+        if is_finished_marker_name(name) and paths.is_file(paths.join(path, name)):
+            return paths.join(path, name)
+    return None
+
+
 def _sharded_directory(
     path: str,
     sharded: list[tuple[int, str]],
-    finished: bool,
-    marker: str,
+    marker: str | None,
     read_sharded: Callable[[str], dict[str, Any]],
 ) -> dict[str, Any]:
     """The points and pause directories of a sharded model, newest first, and the one
@@ -540,7 +550,7 @@ def _sharded_directory(
         "description": "resume-point directory (sharded model)",
         "points": [entry(s, p) for s, p in sharded if is_sharded_point(p)],
         "pause_files": [entry(s, p) for s, p in sharded if not is_sharded_point(p)],
-        "finished": paths.basename(marker) if finished else None,
+        "finished": paths.basename(marker) if marker is not None else None,
         "newest": None,
     }
     skipped: list[str] = []

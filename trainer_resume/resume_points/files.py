@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from .._atomic import remove_stale_temps
 from ..durable import load_checkpoint
 from ..errors import CheckpointCorruptedError, CheckpointFormatError, SkippedCheckpointWarning
-from ..finished import finished_marker_path, refuse_if_finished
+from ..finished import is_finished_marker_name, refuse_if_finished
 from ..state import StrPath
 from ..storage import objects, paths
 
@@ -248,12 +248,12 @@ def _listing(location: str) -> tuple[list[tuple[int, str]], list[str], bool]:
     at (a writer's retention removed it: a newer point may have come in its place). A
     point name that is no regular file is skipped with a warning; symlinks are not
     followed."""
-    marker = paths.basename(finished_marker_path(location))
     points: list[tuple[int, str]] = []
     pauses: list[str] = []
     vanished = False
     for entry in _entries(location):
-        if entry.startswith(".") or entry == marker:
+        # The directory's finished marker, or a pause file's: not a pause file itself.
+        if entry.startswith(".") or is_finished_marker_name(entry):
             continue
         path = paths.join(location, entry)
         match = _POINT.fullmatch(entry)

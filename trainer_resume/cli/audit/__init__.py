@@ -119,6 +119,12 @@ def run_audit(
             out=out,
         )
     dataset_size = len(first.dataset)
+    if dataset_size == 0:
+        _close(first.loader)
+        raise AuditUsageError(
+            f"{target} gave an empty dataset (len 0): there is nothing to audit; "
+            "return the dataset the training run reads"
+        )
     origin = (
         f"a dataset; the audit loads it with batch_size={batch_size}, shuffle=False, no collation"
         if first.built_by_audit
