@@ -37,12 +37,19 @@ FIX = (
 )
 
 
-def test_a_stateful_dataloader_paused_mid_epoch_resumes_in_a_new_process(tmp_path: Path) -> None:
-    reference = foreign_loaders.StatefulLoaderTrainer()
-    foreign_loaders.run(reference, foreign_loaders.STEPS)
+@pytest.mark.parametrize("loop", ["resume", "resume-epoch-loop"])
+def test_a_stateful_dataloader_paused_mid_epoch_resumes_in_a_new_process(
+    tmp_path: Path, loop: str
+) -> None:
+    # "resume-epoch-loop": no iterator is rebuilt in the hook; the loop's own iter() after
+    # resume() finds the one the resume's boundary made (its state_dict() makes one).
+    run = foreign_loaders.run if loop == "resume" else foreign_loaders.run_epoch_loop
+    holds_iterator = loop == "resume"
+    reference = foreign_loaders.StatefulLoaderTrainer(holds_iterator=holds_iterator)
+    run(reference, foreign_loaders.STEPS)
     expected = foreign_loaders.outcome(reference, foreign_loaders.PAUSE)
-    trainer = foreign_loaders.StatefulLoaderTrainer()
-    foreign_loaders.run(trainer, foreign_loaders.PAUSE)
+    trainer = foreign_loaders.StatefulLoaderTrainer(holds_iterator=holds_iterator)
+    run(trainer, foreign_loaders.PAUSE)
     trainer.pause(tmp_path / "pause.ckpt")
     out = tmp_path / "resumed.pt"
     environment = dict(
@@ -54,7 +61,7 @@ def test_a_stateful_dataloader_paused_mid_epoch_resumes_in_a_new_process(tmp_pat
             sys.executable,
             "-m",
             "support.foreign_loaders",
-            "resume",
+            loop,
             str(tmp_path / "pause.ckpt"),
             str(out),
         ],

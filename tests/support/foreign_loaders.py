@@ -2,7 +2,8 @@
 ``StatefulDataLoader``, or any loader given.
 
 ``python -m support.foreign_loaders resume PAUSE OUT`` resumes a pause file in a
-fresh process and saves the outcome.
+fresh process and saves the outcome (``resume-epoch-loop``: the trainer holds no
+iterator; the loop iterates the loader itself, as the documented epoch loop).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ STEPS, PAUSE = 10, 5  # 4 batches per epoch: the pause falls mid-epoch
 class StatefulLoaderTrainer(TrainingResumeMixin):
     """Shuffled epochs from a ``StatefulDataLoader`` (its samples draw no random numbers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, holds_iterator: bool = True) -> None:
         torch.manual_seed(0)
         self.model = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.3), nn.Linear(8, 1))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
@@ -37,7 +38,7 @@ class StatefulLoaderTrainer(TrainingResumeMixin):
         # the pause saves (with a generator, StatefulDataLoader 0.11 resumes the next epoch
         # in another order than an uninterrupted run).
         self.loader = StatefulDataLoader(dataset, batch_size=4, shuffle=True)
-        self.batches = iter(self.loader)
+        self.batches = iter(self.loader) if holds_iterator else None
         self.losses: dict[int, torch.Tensor] = {}
         # The iterator's position is the loader's state (saved); it is rebuilt after a resume.
         self._initialize_training_resume(
@@ -52,7 +53,8 @@ class StatefulLoaderTrainer(TrainingResumeMixin):
         return {"train": declare_no_random_draws(self.loader)}
 
     def _rebuild_resume_iterators(self) -> None:
-        self.batches = iter(self.loader)
+        if self.batches is not None:
+            self.batches = iter(self.loader)
 
     def next_batch(self) -> Any:
         try:
@@ -62,8 +64,8 @@ class StatefulLoaderTrainer(TrainingResumeMixin):
             return next(self.batches)
 
     @training_step
-    def step(self) -> None:
-        x, y = self.next_batch()
+    def step(self, batch: Any = None) -> None:
+        x, y = self.next_batch() if batch is None else batch
         loss = nn.functional.mse_loss(self.model(x), y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -97,6 +99,15 @@ def run(trainer: StatefulLoaderTrainer, steps: int) -> None:
         trainer.step()
 
 
+def run_epoch_loop(trainer: StatefulLoaderTrainer, steps: int) -> None:
+    """The epoch loop: ``for batch in loader`` (a resumed epoch continues mid-way)."""
+    while trainer.completed_steps < steps:
+        for batch in trainer.loader:
+            trainer.step(batch)
+            if trainer.completed_steps == steps:
+                return
+
+
 def outcome(trainer: StatefulLoaderTrainer, after: int = 0) -> dict[str, Any]:
     return {
         "model": trainer.model.state_dict(),
@@ -108,14 +119,15 @@ def outcome(trainer: StatefulLoaderTrainer, after: int = 0) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     mode, pause, out = argv
-    if mode != "resume":
+    if mode not in ("resume", "resume-epoch-loop"):
         raise SystemExit(f"unknown mode {mode!r}")
     warnings.simplefilter("ignore")
-    trainer = StatefulLoaderTrainer()
+    epoch_loop = mode == "resume-epoch-loop"
+    trainer = StatefulLoaderTrainer(holds_iterator=not epoch_loop)
     torch.rand(3)  # a missing RNG restore must not pass by luck
     trainer.resume(pause)
     start = trainer.completed_steps
-    run(trainer, STEPS)
+    (run_epoch_loop if epoch_loop else run)(trainer, STEPS)
     torch.save({"outcome": outcome(trainer, start), "start": start}, out)
     return 0
 

@@ -160,6 +160,11 @@ def _restore(
         # After the gradients: DDP's reducer marks a parameter used only where one is set.
         stage = "DistributedDataParallel window"
         restore_windows(checkpoint.get(DDP_WINDOW_KEY), trainer, objects, location)
+        # Before the generators too: a loader's state_dict() may draw from them
+        # (StatefulDataLoader's, with no iterator since load_state_dict(), makes one), as
+        # it did at the paused boundary, before the pause read them.
+        stage = "step boundary"
+        record_boundary(trainer, guard)
         # Last: rebuilding loaders and iterators may draw from the global generators.
         stage = "random state"
         restore_random_state(checkpoint["rng"], rng_device())
@@ -174,4 +179,3 @@ def _restore(
     guard.failed = False
     guard.paused = False
     guard.completed_steps = checkpoint["completed_steps"]
-    record_boundary(trainer, guard)
