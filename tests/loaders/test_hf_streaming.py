@@ -109,6 +109,38 @@ def test_the_shuffle_buffer_is_accepted_when_the_user_opts_out_and_is_not_checke
     ResumableDataLoader(_stream(shuffled=True), batch_size=3)
 
 
+def test_the_accepted_shuffle_buffer_is_refused_with_workers_which_cannot_load_its_state():
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        ResumableDataLoader(
+            _stream(shuffled=True),
+            batch_size=3,
+            num_workers=2,
+            resumable=True,
+            allow_inexact_shuffle_buffer=True,
+        )
+    assert caught.value.code == 332
+    assert "with num_workers=2 a worker's copy fails to load its state" in caught.value.detail
+    assert "use num_workers=0 with the buffer" in caught.value.detail
+
+
+def test_the_accepted_shuffle_buffer_resumes_without_workers_and_delivers_every_row():
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(
+            _stream(shuffled=True), batch_size=3, resumable=True, allow_inexact_shuffle_buffer=True
+        )
+
+    first = loader()
+    batches = iter(first)
+    delivered = [int(i) for _ in range(4) for i in next(batches)["id"]]
+    state = first.state_dict()
+    first.close()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [int(i) for batch in resumed for i in batch["id"]]
+    # Inexact (the buffer is refilled), but it loads and reads on to the pass's end.
+    assert len(delivered) == 12 and rest and set(rest) <= set(range(ROWS))
+
+
 class _Unknown(iterable_dataset.ExamplesIterable):
     """An examples iterable of a class the check does not know (a newer datasets, say)."""
 

@@ -67,13 +67,15 @@ def check_resumable_configuration(
     in_order: bool,
     *,
     allow_inexact_shuffle_buffer: bool = False,
+    num_workers: int = 0,
 ) -> None:
     """Refuse, before anything is built, what a resumable loader cannot resume exactly.
 
     Raises:
         UnsupportedResumeConfigurationError: ``in_order=False``, an IterableDataset that
             has no state (its ``__iter__`` a generator), a Hugging Face streaming dataset
-            shuffled with a buffer (unless ``allow_inexact_shuffle_buffer``), or a sampler /
+            shuffled with a buffer (unless ``allow_inexact_shuffle_buffer``, and then
+            not with workers: they cannot load its state), or a sampler /
             batch sampler whose order cannot be recomputed.
         ResumableModeRequiredError: a sampler of this package built with ``resumable=False``.
     """
@@ -96,7 +98,9 @@ def check_resumable_configuration(
             )
         if is_streaming_dataset(dataset):
             check_streaming_dataset(
-                dataset, allow_inexact_shuffle_buffer=allow_inexact_shuffle_buffer
+                dataset,
+                allow_inexact_shuffle_buffer=allow_inexact_shuffle_buffer,
+                num_workers=num_workers,
             )
         return
     for given in (sampler, batch_sampler, getattr(batch_sampler, "sampler", None)):

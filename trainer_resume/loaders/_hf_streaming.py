@@ -96,14 +96,25 @@ def _pipeline(dataset: Any) -> tuple[list[str], str | None]:
     return names, None
 
 
-def check_streaming_dataset(dataset: Any, *, allow_inexact_shuffle_buffer: bool) -> None:
+def check_streaming_dataset(
+    dataset: Any, *, allow_inexact_shuffle_buffer: bool, num_workers: int = 0
+) -> None:
     """Refuse a streaming dataset shuffled with a buffer; warn where that cannot be ruled out.
 
     Raises:
         UnsupportedResumeConfigurationError: the pipeline holds a shuffle buffer and
-            ``allow_inexact_shuffle_buffer`` is false.
+            ``allow_inexact_shuffle_buffer`` is false, or it is true with workers (a
+            worker's copy fails to load such a state: no pause of it could be resumed).
     """
     names, incomplete = _pipeline(dataset)
+    if _BUFFER in names and allow_inexact_shuffle_buffer and num_workers > 0:
+        raise UnsupportedResumeConfigurationError(
+            f"the Hugging Face streaming dataset is shuffled with a buffer, and with "
+            f"num_workers={num_workers} a worker's copy fails to load its state (datasets "
+            f"{_version()} raises IndexError in load_state_dict()), so no pause of this loader "
+            "could be resumed; use num_workers=0 with the buffer, or shuffle without a buffer "
+            "(a map-style datasets.Dataset with ResumableDataLoader(shuffle=True))"
+        )
     if _BUFFER in names and not allow_inexact_shuffle_buffer:
         raise UnsupportedResumeConfigurationError(
             "the Hugging Face streaming dataset is shuffled with a buffer (.shuffle(buffer_size="

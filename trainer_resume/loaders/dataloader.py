@@ -129,7 +129,8 @@ class ResumableDataLoader(DataLoader):
         allow_inexact_shuffle_buffer: Accept a Hugging Face streaming dataset shuffled
             with a buffer (``.shuffle(buffer_size=...)``), refused otherwise: its state
             does not hold the buffer, so a resume refills it with other examples and
-            differs from the uninterrupted run (keyword-only).
+            differs from the uninterrupted run (keyword-only). With ``num_workers=0``
+            only: a worker's copy fails to load such a state.
 
     Raises:
         ResumableModeRequiredError: a resumable sampler with ``resumable=False``, or
@@ -191,6 +192,7 @@ class ResumableDataLoader(DataLoader):
                 batch_sampler,
                 in_order,
                 allow_inexact_shuffle_buffer=allow_inexact_shuffle_buffer,
+                num_workers=num_workers,
             )
         else:
             for given in (sampler, batch_sampler):
