@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -14,8 +15,10 @@ import warnings
 import pytest
 import torch
 from support.signal_trainers import STEPS, STEPS_PER_EPOCH, GroupSignalTrainer
+from torch.utils.data import TensorDataset
 
 from trainer_resume import PauseSignalWarning, pause_signals_blocked
+from trainer_resume.loaders import ResumableDataLoader
 from trainer_resume.mixin import TrainingResumeMixin
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -110,6 +113,64 @@ def test_signals_armed_for_pauses_are_blocked_in_started_processes_too(tmp_path)
         with pause_signals_blocked():
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     assert {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2} <= blocked
+
+
+def _blocked_in(pid: int) -> set[signal.Signals]:
+    """The signals process ``pid`` blocks, from ``/proc``."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        line = next(line for line in status if line.startswith("SigBlk:"))
+    mask = int(line.split()[1], 16)
+    return {number for number in signal.Signals if mask >> (number - 1) & 1}
+
+
+def _started_workers() -> tuple[ResumableDataLoader, list[int]]:
+    before = set(multiprocessing.active_children())
+    loader = ResumableDataLoader(
+        TensorDataset(torch.arange(16.0)), batch_size=2, num_workers=2, resumable=True
+    )
+    next(iter(loader))
+    return loader, [child.pid for child in set(multiprocessing.active_children()) - before]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_loader_workers_block_the_signals_a_terminal_or_launcher_sends_to_the_group():
+    # Started before any pause_on_signal (the quickstart order: the iterator in
+    # __init__), they must survive a Ctrl-C to the group that a later call turns into a
+    # pause (SIGINT killed them, and the pause with them).
+    loader, workers = _started_workers()
+    try:
+        assert len(workers) == 2
+        for pid in workers:
+            assert {
+                signal.SIGTERM,
+                signal.SIGUSR1,
+                signal.SIGINT,
+                signal.SIGHUP,
+                signal.SIGUSR2,
+            } <= (_blocked_in(pid))
+    finally:
+        loader.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_arming_a_signal_that_running_workers_do_not_block_is_warned_about(tmp_path):
+    loader, workers = _started_workers()
+    trainer = _Requests()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PauseSignalWarning)
+            trainer.pause_on_signal(tmp_path / "pause.ckpt", signals=(signal.SIGINT,))
+        with pytest.warns(PauseSignalWarning) as caught:
+            trainer.pause_on_signal(tmp_path / "pause.ckpt", signals=(signal.SIGQUIT,))
+        message = str(caught[0].message)
+        assert message.startswith("_Requests.pause_on_signal(): a loader worker (pid ")
+        assert "does not block SIGQUIT, so SIGQUIT sent to the whole process group kills it" in (
+            message
+        )
+        assert int(message.split("(pid ")[1].split(")")[0]) in workers
+    finally:
+        trainer.restore_signal_handlers()
+        loader.close()
 
 
 def test_a_forkserver_started_without_the_block_is_warned_about(monkeypatch):

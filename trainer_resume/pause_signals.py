@@ -15,7 +15,10 @@ while a signal sent to the main process meanwhile stays pending and is delivered
 the moment the block ends: none is lost. ``ResumableDataLoader`` starts its
 workers this way; do the same for your own subprocesses (or plain DataLoaders:
 ``with pause_signals_blocked(): batches = iter(loader)``). A process started so
-is stopped by ``SIGKILL``, not by ``SIGTERM``.
+is stopped by ``SIGKILL``, not by ``SIGTERM``. Loader workers also block
+:data:`GROUP_SIGNALS` (SIGINT, SIGHUP, SIGUSR2), so a loop that arms one of them after
+its workers started still pauses on it; arming another signal a running worker does
+not block is warned about.
 
 Such a process would outlive a trainer killed with ``SIGKILL``, so it is tied to it
 too: on Linux a child forked inside the block, and a DataLoader worker started by
@@ -39,7 +42,7 @@ import os
 import signal
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -50,9 +53,11 @@ from .processes.parent_death import DieWithParent, children_die_with_this_proces
 
 __all__ = [
     "DEFAULT_PAUSE_SIGNALS",
+    "GROUP_SIGNALS",
     "pause_signals",
     "pause_signals_blocked",
     "quiet_child_exits",
+    "warn_unprotected_children",
     "worker_start",
 ]
 
@@ -73,8 +78,17 @@ def pause_signals() -> frozenset[signal.Signals]:
     return frozenset(DEFAULT_PAUSE_SIGNALS) | armed_signals()
 
 
-@contextmanager
-def pause_signals_blocked(context: Any = None) -> Iterator[None]:
+# Signals a terminal (Ctrl-C, a closed session) or a launcher sends to a whole process
+# group, which a loop may turn into pauses after its loader's workers started (the
+# quickstart order: the iterator in __init__, pause_on_signal after): loader workers
+# keep them blocked too, whenever pause_on_signal is called. A worker needs none of them:
+# its loader stops it, and it dies with this process.
+GROUP_SIGNALS: frozenset[signal.Signals] = frozenset(
+    getattr(signal, name) for name in ("SIGINT", "SIGHUP", "SIGUSR2") if hasattr(signal, name)
+)
+
+
+def pause_signals_blocked(context: Any = None) -> AbstractContextManager[None]:
     """Start processes inside this block: they keep the pause signals blocked for life.
 
     Blocks the pause signals in the calling thread for the block's duration (a
@@ -90,6 +104,11 @@ def pause_signals_blocked(context: Any = None) -> Iterator[None]:
         PauseSignalWarning: the platform cannot block signals per thread, or the
             forkserver was started without the pause signals blocked.
     """
+    return _signals_blocked(pause_signals(), context)
+
+
+@contextmanager
+def _signals_blocked(blocked: frozenset[signal.Signals], context: Any) -> Iterator[None]:
     if not hasattr(signal, "pthread_sigmask"):
         _warn_once(
             "platform",
@@ -109,7 +128,7 @@ def pause_signals_blocked(context: Any = None) -> Iterator[None]:
     if server_before is not None:
         _check_forkserver(server_before)
     children_before = set(multiprocessing.active_children())
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, pause_signals())
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
     try:
         with children_die_with_this_process():
             yield
@@ -124,8 +143,8 @@ def pause_signals_blocked(context: Any = None) -> Iterator[None]:
 
 def worker_start(loader: Any) -> AbstractContextManager[None]:
     """The block to create a DataLoader's iterator in (its workers start there): they
-    keep the pause signals blocked, die with this process and, forked, leave what they
-    inherited to this process's garbage collector."""
+    keep the pause signals and :data:`GROUP_SIGNALS` blocked, die with this process and,
+    forked, leave what they inherited to this process's garbage collector."""
     if not getattr(loader, "num_workers", 0):
         return nullcontext()
     return _worker_start(loader, getattr(loader, "multiprocessing_context", None))
@@ -142,7 +161,7 @@ def _worker_start(loader: Any, context: Any) -> Iterator[None]:
         loader.worker_init_fn = DieWithParent(bond, init_fn)
     frozen = frozen_in_forked_children() if method == "fork" else nullcontext()
     try:
-        with pause_signals_blocked(context), frozen:
+        with _signals_blocked(pause_signals() | GROUP_SIGNALS, context), frozen:
             yield
     finally:
         if bond is not None:
@@ -187,6 +206,30 @@ def _check_forkserver(pid: int) -> None:
         "start it inside trainer_resume.pause_signals_blocked() (for example by starting the first "
         "loader's workers before anything else uses the forkserver)",
     )
+
+
+def warn_unprotected_children(signals: Iterable[int], where: str) -> None:
+    """Warn when a process started inside the block before ``signals`` were armed, and still
+    running, reacts to one of them: a signal to the process group would kill it (Linux,
+    read from ``/proc``; elsewhere nothing is checked)."""
+    wanted = {signal.Signals(number) for number in signals}
+    for child in list(_SHIELDED):
+        if not _alive(child) or child.pid is None:
+            continue
+        masks = _signal_masks(child.pid)
+        if masks is None:
+            continue
+        held = masks["SigBlk"] | masks["SigIgn"]
+        missing = sorted(number for number in wanted if not held >> (number - 1) & 1)
+        if missing:
+            names = ", ".join(signal.Signals(number).name for number in missing)
+            _warn_once(
+                f"unprotected-{child.pid}-{names}",
+                f"{where}: a loader worker (pid {child.pid}) started before it does not block "
+                f"{names}, so {names} sent to the whole process group kills it and the pause "
+                "with it; call it before the loader's iter() starts its workers",
+            )
+            return
 
 
 def _signal_masks(pid: int) -> dict[str, int] | None:

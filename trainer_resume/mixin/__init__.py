@@ -432,7 +432,9 @@ class TrainingResumeMixin:
         from the main thread. Calling it again replaces the path and signals; the
         handlers from before the first call are the ones put back. Processes started
         from now on by this process (loader workers included) keep these signals
-        blocked, see :mod:`trainer_resume.pause_signals`.
+        blocked, see :mod:`trainer_resume.pause_signals`; loader workers keep SIGINT,
+        SIGHUP and SIGUSR2 blocked whenever they started. A running worker that does
+        not block one of ``signals`` is warned about (``PauseSignalWarning``).
 
         Args:
             path: The pause file written when a signal arrives.

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from .._signals import DEFAULT_PAUSE_SIGNALS, Handler, install_handlers, restore_handlers
 from ..launch_directory import warn_if_in_launch_directory
+from ..pause_signals import warn_unprotected_children
 from ..sharded.detect import sharded_objects
 from ..state import StrPath
 from ..storage.paths import is_url, make_parent_directory
@@ -171,6 +172,7 @@ def arm_signals(
         warn_without_step_after=warn_without_step_after,
     )
     trainer.__dict__[SIGNALS_ATTRIBUTE] = handle
+    warn_unprotected_children(handle.signals, f"{type(trainer).__name__}.pause_on_signal()")
     return handle
 
 
