@@ -44,6 +44,7 @@ __all__ = [
     "is_module_state",
     "live_state",
     "match_names",
+    "recorded_parameter_name",
     "strip_wrapper_names",
 ]
 
@@ -156,6 +157,16 @@ def _without_wrappers(name: str) -> str:
     parts = name.split(".")
     kept = [part for part in parts if part not in _ALWAYS_WRAPPERS]
     return name if len(kept) == len(parts) else ".".join(kept)
+
+
+def recorded_parameter_name(name: str) -> str:
+    """A parameter name an optimizer recorded (``param_names``, from ``named_parameters()``
+    of the module as the loop held it) without wrapper parts: compiled, checkpoint-wrapped,
+    Fabric's, and a root ``module.`` (DDP), so a run paused wrapped matches one resumed
+    unwrapped."""
+    name = _without_wrappers(name)
+    unrooted = _unrooted(name)
+    return name if unrooted is None else unrooted
 
 
 def _unrooted(name: str) -> str | None:

@@ -38,6 +38,7 @@ __all__ = [
     "LoaderState",
     "RankPauseState",
     "DistributedPauseState",
+    "ModuleModes",
     "PauseCheckpoint",
     "SampleRecord",
     "LightningPauseState",
@@ -458,6 +459,13 @@ class DistributedPauseState(TypedDict):
     ranks: list[RankPauseState]  # by rank
 
 
+class ModuleModes(TypedDict):
+    """What a module's ``state_dict()`` leaves out (canonical names, sorted)."""
+
+    eval: list[str]  # submodules whose training flag is False ("" is the module itself)
+    frozen: list[str]  # parameters whose requires_grad is False
+
+
 class PauseCheckpoint(TypedDict):
     """Layout of a pause file written by ``TrainingResumeMixin.pause``.
 
@@ -487,6 +495,11 @@ class PauseCheckpoint(TypedDict):
     # object name -> the DDP accumulation window its parameters were in, when one was
     # open (see mixin/_ddp_window.py).
     ddp_window: NotRequired[dict[str, DDPWindowState]]
+    # module object name -> its submodules in eval mode and frozen parameters, and
+    # optimizer / LR scheduler object name -> its class (absent in older files: not
+    # restored, not checked; see mixin/_object_setup.py).
+    module_modes: NotRequired[dict[str, ModuleModes]]
+    object_classes: NotRequired[dict[str, str]]
     distributed: NotRequired[DistributedPauseState]
 
 

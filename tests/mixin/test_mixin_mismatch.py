@@ -170,3 +170,74 @@ def test_extra_state_without_its_load_hook_is_refused_naming_the_hook(tmp_path):
         path,
         r"holds extra state \['position'\] but NoLoadHook does not implement _load_resume_extra_state\(state\)",
     )
+
+
+class RAdamTrainer(HiddenTrainer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.optimizer = torch.optim.RAdam(self.model.parameters(), lr=0.01)
+
+
+def test_an_optimizer_of_another_class_is_refused_before_its_state_loads_into_its_rule(tmp_path):
+    # Adam's moments fit RAdam's state shapes exactly: it would train on, differently.
+    path = paused_file(tmp_path)
+    assert_refused_untouched_then_trains_exactly(
+        RAdamTrainer,
+        path,
+        r"object 'optimizer' is a torch\.optim\.radam\.RAdam, and the checkpoint holds the "
+        r"state of a torch\.optim\.adam\.Adam: .*; build the Adam the paused run had",
+    )
+
+
+class NamedParameters(HiddenTrainer):
+    """Its optimizer records the names of its parameters (built from named_parameters())."""
+
+    def named_for_optimizer(self):
+        return list(self.model.named_parameters())
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.optimizer = torch.optim.Adam(self.named_for_optimizer(), lr=0.01)
+
+
+class SameShapes(NamedParameters):
+    """Two same-shaped layers: pairing by position is all Optimizer.load_state_dict does."""
+
+    def __init__(self, **kwargs):
+        HiddenTrainer.__init__(self, **kwargs)
+        torch.manual_seed(11)
+        self.model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Linear(4, 2))
+        self.optimizer = torch.optim.Adam(self.named_for_optimizer(), lr=0.01)
+
+
+class SameShapesSwapped(SameShapes):
+    def named_for_optimizer(self):
+        named = dict(self.model.named_parameters())
+        order = ["2.weight", "2.bias", "0.weight", "0.bias", "3.weight", "3.bias"]
+        return [(name, named[name]) for name in order]
+
+
+def test_an_optimizer_whose_named_parameters_come_in_another_order_is_refused(tmp_path):
+    path = paused_file(tmp_path, SameShapes)
+    assert_refused_untouched_then_trains_exactly(
+        SameShapesSwapped,
+        path,
+        r"object 'optimizer' \(Adam\): parameter group 0, position 0, holds '0.weight' in the "
+        r"checkpoint and '2.weight' in this optimizer: .*paused run's order",
+    )
+
+
+def test_an_optimizer_built_from_the_compiled_modules_names_resumes_from_the_plain_ones(tmp_path):
+    class CompiledNames(NamedParameters):
+        def named_for_optimizer(self):
+            # torch.compile compiles at the first forward: its names alone cost nothing.
+            return list(torch.compile(self.model).named_parameters())
+
+    path = paused_file(tmp_path, CompiledNames)
+    reference = CompiledNames()
+    expected = [reference.train_step() for _ in range(6)][3:]
+    trainer = NamedParameters()
+    trainer.resume(path)
+    assert all(
+        torch.equal(a, b) for a, b in zip(expected, [trainer.train_step() for _ in range(3)])
+    )

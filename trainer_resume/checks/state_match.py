@@ -29,7 +29,12 @@ from typing import Any
 
 import torch
 
-from .._module_names import ModuleNames, describe_key_difference, match_names
+from .._module_names import (
+    ModuleNames,
+    describe_key_difference,
+    match_names,
+    recorded_parameter_name,
+)
 from ..amp import validate_grad_scaler_state
 from ..errors import ResumeError, ResumeStateMismatchError
 
@@ -116,7 +121,9 @@ def _check_optimizer(where: str, saved: Any, optimizer: torch.optim.Optimizer) -
     live_groups = optimizer.param_groups
     if len(groups) != len(live_groups):
         raise ResumeStateMismatchError(
-            f"{where}: {len(groups)} parameter groups in the checkpoint, {len(live_groups)} in this optimizer"
+            f"{where}: {len(groups)} parameter groups in the checkpoint, {len(live_groups)} in "
+            "this optimizer; build it with the paused run's parameter groups (and add any "
+            "group the paused run added before its pause)"
         )
     for index, (group, live_group) in enumerate(zip(groups, live_groups)):
         params = group.get("params") if isinstance(group, Mapping) else None
@@ -126,6 +133,7 @@ def _check_optimizer(where: str, saved: Any, optimizer: torch.optim.Optimizer) -
                 f"{where}: parameter group {index} has {count} parameters in the checkpoint, "
                 f"{len(live_group['params'])} in this optimizer"
             )
+        _check_parameter_names(where, index, group.get("param_names"), live_group)
     # The same pairing of saved ids and live parameters Optimizer.load_state_dict makes.
     parameters = dict(
         zip(
@@ -153,6 +161,23 @@ def _check_optimizer(where: str, saved: Any, optimizer: torch.optim.Optimizer) -
                 raise ResumeStateMismatchError(
                     f"{label} has shape {list(value.shape)}, the parameter {list(param.shape)}"
                 )
+
+
+def _check_parameter_names(where: str, index: int, saved: Any, live_group: Any) -> None:
+    """Where both optimizers recorded their parameters' names (built from
+    ``named_parameters()``), the state pairs with parameters by position only: the same
+    position must hold the same parameter, or its moments load into another one."""
+    live = live_group.get("param_names")
+    if not isinstance(saved, list) or not isinstance(live, list) or len(saved) != len(live):
+        return
+    for position, (old, new) in enumerate(zip(saved, live)):
+        if recorded_parameter_name(str(old)) != recorded_parameter_name(str(new)):
+            raise ResumeStateMismatchError(
+                f"{where}: parameter group {index}, position {position}, holds {old!r} in the "
+                f"checkpoint and {new!r} in this optimizer: its state would load into another "
+                "parameter; build the optimizer's groups with their parameters in the paused "
+                "run's order"
+            )
 
 
 def _fits_parameter(value: torch.Tensor, param: torch.Tensor) -> bool:

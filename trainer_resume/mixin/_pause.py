@@ -33,6 +33,7 @@ from ..storage.paths import is_url, make_parent_directory
 from ._boundary import boundary_loader_states, boundary_random_state
 from ._ddp_window import collect_windows, watch_windows
 from ._gradients import collect_gradients
+from ._object_setup import object_classes, object_modes
 from ._resume_checks import prove_written_pause
 from ._settings import settings_of
 from ._step_guard import StepGuard
@@ -181,6 +182,9 @@ def pause_checkpoint(
         "loaders": boundary_loader_states(trainer, guard),
         "extra": copy(dict(trainer._resume_extra_state()), memo),
         "rng": boundary_random_state(),
+        # What the objects' state_dict() leaves out: modules' modes, optimizers' classes.
+        "module_modes": object_modes(objects),
+        "object_classes": object_classes(objects),
     }
     # Inside a gradient-accumulation window the partial sums move to the next step too.
     gradients = collect_gradients(

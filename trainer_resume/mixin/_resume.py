@@ -29,6 +29,7 @@ from ._boundary import record_boundary, rng_device
 from ._ddp_window import restore_windows
 from ._gradients import restore_gradients
 from ._hook_audit import name_stale_iterators, stale_iterators
+from ._object_setup import MODES_KEY, restore_object_modes
 from ._resume_checks import GRAD_SCALERS, check_pause_checkpoint, check_sharded, rank_checkpoint
 from ._settings import settings_of
 from ._step_guard import StepGuard
@@ -155,6 +156,8 @@ def _restore(
         stage = "iterators"
         trainer._rebuild_resume_iterators()
         name_stale_iterators(trainer, iterators)
+        stage = "module modes"
+        restore_object_modes(checkpoint.get(MODES_KEY), objects)
         stage = "gradients"
         restore_gradients(checkpoint.get(GRADIENTS_KEY), objects, set(sharded))
         # After the gradients: DDP's reducer marks a parameter used only where one is set.

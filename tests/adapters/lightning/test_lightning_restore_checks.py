@@ -130,7 +130,8 @@ def test_an_optimizer_that_does_not_fit_is_refused_when_it_exists_and_the_module
     message = _refused(paused, tmp_path, _TwoGroups(), ResumeStateMismatchError)
     assert message == (
         f"[330] {ResumeStateMismatchError.message}: {tmp_path / 'pause.ckpt'}: optimizer 0 "
-        "(Adam): 1 parameter groups in the checkpoint, 2 in this optimizer"
+        "(Adam): 1 parameter groups in the checkpoint, 2 in this optimizer; build it with the "
+        "paused run's parameter groups (and add any group the paused run added before its pause)"
     )
 
 

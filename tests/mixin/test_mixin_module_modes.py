@@ -1,0 +1,91 @@
+"""A module's modes (eval submodules, frozen parameters) resume as they were at the pause."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.trainers import TinyTrainer
+from torch import nn
+
+from trainer_resume.durable import load_checkpoint, save_checkpoint
+from trainer_resume.errors import ResumeStateMismatchError
+
+FREEZE_AT, PAUSE_AT, STEPS = 3, 5, 9
+
+
+class FineTuning(TinyTrainer):
+    """At step 3 its loop freezes the first layer and puts the BatchNorm in eval mode, once
+    (a fine-tuning schedule): a resume after step 3 must find them so."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        torch.manual_seed(11)
+        self.model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 2))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
+
+    def step(self) -> torch.Tensor:
+        if self.completed_steps == FREEZE_AT:
+            self.model[0].requires_grad_(False)
+            self.model[1].eval()
+        return self.train_step()
+
+
+def _run(trainer: FineTuning, steps: int) -> list[torch.Tensor]:
+    return [trainer.step() for _ in range(steps - trainer.completed_steps)]
+
+
+def _modes(module: nn.Module) -> tuple[list[bool], list[bool]]:
+    return [m.training for m in module.modules()], [p.requires_grad for p in module.parameters()]
+
+
+def test_a_layer_frozen_and_a_batchnorm_in_eval_mode_before_the_pause_stay_so(tmp_path):
+    reference = FineTuning()
+    expected = _run(reference, STEPS)
+    paused = FineTuning()
+    _run(paused, PAUSE_AT)
+    paused.pause(tmp_path / "pause.ckpt")
+    resumed = FineTuning()
+    resumed.resume(tmp_path / "pause.ckpt")
+    assert _modes(resumed.model) == _modes(reference.model)
+    losses = _run(resumed, STEPS)
+    assert all(torch.equal(a, b) for a, b in zip(expected[PAUSE_AT:], losses, strict=True))
+    for name, value in reference.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+
+def test_a_pause_before_the_freeze_resumes_everything_trainable_and_in_train_mode(tmp_path):
+    paused = FineTuning()
+    _run(paused, FREEZE_AT - 1)
+    paused.pause(tmp_path / "pause.ckpt")
+    resumed = FineTuning()
+    resumed.model.eval()  # whatever the new process set up, the pause's modes win
+    resumed.model[3].requires_grad_(False)
+    resumed.resume(tmp_path / "pause.ckpt")
+    assert _modes(resumed.model) == ([True] * 5, [True] * 6)
+
+
+def test_a_pause_of_an_earlier_release_leaves_the_modes_as_they_are(tmp_path):
+    paused = FineTuning()
+    _run(paused, PAUSE_AT)
+    paused.pause(tmp_path / "pause.ckpt")
+    content = load_checkpoint(tmp_path / "pause.ckpt")
+    del content["module_modes"], content["object_classes"]
+    save_checkpoint(content, tmp_path / "earlier.ckpt")
+    resumed = FineTuning()
+    resumed.resume(tmp_path / "earlier.ckpt")
+    assert _modes(resumed.model) == ([True] * 5, [True] * 6)
+
+
+def test_modes_naming_a_submodule_the_module_lacks_are_refused_before_anything_changes(tmp_path):
+    paused = FineTuning()
+    _run(paused, PAUSE_AT)
+    paused.pause(tmp_path / "pause.ckpt")
+    content = load_checkpoint(tmp_path / "pause.ckpt")
+    content["module_modes"]["model"]["eval"].append("4")  # a submodule this model lacks
+    save_checkpoint(content, tmp_path / "other.ckpt")
+    resumed = FineTuning()
+    before = resumed.model.state_dict()
+    with pytest.raises(ResumeStateMismatchError, match=r"submodule '4' was in eval mode"):
+        resumed.resume(tmp_path / "other.ckpt")
+    for name, value in before.items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name

@@ -1,0 +1,164 @@
+"""What a resume object's ``state_dict()`` leaves out and training depends on.
+
+* A module's modes: which submodules are in eval mode (``module.training``) and which
+  parameters are frozen (``requires_grad=False``). A loop that freezes a layer or puts
+  a BatchNorm in eval mode at some step (fine-tuning schedules) resumed with every
+  layer trainable and in train mode, from a fresh module, and trained differently.
+  A pause saves them under canonical names (see :mod:`trainer_resume._module_names`)
+  and ``resume()`` sets them back; files of earlier releases leave them as they are.
+* The class of an optimizer or LR scheduler: ``Optimizer.load_state_dict`` loads Adam's
+  moments into RAdam without a word (and into SGD, which fails at its first step), and
+  a scheduler's ``load_state_dict`` overwrites another class's attributes. A pause saves
+  the class; ``resume()`` refuses another one before anything is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .._module_names import ModuleNames
+from ..errors import CheckpointFormatError, ResumeStateMismatchError
+from ..state import ModuleModes
+
+__all__ = [
+    "MODES_KEY",
+    "OBJECT_CLASSES_KEY",
+    "check_object_classes",
+    "check_object_modes",
+    "object_classes",
+    "object_modes",
+    "restore_object_modes",
+]
+
+MODES_KEY = "module_modes"
+OBJECT_CLASSES_KEY = "object_classes"
+_CLASSED = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+
+
+def object_modes(objects: Mapping[str, Any]) -> dict[str, ModuleModes]:
+    """Per module resume object: its submodules in eval mode and its frozen parameters."""
+    modes: dict[str, ModuleModes] = {}
+    for name, obj in objects.items():
+        if isinstance(obj, torch.nn.Module):
+            names = ModuleNames(obj)
+            evaluating = {
+                names.prefixes.get(path, path)
+                for path, module in obj.named_modules()
+                if not module.training
+            }
+            frozen = {
+                names.canonical(key)
+                for key, param in obj.named_parameters()
+                if not param.requires_grad
+            }
+            modes[name] = {"eval": sorted(evaluating), "frozen": sorted(frozen)}
+    return modes
+
+
+def check_object_modes(saved: Any, objects: Mapping[str, Any], location: str) -> None:
+    """Refuse saved modes that name a submodule or parameter the live module lacks.
+
+    Raises:
+        CheckpointFormatError: the entry is malformed (321).
+        ResumeStateMismatchError: a named submodule or parameter is not in the module (330).
+    """
+    if saved is None:
+        return
+    if not isinstance(saved, Mapping):
+        raise CheckpointFormatError(f"{location}: entry {MODES_KEY!r} is not a dict")
+    for name, entry in saved.items():
+        obj = objects.get(name)
+        if not isinstance(obj, torch.nn.Module):
+            continue
+        evaluating, frozen = _entry(entry, name, location)
+        names = ModuleNames(obj)
+        paths = {names.prefixes.get(path, path) for path, _ in obj.named_modules()}
+        parameters = {names.canonical(key) for key, _ in obj.named_parameters()}
+        for path in evaluating:
+            if path not in paths:
+                raise ResumeStateMismatchError(
+                    f"object {name!r}: submodule {path!r} was in eval mode when it paused, "
+                    "and this module has no such submodule"
+                )
+        for key in frozen:
+            if key not in parameters:
+                raise ResumeStateMismatchError(
+                    f"object {name!r}: parameter {key!r} was frozen (requires_grad=False) when "
+                    "it paused, and this module has no such parameter"
+                )
+
+
+def restore_object_modes(saved: Any, objects: Mapping[str, Any]) -> None:
+    """Set every module's submodules' ``training`` and parameters' ``requires_grad`` as saved."""
+    if saved is None:
+        return
+    for name, entry in saved.items():
+        obj = objects.get(name)
+        if not isinstance(obj, torch.nn.Module):
+            continue
+        evaluating, frozen = set(entry["eval"]), set(entry["frozen"])
+        names = ModuleNames(obj)
+        # Set directly, as the flags were: a module's own train() may do more than that.
+        for path, module in obj.named_modules(remove_duplicate=False):
+            module.training = names.prefixes.get(path, path) not in evaluating
+        for key, param in obj.named_parameters(remove_duplicate=False):
+            param.requires_grad_(names.canonical(key) not in frozen)
+
+
+def object_classes(objects: Mapping[str, Any]) -> dict[str, str]:
+    """Per optimizer or LR scheduler resume object: its class (an optimizer unwrapped)."""
+    return {
+        name: _class_name(_unwrapped(obj))
+        for name, obj in objects.items()
+        if isinstance(_unwrapped(obj), _CLASSED)
+    }
+
+
+def check_object_classes(saved: Any, objects: Mapping[str, Any], location: str) -> None:
+    """Refuse an optimizer or scheduler of another class than the one that paused.
+
+    Raises:
+        CheckpointFormatError: the entry is malformed (321).
+        ResumeStateMismatchError: a class differs (330).
+    """
+    if saved is None:
+        return
+    if not isinstance(saved, Mapping) or not all(isinstance(v, str) for v in saved.values()):
+        raise CheckpointFormatError(
+            f"{location}: entry {OBJECT_CLASSES_KEY!r} is not a dict of names"
+        )
+    for name, obj in objects.items():
+        kind = saved.get(name)
+        inner = _unwrapped(obj)
+        if kind is None or not isinstance(inner, _CLASSED) or _class_name(inner) == kind:
+            continue
+        raise ResumeStateMismatchError(
+            f"object {name!r} is a {_class_name(inner)}, and the checkpoint holds the state of a "
+            f"{kind}: it would load into another update rule; build the {kind.rpartition('.')[2]} "
+            "the paused run had"
+        )
+
+
+def _entry(entry: Any, name: str, location: str) -> tuple[list[str], list[str]]:
+    if isinstance(entry, Mapping):
+        evaluating, frozen = entry.get("eval"), entry.get("frozen")
+        if all(
+            isinstance(names, list) and all(isinstance(n, str) for n in names)
+            for names in (evaluating, frozen)
+        ):
+            return evaluating, frozen  # type: ignore[return-value]
+    raise CheckpointFormatError(f"{location}: entry {MODES_KEY!r}[{name!r}] is malformed")
+
+
+def _unwrapped(obj: Any) -> Any:
+    # Accelerate's AcceleratedOptimizer and Fabric's _FabricOptimizer hold the optimizer.
+    inner = getattr(obj, "optimizer", None) if isinstance(obj, torch.optim.Optimizer) else None
+    return inner if isinstance(inner, torch.optim.Optimizer) else obj
+
+
+def _class_name(obj: Any) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}"
