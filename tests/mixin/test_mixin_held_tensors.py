@@ -88,3 +88,58 @@ def test_tensors_returned_as_extra_state_or_excluded_are_not_warned_about() -> N
             super()._initialize_training_resume(config, excluded_attributes=("ema",), **kwargs)
 
     assert _warnings(Excluded()) == []
+
+
+class CountingLinear(torch.nn.Linear):
+    """A module with a buffer state_dict() leaves out (persistent=False) that forward changes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register_buffer("calls", torch.zeros(()), persistent=False)
+        self.register_buffer("table", torch.arange(4.0), persistent=False)  # a cache: unchanged
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(inputs) * (1 + self.calls / 10)
+
+
+class BufferTrainer(TinyTrainer):
+    excluded: tuple[str, ...] = ()
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        torch.manual_seed(3)
+        self.model = CountingLinear(4, 2)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def _initialize_training_resume(self, config: Any, **kwargs: Any) -> None:
+        super()._initialize_training_resume(config, excluded_attributes=self.excluded, **kwargs)
+
+
+def test_a_module_buffer_left_out_of_state_dict_that_changes_between_steps_is_warned_about() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = BufferTrainer()
+        for _ in range(3):
+            trainer.train_step()
+    messages = [str(w.message) for w in caught if issubclass(w.category, UnsavedStateWarning)]
+    assert messages == [
+        "BufferTrainer._resume_objects()['model'] has a buffer 'calls' that is not persistent "
+        "(register_buffer(..., persistent=False)) and changed between steps: state_dict() "
+        "leaves it out, so pause() does not save it and a resumed run would differ; register "
+        "it with persistent=True, or return it from _resume_extra_state() (and restore it in "
+        "_load_resume_extra_state), or name 'model.calls' in "
+        "_initialize_training_resume(..., excluded_attributes=...) if it is a cache that every "
+        "run computes alike"
+    ]
+
+
+def test_a_buffer_named_in_excluded_attributes_is_not_warned_about() -> None:
+    class Excluded(BufferTrainer):
+        excluded = ("model.calls",)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnsavedStateWarning)
+        trainer = Excluded()
+        for _ in range(3):
+            trainer.train_step()

@@ -95,13 +95,62 @@ def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> Audit | 
                 stacklevel=4,
             )
     before = held_tensors(trainer, skipped)
-    if not before:
+    modules = {
+        key: value
+        for key, value in _named_objects(trainer).items()
+        if isinstance(value, torch.nn.Module)
+    }
+    buffers = {k: v for k, v in unsaved_buffers(modules).items() if k not in skipped}
+    if not before and not buffers:
         return None
 
     def second_look(trainer: Any) -> None:
         warn_changed_tensors(trainer, skipped, before)
+        warn_changed_buffers(name, modules, buffers)
 
     return second_look
+
+
+def unsaved_buffers(modules: dict[str, torch.nn.Module]) -> dict[str, bytes]:
+    """Digest of every buffer of the returned modules that ``state_dict()`` leaves out
+    (``register_buffer(..., persistent=False)``): ``"object.buffer"`` -> digest."""
+    found: dict[str, bytes] = {}
+    for object_name, module in modules.items():
+        saved = set(module.state_dict(keep_vars=True))
+        for buffer_name, buffer in module.named_buffers():
+            if buffer_name in saved:
+                continue
+            digest = _digest(buffer)
+            if digest is not None:
+                found[f"{object_name}.{buffer_name}"] = digest
+    return found
+
+
+def warn_changed_buffers(
+    trainer_name: str, modules: dict[str, torch.nn.Module], before: dict[str, bytes]
+) -> None:
+    """Warn once about each non-persistent buffer whose content changed since ``before``."""
+    for label, digest in unsaved_buffers(modules).items():
+        if label in before and before[label] != digest:
+            object_name, _, buffer_name = label.partition(".")
+            warnings.warn(
+                f"{trainer_name}._resume_objects()[{object_name!r}] has a buffer {buffer_name!r} "
+                "that is not persistent (register_buffer(..., persistent=False)) and changed "
+                "between steps: state_dict() leaves it out, so pause() does not save it and a "
+                "resumed run would differ; register it with persistent=True, or return it from "
+                "_resume_extra_state() (and restore it in _load_resume_extra_state), or name "
+                f"{label!r} in _initialize_training_resume(..., excluded_attributes=...) if it "
+                "is a cache that every run computes alike",
+                UnsavedStateWarning,
+                stacklevel=5,  # warn_changed_buffers <- second look <- @training_step <- caller
+            )
+
+
+def _named_objects(trainer: Any) -> dict[str, Any]:
+    try:
+        return dict(trainer._resume_objects())
+    except Exception:  # noqa: BLE001 - reported by pause()
+        return {}
 
 
 # Containers walked for held tensors: a dict of EMA weights, a list of running sums.
