@@ -28,6 +28,7 @@ from itertools import chain
 from typing import Any
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from .._module_names import (
     ModuleNames,
@@ -184,7 +185,7 @@ def _fits_parameter(value: torch.Tensor, param: torch.Tensor) -> bool:
     # Moment buffers have the parameter's shape; factored ones (Adafactor) keep its
     # dimensions with some reduced to 1. Other layouts cannot be judged without a
     # live state, so they pass.
-    if value.dim() != param.dim() or value.dim() == 0:
+    if is_lazy(param) or value.dim() != param.dim() or value.dim() == 0:
         return True
     return all(saved in (1, live) for saved, live in zip(value.shape, param.shape))
 
@@ -212,7 +213,8 @@ def _check_tensor(where: str, saved: Any, live: Any) -> None:
         raise ResumeStateMismatchError(
             f"{where} is a {type(saved).__name__} in the checkpoint, a tensor here"
         )
-    if saved.shape != live.shape:
+    # A lazy module's parameter not yet run (nn.LazyLinear): loading gives it the saved shape.
+    if not is_lazy(live) and saved.shape != live.shape:
         raise ResumeStateMismatchError(
             f"{where} has shape {list(saved.shape)} in the checkpoint, {list(live.shape)} here"
         )

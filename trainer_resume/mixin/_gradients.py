@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from .._module_names import canonical_parameters, describe_key_difference, match_names
 from ..errors import ResumeStateMismatchError
@@ -192,10 +193,13 @@ def check_gradients(
                 raise ResumeStateMismatchError(
                     f"{where}: {label} is a {type(grad).__name__}, not a tensor"
                 )
-            if grad.shape != param.shape or grad.dtype != param.dtype:
+            # A lazy module's parameter not run yet takes the saved shape when it loads.
+            shape_differs = not is_lazy(param) and grad.shape != param.shape
+            if shape_differs or grad.dtype != param.dtype:
                 raise ResumeStateMismatchError(
                     f"{where}: {label} has a gradient of shape {list(grad.shape)} and dtype "
-                    f"{grad.dtype} in the checkpoint, the parameter {list(param.shape)} and {param.dtype}"
+                    f"{grad.dtype} in the checkpoint, the parameter "
+                    f"{'(not materialized)' if is_lazy(param) else list(param.shape)} and {param.dtype}"
                 )
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from .. import distributed as _distributed
 from .._module_names import canonical_state
@@ -121,6 +123,20 @@ def point_shards(trainer: TrainingResumeMixin) -> tuple[ShardedObjects, Mapping[
     return sharded, objects
 
 
+def _refuse_unmaterialized(objects: Mapping[str, Any]) -> None:
+    """A lazy module (``nn.LazyLinear``) has no parameters to save before its first forward."""
+    for name, obj in objects.items():
+        if not isinstance(obj, torch.nn.Module):
+            continue
+        for key, tensor in chain(obj.named_parameters(), obj.named_buffers()):
+            if is_lazy(tensor):
+                raise UnsupportedResumeConfigurationError(
+                    f"object {name!r}: {key!r} belongs to a lazy module that has not run yet "
+                    "(its parameters take their shape at the first forward), so there is "
+                    "nothing to save; run a step first"
+                )
+
+
 def pause_checkpoint(
     trainer: TrainingResumeMixin,
     guard: StepGuard,
@@ -137,6 +153,7 @@ def pause_checkpoint(
     sharded = sharded if sharded is not None else ShardedObjects()
     settings = settings_of(trainer, "pause()")
     objects = dict(trainer._resume_objects())
+    _refuse_unmaterialized(objects)
     shared = list(trainer._resume_shared_keys())
     regular_source = trainer._regular_checkpoint()
     for name in shared:
