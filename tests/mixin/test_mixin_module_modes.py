@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from support.trainers import TinyTrainer
@@ -64,28 +66,34 @@ def test_a_pause_before_the_freeze_resumes_everything_trainable_and_in_train_mod
     assert _modes(resumed.model) == ([True] * 5, [True] * 6)
 
 
-def test_a_pause_of_an_earlier_release_leaves_the_modes_as_they_are(tmp_path):
+def _edited_pause(tmp_path, edit) -> Path:
+    """A pause after the freeze, its content changed by ``edit`` and written again."""
     paused = FineTuning()
     _run(paused, PAUSE_AT)
     paused.pause(tmp_path / "pause.ckpt")
     content = load_checkpoint(tmp_path / "pause.ckpt")
-    del content["module_modes"], content["object_classes"]
-    save_checkpoint(content, tmp_path / "earlier.ckpt")
+    edit(content)
+    save_checkpoint(content, tmp_path / "edited.ckpt")
+    return tmp_path / "edited.ckpt"
+
+
+def test_a_pause_of_an_earlier_release_leaves_the_modes_as_they_are(tmp_path):
+    def as_earlier_releases_wrote_it(content):
+        del content["module_modes"], content["object_classes"]
+
     resumed = FineTuning()
-    resumed.resume(tmp_path / "earlier.ckpt")
+    resumed.resume(_edited_pause(tmp_path, as_earlier_releases_wrote_it))
     assert _modes(resumed.model) == ([True] * 5, [True] * 6)
 
 
 def test_modes_naming_a_submodule_the_module_lacks_are_refused_before_anything_changes(tmp_path):
-    paused = FineTuning()
-    _run(paused, PAUSE_AT)
-    paused.pause(tmp_path / "pause.ckpt")
-    content = load_checkpoint(tmp_path / "pause.ckpt")
-    content["module_modes"]["model"]["eval"].append("4")  # a submodule this model lacks
-    save_checkpoint(content, tmp_path / "other.ckpt")
+    def a_submodule_this_model_lacks(content):
+        content["module_modes"]["model"]["eval"].append("4")
+
+    path = _edited_pause(tmp_path, a_submodule_this_model_lacks)
     resumed = FineTuning()
     before = resumed.model.state_dict()
     with pytest.raises(ResumeStateMismatchError, match=r"submodule '4' was in eval mode"):
-        resumed.resume(tmp_path / "other.ckpt")
+        resumed.resume(path)
     for name, value in before.items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
