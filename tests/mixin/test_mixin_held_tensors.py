@@ -116,7 +116,9 @@ class BufferTrainer(TinyTrainer):
         super()._initialize_training_resume(config, excluded_attributes=self.excluded, **kwargs)
 
 
-def test_a_module_buffer_left_out_of_state_dict_that_changes_between_steps_is_warned_about() -> None:
+def test_a_module_buffer_left_out_of_state_dict_that_changes_between_steps_is_warned_about() -> (
+    None
+):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer = BufferTrainer()
@@ -143,3 +145,34 @@ def test_a_buffer_named_in_excluded_attributes_is_not_warned_about() -> None:
         trainer = Excluded()
         for _ in range(3):
             trainer.train_step()
+
+
+def test_buffers_are_named_and_excluded_under_the_unwrapped_modules_names() -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    class Wrapped(BufferTrainer):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            # checkpoint_wrapper's state_dict() leaves its own part out of the keys, where
+            # named_buffers() keeps it: a persistent BatchNorm buffer is not reported.
+            self.model = torch.nn.Sequential(
+                checkpoint_wrapper(CountingLinear(4, 2)),
+                checkpoint_wrapper(torch.nn.BatchNorm1d(2)),
+            )
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def warned(trainer_class: type[BufferTrainer]) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = trainer_class()
+            for _ in range(3):
+                trainer.train_step()
+        return [str(w.message) for w in caught if issubclass(w.category, UnsavedStateWarning)]
+
+    messages = warned(Wrapped)
+    assert len(messages) == 1 and "has a buffer '0.calls' that is not persistent" in messages[0]
+
+    class Excluded(Wrapped):
+        excluded = ("model.0.calls",)
+
+    assert warned(Excluded) == []

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from blake3 import blake3
 
+from .._module_names import ModuleNames
 from ..checks.hook_results import loader_view
 from ..errors import UnsavedStateWarning
 
@@ -113,16 +114,21 @@ def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> Audit | 
 
 def unsaved_buffers(modules: dict[str, torch.nn.Module]) -> dict[str, bytes]:
     """Digest of every buffer of the returned modules that ``state_dict()`` leaves out
-    (``register_buffer(..., persistent=False)``): ``"object.buffer"`` -> digest."""
+    (``register_buffer(..., persistent=False)``): ``"object.buffer"`` (the buffer under
+    the unwrapped module's name) -> digest."""
     found: dict[str, bytes] = {}
     for object_name, module in modules.items():
-        saved = set(module.state_dict(keep_vars=True))
+        # Under the unwrapped module's names: a wrapper's state_dict() may leave its own
+        # part out of the keys (checkpoint_wrapper) where named_buffers() keeps it.
+        names = ModuleNames(module)
+        saved = {names.canonical(key) for key in module.state_dict(keep_vars=True)}
         for buffer_name, buffer in module.named_buffers():
-            if buffer_name in saved:
+            canonical = names.canonical(buffer_name)
+            if canonical in saved:
                 continue
             digest = _digest(buffer)
             if digest is not None:
-                found[f"{object_name}.{buffer_name}"] = digest
+                found[f"{object_name}.{canonical}"] = digest
     return found
 
 
