@@ -48,6 +48,7 @@ from .rng import derive_seed, random_state, restore_random_state, seed_cpu_gener
 from .state import (
     DDP_WINDOW_KEY,
     GRADIENTS_KEY,
+    RANK_BUFFERS_KEY,
     DistributedPauseState,
     PauseCheckpoint,
     RandomState,
@@ -311,6 +312,8 @@ def gather_pause(checkpoint: PauseCheckpoint) -> PauseCheckpoint | None:
         state[GRADIENTS_KEY] = checkpoint[GRADIENTS_KEY]
     if checkpoint.get(DDP_WINDOW_KEY) is not None:  # each rank's reducer marks its own
         state[DDP_WINDOW_KEY] = checkpoint[DDP_WINDOW_KEY]
+    if checkpoint.get(RANK_BUFFERS_KEY) is not None:  # a sharded model's, one per rank
+        state[RANK_BUFFERS_KEY] = checkpoint[RANK_BUFFERS_KEY]
     mine = (checkpoint["completed_steps"], state)
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, mine)
@@ -397,6 +400,8 @@ def _ranks(
             raise CheckpointFormatError(f"{location}: rank {index}'s gradients are not a dict")
         if not isinstance(state.get(DDP_WINDOW_KEY, {}), dict):
             raise CheckpointFormatError(f"{location}: rank {index}'s DDP window is not a dict")
+        if not isinstance(state.get(RANK_BUFFERS_KEY, {}), dict):
+            raise CheckpointFormatError(f"{location}: rank {index}'s buffers are not a dict")
     if not isinstance(base, int):
         raise CheckpointFormatError(f"{location}: {DISTRIBUTED_KEY!r} lacks an int rng_base_seed")
     return size, ranks, base
@@ -488,8 +493,9 @@ def _ordered_by_world_size(state: Any) -> bool:
 
 
 def _set_gradients(view: dict[str, Any], rank: Mapping[str, Any]) -> None:
-    # A rank's gradients and its DDP window record, where it has them.
-    for key in (GRADIENTS_KEY, DDP_WINDOW_KEY):
+    # A rank's gradients, its DDP window record and its sharded models' buffers, where it
+    # has them.
+    for key in (GRADIENTS_KEY, DDP_WINDOW_KEY, RANK_BUFFERS_KEY):
         if rank.get(key) is None:
             view.pop(key, None)
         else:

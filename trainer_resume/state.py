@@ -69,6 +69,9 @@ GRADIENTS_KEY = "gradients"
 # The pause-file entry of DistributedDataParallel's open accumulation windows (see
 # mixin/_ddp_window.py).
 DDP_WINDOW_KEY = "ddp_window"
+# The pause-file entry of each rank's own buffers of its sharded models (see
+# sharded/buffers.py).
+RANK_BUFFERS_KEY = "rank_buffers"
 SHARDED_FORMAT = "trainer_resume.sharded/1"
 # The "format" entries of the loader states below.
 SAMPLER_FORMAT = "trainer_resume.sampler/1"
@@ -444,6 +447,8 @@ class RankPauseState(TypedDict):
     gradients: NotRequired[dict[str, Any]]
     # This rank's DDP accumulation windows when one was open (mixin/_ddp_window.py).
     ddp_window: NotRequired[dict[str, DDPWindowState]]
+    # This rank's buffers of its sharded models (sharded/buffers.py).
+    rank_buffers: NotRequired[dict[str, dict[str, Any]]]
 
 
 class DistributedPauseState(TypedDict):
@@ -500,6 +505,9 @@ class PauseCheckpoint(TypedDict):
     # restored, not checked; see mixin/_object_setup.py).
     module_modes: NotRequired[dict[str, ModuleModes]]
     object_classes: NotRequired[dict[str, str]]
+    # sharded model name -> this rank's persistent plain buffers (canonical names): FSDP2
+    # leaves buffers unsharded, one per rank (see sharded/buffers.py).
+    rank_buffers: NotRequired[dict[str, dict[str, Any]]]
     distributed: NotRequired[DistributedPauseState]
 
 

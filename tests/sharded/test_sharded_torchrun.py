@@ -132,3 +132,19 @@ def test_resume_latest_in_a_new_torchrun_continues_bitwise_from_the_newest_commi
 def test_points_are_removed_only_for_newer_committed_ones_keeping_two(points):
     expected = [(POINT_STEPS - POINT_EVERY, True), (POINT_STEPS, True)]
     assert points["latest"][0]["points"] == expected
+
+
+def test_each_rank_resumes_its_own_batchnorm_statistics_of_a_sharded_model(tmp_path: Path) -> None:
+    # FSDP2 leaves buffers unsharded, one per rank; DCP writes a plain tensor once, so
+    # every rank resumed one rank's statistics (a silent difference on the other).
+    done = launch.run(
+        launch.command("support.fsdp_buffers_child", str(tmp_path)), launch.environment()
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    results = [torch.load(tmp_path / f"rank-{rank}.pt", weights_only=True) for rank in RANKS]
+    assert not torch.equal(results[0]["at_pause"], results[1]["at_pause"])  # they differ
+    for rank, result in zip(RANKS, results):
+        assert torch.equal(result["after_resume"], result["at_pause"]), rank
+        assert all(torch.equal(a, b) for a, b in zip(result["expected"], result["losses"])), rank
+        difference = first_difference(result["reference"], result["resumed"])
+        assert difference is None, (rank, difference)

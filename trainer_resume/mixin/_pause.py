@@ -23,6 +23,7 @@ from .. import distributed as _distributed
 from .._module_names import canonical_state
 from ..checks.pause_state import check_saveable, to_cpu
 from ..errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
+from ..sharded.buffers import rank_buffers
 from ..sharded.detect import (
     SHARDED_STATE,
     ShardedObjects,
@@ -30,7 +31,14 @@ from ..sharded.detect import (
     refuse_unreduced_gradients,
     sharded_objects,
 )
-from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, PAUSE_FORMAT, PauseCheckpoint, StrPath
+from ..state import (
+    DDP_WINDOW_KEY,
+    GRADIENTS_KEY,
+    PAUSE_FORMAT,
+    RANK_BUFFERS_KEY,
+    PauseCheckpoint,
+    StrPath,
+)
 from ..storage.paths import is_url, make_parent_directory
 from ._boundary import boundary_loader_states, boundary_random_state
 from ._ddp_window import collect_windows, watch_windows
@@ -217,6 +225,12 @@ def pause_checkpoint(
     windows = collect_windows(trainer, objects)
     if windows is not None:
         checkpoint[DDP_WINDOW_KEY] = windows
+    # A sharded model's buffers differ per rank (FSDP2 shards parameters only), and DCP
+    # writes a plain tensor once: each rank's own go into its state.
+    if sharded.models:
+        checkpoint[RANK_BUFFERS_KEY] = rank_buffers(
+            objects, sharded.models, lambda b: copy(b, memo)
+        )
     refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)
     return checkpoint

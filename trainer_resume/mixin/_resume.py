@@ -23,8 +23,9 @@ from ..checks.hook_results import is_library_loader, resume_loaders
 from ..errors import TrainerLockedError
 from ..finished import refuse_if_finished
 from ..rng import restore_random_state
+from ..sharded.buffers import restore_rank_buffers
 from ..sharded.manifest import is_pause_directory
-from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, PauseCheckpoint, StrPath
+from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, RANK_BUFFERS_KEY, PauseCheckpoint, StrPath
 from ._boundary import record_boundary, rng_device
 from ._ddp_window import restore_windows
 from ._gradients import restore_gradients
@@ -135,6 +136,7 @@ def _restore(
         if opened is not None and staged is not None:
             stage = "sharded objects"
             opened.apply(objects, staged)
+            restore_rank_buffers(checkpoint.get(RANK_BUFFERS_KEY), objects)
         for name, obj in objects.items():
             if name not in scalers and name not in sharded:
                 stage = f"object {name!r}"

@@ -53,6 +53,7 @@ from ..errors import (
 )
 from ..state import (
     GRADIENTS_KEY,
+    RANK_BUFFERS_KEY,
     PauseCheckpoint,
     ShardedFileEntry,
     ShardedManifest,
@@ -432,7 +433,11 @@ def open_pause(path: str | os.PathLike[str], *, key: bytes | None) -> ShardedPau
         checkpoint = _distributed.combined_pause(
             ranks[0],
             [
-                {key: s[key] for key in ("loaders", "extra", "rng", GRADIENTS_KEY) if key in s}
+                {
+                    key: s[key]
+                    for key in ("loaders", "extra", "rng", GRADIENTS_KEY, RANK_BUFFERS_KEY)
+                    if key in s
+                }
                 for s in ranks
             ],
         )
