@@ -107,6 +107,19 @@ def test_a_signal_to_the_main_process_while_workers_start_is_not_lost(tmp_path):
     assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
+def test_a_signal_pauses_every_trainer_of_the_process_that_armed_it(tmp_path):
+    # Two trainers in one process, each armed for its own file: the second's handler
+    # replaced the first's, and one SIGTERM paused the second only.
+    first, second = _Requests(), _Requests()
+    with first.pause_on_signal(tmp_path / "first.ckpt"):
+        with second.pause_on_signal(tmp_path / "second.ckpt"):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            deadline = time.monotonic() + 30
+            while not second.pause_requested and time.monotonic() < deadline:
+                time.sleep(0.01)
+    assert first.pause_requested and second.pause_requested
+
+
 def test_signals_armed_for_pauses_are_blocked_in_started_processes_too(tmp_path):
     trainer = _Requests()
     with trainer.pause_on_signal(tmp_path / "pause.ckpt", signals=(signal.SIGUSR2,)):

@@ -434,7 +434,9 @@ class TrainingResumeMixin:
         from now on by this process (loader workers included) keep these signals
         blocked, see :mod:`trainer_resume.pause_signals`; loader workers keep SIGINT,
         SIGHUP and SIGUSR2 blocked whenever they started. A running worker that does
-        not block one of ``signals`` is warned about (``PauseSignalWarning``).
+        not block one of ``signals`` is warned about (``PauseSignalWarning``). Several
+        trainers of one process may each be armed: a signal requests a pause of every
+        one armed for it.
 
         Args:
             path: The pause file written when a signal arrives.

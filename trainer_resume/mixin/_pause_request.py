@@ -94,6 +94,10 @@ class SignalPause:
         # including inside the training lock or a file write.
         self.received = signal.Signals(signum)
         self._guard.requested_path = self.path
+        # Another trainer of this process armed the signal before this one: it pauses too.
+        previous = self.previous.get(self.received)
+        if getattr(previous, "__func__", None) is SignalPause._handle:
+            previous(signum, frame)  # type: ignore[operator]
 
     def restore(self) -> None:
         """Put back the handlers that were installed before (idempotent)."""
