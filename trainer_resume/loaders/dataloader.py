@@ -541,7 +541,8 @@ class ResumableDataLoader(DataLoader):
 
         What a trainer records at every step boundary, in one call (it runs once per
         step): the deferred state as a :data:`~trainer_resume.state.Deferred` (built by
-        :func:`~trainer_resume.state.built`), and whether the epoch just ended.
+        :func:`~trainer_resume.state.built`), and whether the epoch just ended (said once
+        per iteration: at the first boundary after its last batch).
 
         Raises:
             Same as :meth:`state_dict`.
@@ -563,7 +564,14 @@ class ResumableDataLoader(DataLoader):
                 active.look_ahead()
             deferred = self._defer_state(stream)
         active = self._active
-        return deferred, active is not None and active.ended
+        ended = active is not None and active.ended
+        if ended:
+            # Once per iteration: a later boundary at which this loader delivered nothing
+            # (a validation loader read to its end between steps) is not its epoch's end.
+            if self.__dict__.get("_reported_end") is active:
+                return deferred, False
+            self.__dict__["_reported_end"] = active
+        return deferred, ended
 
     def validate_state_dict(self, state: Mapping[str, Any]) -> None:
         """Check ``state`` completely against this loader; changes nothing.

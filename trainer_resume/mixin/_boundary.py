@@ -28,11 +28,13 @@ pause or resume point requested here at the next boundary instead.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ..checks.hook_results import resume_loaders
+from ..difference import first_difference
 from ..rng import random_state
 from ..state import Deferred, RandomState, built, cpu_state, now
 
@@ -40,7 +42,9 @@ __all__ = [
     "boundary_loader_states",
     "boundary_random_state",
     "loader_epoch_ended",
+    "loader_positions",
     "record_boundary",
+    "refresh_boundary",
     "rng_device",
 ]
 
@@ -85,6 +89,66 @@ def record_boundary(trainer: Any, guard: Any) -> None:
     guard.boundary_positions = positions
     guard.boundary_ended = ended
     guard.boundary_states = None
+
+
+def loader_positions(trainer: Any) -> dict[str, tuple[Any, Deferred]] | None:
+    """Each returned loader (as the hook returns it) and its position now; ``None`` where a
+    hook or loader cannot answer (as a boundary records it then)."""
+    try:
+        returned = dict(trainer._resume_loaders())
+        return {
+            name: (returned.get(name), _current_position(loader))
+            for name, loader in resume_loaders(trainer).items()
+        }
+    except Exception:  # noqa: BLE001 - the same calls raise again, to the caller, at pause()
+        return None
+
+
+def refresh_boundary(guard: Any, before: Any, after: Any) -> None:
+    """After serialized work between steps (``@serialized_training``): a loader it read
+    from (validation) or put in place (a curriculum's next loader) is recorded where it is
+    now, as if a boundary came after it; every other loader keeps the last step
+    boundary's position, so a batch fetched for the next step stays undelivered.
+
+    Args:
+        guard: The trainer's ``StepGuard``.
+        before, after: :func:`loader_positions` at the start and the end of the work.
+    """
+    positions = guard.boundary_positions
+    if positions is None or before is None or after is None:
+        return
+    moved = {
+        name: position
+        for name, (loader, position) in after.items()
+        if name not in before
+        or before[name][0] is not loader
+        or not _same(before[name][1], position)
+    }
+    if moved:
+        guard.boundary_positions = {**positions, **moved}
+        guard.boundary_states = None
+
+
+def _current_position(loader: Any) -> Deferred:
+    record = getattr(type(loader), "boundary_record", None)
+    return record(loader)[0] if record is not None else _position(loader)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two recorded positions of one loader are the same place: containers alike item by
+    item, numbers and strings equal, states (dicts, tensors) equal in value, anything else
+    the same object (a deferred state refers to what the delivered batches left)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float, str, bytes)):
+        return bool(a == b)
+    if isinstance(a, (Mapping, torch.Tensor)):
+        return first_difference(a, b) is None
+    return False
 
 
 def _position(loader: Any) -> Deferred:

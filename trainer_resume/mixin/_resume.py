@@ -153,8 +153,21 @@ def _restore(
                 stage = f"loader {name!r}"
                 loader.load_state_dict(checkpoint["loaders"][name])
         if checkpoint["extra"]:  # the hook receives only what was saved
+            restored = dict(trainer._resume_loaders())
             stage = "extra state"
             trainer._load_resume_extra_state(checkpoint["extra"])
+            # A loader the hook put in place (a curriculum's next phase) was not restored
+            # above: the saved position is its own (the pause took it from the loader the
+            # hook returned then).
+            replaced = {
+                name
+                for name, loader in trainer._resume_loaders().items()
+                if loader is not restored.get(name)
+            }
+            for name, loader in resume_loaders(trainer).items():
+                if name in replaced:
+                    stage = f"loader {name!r} (put in place by _load_resume_extra_state)"
+                    loader.load_state_dict(checkpoint["loaders"][name])
         stage = "iterators"
         trainer._rebuild_resume_iterators()
         name_stale_iterators(trainer, iterators)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from ..distributed import is_distributed
 from ..errors import PauseBlockedError, TrainerLockedError, TrainingPausedError
-from ._boundary import record_boundary
+from ._boundary import loader_positions, record_boundary, refresh_boundary
 
 __all__ = [
     "GUARD_ATTRIBUTE",
@@ -68,6 +68,8 @@ class StepGuard:
         # The completed-step count of the boundary a pending pause was last handed on
         # from (a loader's epoch had just ended there), so it is handed on only once.
         self.deferred_at: int | None = None
+        # Inside an outermost @serialized_training call (its loaders re-recorded after it).
+        self.serializing = False
         # When the decision to pause is collective (all ranks at the same step), the
         # boundary hook must run after every step, not only after a local request.
         self.check_every_boundary = False
@@ -211,6 +213,17 @@ def serialized_training(method: _Method) -> _Method:
         if guard.exclusive_waiters:
             guard.yield_to_exclusive()
         with guard.lock:
-            return method(self, *args, **kwargs)
+            if guard.depth or guard.serializing:  # inside a step, or nested: theirs
+                return method(self, *args, **kwargs)
+            before = loader_positions(self)
+            guard.serializing = True
+            try:
+                result = method(self, *args, **kwargs)
+            finally:
+                guard.serializing = False
+            # Between steps: loaders it read from or put in place are recorded as it
+            # left them (see _boundary.refresh_boundary).
+            refresh_boundary(guard, before, loader_positions(self))
+            return result
 
     return wrapper  # type: ignore[return-value]
