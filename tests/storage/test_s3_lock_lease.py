@@ -115,3 +115,26 @@ def test_a_lock_renewed_while_a_new_writer_waits_is_refused_with_348_naming_its_
         stop.set()
         renewer.join()
     assert _lock_record(url)["token"] == left["token"]  # left to its live writer
+
+
+def test_a_holders_finalizer_returns_at_once_while_another_thread_holds_the_lock_registry() -> None:
+    # The garbage collector runs it on whatever thread allocates: on fsspec's event-loop
+    # thread, while the main thread held the registry and waited for that loop (a read of
+    # the lock object), waiting for the registry there hung the run.
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with _object_lock._guard:
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(30)
+    try:
+        started = time.monotonic()
+        _object_lock._let_go_elsewhere("s3://nowhere/points", 12345)  # holds nothing there
+        assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        holder.join()

@@ -45,8 +45,9 @@ _ROUNDS = 4
 
 _log = logging.getLogger("trainer_resume")
 _held: dict[str, _Lease] = {}
-# Re-entrant: a holder's finalizer (``_let_go``) may run on a thread that holds it, in
-# the middle of taking a lock (reads and writes that allocate, a wait for a lease).
+# Re-entrant: a release may run on a thread that holds it, in the middle of taking a lock
+# (reads and writes that allocate, a wait for a lease). A holder's finalizer releases on a
+# thread of its own (see _let_go_elsewhere).
 _guard = threading.RLock()
 
 
@@ -107,7 +108,7 @@ def hold_object_lock(directory: str, holder: object) -> None:
             lease = _held[url] = _Lease(url, _take(directory, url))
         if id(holder) not in lease.holders:
             lease.holders.add(id(holder))
-            weakref.finalize(holder, _let_go, directory, id(holder))
+            weakref.finalize(holder, _let_go_elsewhere, directory, id(holder))
 
 
 def _take(directory: str, url: str) -> dict[str, Any]:
@@ -205,6 +206,19 @@ def _named(owner: dict[str, Any]) -> str:
 def release_object_lock(directory: str) -> None:
     """Give the lock up and remove its object (the run is finished); a no-op when not held."""
     _let_go(directory, None)
+
+
+def _let_go_elsewhere(directory: str, holder: int) -> None:
+    """A holder's finalizer: :func:`_let_go` on a thread of its own. The garbage collector
+    runs a finalizer on whatever thread allocates, fsspec's event-loop thread included,
+    where waiting for the registry (held by a thread that waits for that loop) or reading
+    the lock object through the loop would never end."""
+    try:
+        threading.Thread(
+            target=_let_go, args=(directory, holder), name="trainer-resume-lock-release"
+        ).start()
+    except RuntimeError:  # interpreter shutdown: no new threads; this one is free to wait
+        _let_go(directory, holder)
 
 
 def _let_go(directory: str, holder: int | None) -> None:
