@@ -536,13 +536,14 @@ class ResumableDataLoader(DataLoader):
         self._settle()
         return partial(built, self._defer_state(stream))
 
-    def boundary_record(self) -> tuple[Deferred, bool]:
+    def boundary_record(self, report_end: bool = True) -> tuple[Deferred, bool]:
         """:meth:`deferred_state_dict` and :attr:`epoch_ended`, read together.
 
         What a trainer records at every step boundary, in one call (it runs once per
         step): the deferred state as a :data:`~trainer_resume.state.Deferred` (built by
         :func:`~trainer_resume.state.built`), and whether the epoch just ended (said once
-        per iteration: at the first boundary after its last batch).
+        per iteration: at the first boundary after its last batch; ``report_end=False``
+        reads the position alone, leaving that report to the boundary).
 
         Raises:
             Same as :meth:`state_dict`.
@@ -565,7 +566,7 @@ class ResumableDataLoader(DataLoader):
             deferred = self._defer_state(stream)
         active = self._active
         ended = active is not None and active.ended
-        if ended:
+        if ended and report_end:
             # Once per iteration: a later boundary at which this loader delivered nothing
             # (a validation loader read to its end between steps) is not its epoch's end.
             if self.__dict__.get("_reported_end") is active:

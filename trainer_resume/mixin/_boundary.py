@@ -91,13 +91,14 @@ def record_boundary(trainer: Any, guard: Any) -> None:
     guard.boundary_states = None
 
 
-def loader_positions(trainer: Any) -> dict[str, tuple[Any, Deferred]] | None:
-    """Each returned loader (as the hook returns it) and its position now; ``None`` where a
-    hook or loader cannot answer (as a boundary records it then)."""
+def loader_positions(trainer: Any) -> dict[str, tuple[Any, Any, Deferred]] | None:
+    """Each returned loader (as the hook returns it, and as the library reads it) and its
+    position now; ``None`` where a hook or loader cannot answer (as a boundary records it
+    then)."""
     try:
         returned = dict(trainer._resume_loaders())
         return {
-            name: (returned.get(name), _current_position(loader))
+            name: (returned.get(name), loader, _current_position(loader))
             for name, loader in resume_loaders(trainer).items()
         }
     except Exception:  # noqa: BLE001 - the same calls raise again, to the caller, at pause()
@@ -119,19 +120,25 @@ def refresh_boundary(guard: Any, before: Any, after: Any) -> None:
         return
     moved = {
         name: position
-        for name, (loader, position) in after.items()
+        for name, (loader, _, position) in after.items()
         if name not in before
         or before[name][0] is not loader
-        or not _same(before[name][1], position)
+        or not _same(before[name][2], position)
     }
     if moved:
         guard.boundary_positions = {**positions, **moved}
         guard.boundary_states = None
+    for name in moved:  # an epoch it read to its end ended in this work, not in a step
+        view = after[name][1]
+        record = getattr(type(view), "boundary_record", None)
+        if record is not None:
+            record(view)
 
 
 def _current_position(loader: Any) -> Deferred:
+    # The position alone: an epoch's end is the next step boundary's to report.
     record = getattr(type(loader), "boundary_record", None)
-    return record(loader)[0] if record is not None else _position(loader)
+    return record(loader, False)[0] if record is not None else _position(loader)
 
 
 def _same(a: Any, b: Any) -> bool:
