@@ -44,6 +44,7 @@ __all__ = [
     "is_module_state",
     "live_state",
     "match_names",
+    "non_persistent_buffers",
     "recorded_parameter_name",
     "strip_wrapper_names",
 ]
@@ -157,6 +158,17 @@ def _without_wrappers(name: str) -> str:
     parts = name.split(".")
     kept = [part for part in parts if part not in _ALWAYS_WRAPPERS]
     return name if len(kept) == len(parts) else ".".join(kept)
+
+
+def non_persistent_buffers(module: nn.Module) -> set[str]:
+    """The live names (as ``named_buffers()`` gives them) of the buffers ``state_dict()``
+    leaves out (``register_buffer(..., persistent=False)``), read without calling it."""
+    return {
+        f"{path}.{name}" if path else name
+        for path, submodule in module.named_modules()
+        for name in submodule._non_persistent_buffers_set
+        if submodule._buffers.get(name) is not None
+    }
 
 
 def recorded_parameter_name(name: str) -> str:

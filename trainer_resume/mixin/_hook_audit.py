@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from blake3 import blake3
 
-from .._module_names import ModuleNames
+from .._module_names import ModuleNames, non_persistent_buffers
 from ..checks.hook_results import loader_view
 from ..errors import UnsavedStateWarning
 
@@ -118,17 +118,15 @@ def unsaved_buffers(modules: dict[str, torch.nn.Module]) -> dict[str, bytes]:
     the unwrapped module's name) -> digest."""
     found: dict[str, bytes] = {}
     for object_name, module in modules.items():
-        # Under the unwrapped module's names: a wrapper's state_dict() may leave its own
-        # part out of the keys (checkpoint_wrapper) where named_buffers() keeps it.
+        # Named as the unwrapped module names them (a wrapper's part left out).
         names = ModuleNames(module)
-        saved = {names.canonical(key) for key in module.state_dict(keep_vars=True)}
+        left_out = non_persistent_buffers(module)
         for buffer_name, buffer in module.named_buffers():
-            canonical = names.canonical(buffer_name)
-            if canonical in saved:
+            if buffer_name not in left_out:
                 continue
             digest = _digest(buffer)
             if digest is not None:
-                found[f"{object_name}.{canonical}"] = digest
+                found[f"{object_name}.{names.canonical(buffer_name)}"] = digest
     return found
 
 

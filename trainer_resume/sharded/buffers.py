@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .._module_names import ModuleNames
+from .._module_names import ModuleNames, non_persistent_buffers
 from ..errors import CheckpointFormatError, ResumeStateMismatchError
 from ..state import RANK_BUFFERS_KEY
 from .detect import first_dtensor
@@ -77,10 +77,9 @@ def restore_rank_buffers(saved: Any, objects: Mapping[str, Any]) -> None:
 
 def _buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     names = ModuleNames(module)
-    persistent = {names.canonical(key) for key in module.state_dict(keep_vars=True)}
-    found: dict[str, torch.Tensor] = {}
-    for key, buffer in module.named_buffers():
-        canonical = names.canonical(key)
-        if canonical in persistent and first_dtensor(buffer, key) is None:
-            found[canonical] = buffer
-    return found
+    left_out = non_persistent_buffers(module)
+    return {
+        names.canonical(key): buffer
+        for key, buffer in module.named_buffers()
+        if key not in left_out and first_dtensor(buffer, key) is None
+    }
