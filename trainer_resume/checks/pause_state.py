@@ -20,6 +20,7 @@ __all__ = [
     "check_random_state",
     "check_saveable",
     "object_states",
+    "optional_entry",
     "to_cpu",
 ]
 
@@ -98,6 +99,18 @@ def check_layout(checkpoint: Any, path: str) -> None:
             raise CheckpointFormatError(
                 f"{path}: entry 'config' is not a canonical config: {error}"
             ) from error
+
+
+def optional_entry(checkpoint: Mapping[str, Any], key: str, location: str) -> Mapping[str, Any]:
+    """An optional dict entry of a pause file (absent in files of earlier releases: empty).
+
+    Raises:
+        CheckpointFormatError: the entry is there and not a dict (321).
+    """
+    entry = checkpoint.get(key, {})
+    if not isinstance(entry, Mapping):
+        raise CheckpointFormatError(f"{location}: entry {key!r} is not a dict")
+    return entry
 
 
 def object_states(checkpoint: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,13 +28,11 @@ from ..errors import (
 )
 from ..sharded.buffers import check_rank_buffers
 from ..sharded.detect import sharded_objects
-from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, RANK_BUFFERS_KEY, PauseCheckpoint
+from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, PauseCheckpoint
 from ._boundary import rng_device
 from ._ddp_window import check_windows
 from ._gradients import check_gradients
 from ._object_setup import (
-    MODES_KEY,
-    OBJECT_CLASSES_KEY,
     check_object_classes,
     check_object_modes,
 )
@@ -127,10 +125,10 @@ def check_pause_checkpoint(
     # Sharded states are in the DCP files; ShardedPause.check_objects checks those.
     skipped = set(sharded)
     unsharded = {name: obj for name, obj in objects.items() if name not in skipped}
-    check_object_classes(checkpoint.get(OBJECT_CLASSES_KEY), objects, location)
+    check_object_classes(checkpoint, objects, location)
     check_object_states(unsharded, states, GRAD_SCALERS)
-    check_object_modes(checkpoint.get(MODES_KEY), objects, location)
-    check_rank_buffers(checkpoint.get(RANK_BUFFERS_KEY), objects, location)
+    check_object_modes(checkpoint, objects, location)
+    check_rank_buffers(checkpoint, objects, location)
     check_gradients(checkpoint.get(GRADIENTS_KEY), objects, skipped)
     check_windows(checkpoint.get(DDP_WINDOW_KEY), trainer, objects, location)
     for name, loader in loaders.items():
