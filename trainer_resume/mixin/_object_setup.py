@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .._module_names import ModuleNames
+from ..checks.pause_state import optional_entry
 from ..errors import CheckpointFormatError, ResumeStateMismatchError
 from ..state import ModuleModes
 
@@ -58,18 +59,14 @@ def object_modes(objects: Mapping[str, Any]) -> dict[str, ModuleModes]:
     return modes
 
 
-def check_object_modes(saved: Any, objects: Mapping[str, Any], location: str) -> None:
+def check_object_modes(checkpoint: Any, objects: Mapping[str, Any], location: str) -> None:
     """Refuse saved modes that name a submodule or parameter the live module lacks.
 
     Raises:
         CheckpointFormatError: the entry is malformed (321).
         ResumeStateMismatchError: a named submodule or parameter is not in the module (330).
     """
-    if saved is None:
-        return
-    if not isinstance(saved, Mapping):
-        raise CheckpointFormatError(f"{location}: entry {MODES_KEY!r} is not a dict")
-    for name, entry in saved.items():
+    for name, entry in optional_entry(checkpoint, MODES_KEY, location).items():
         obj = objects.get(name)
         if not isinstance(obj, torch.nn.Module):
             continue
@@ -117,16 +114,15 @@ def object_classes(objects: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def check_object_classes(saved: Any, objects: Mapping[str, Any], location: str) -> None:
+def check_object_classes(checkpoint: Any, objects: Mapping[str, Any], location: str) -> None:
     """Refuse an optimizer or scheduler of another class than the one that paused.
 
     Raises:
         CheckpointFormatError: the entry is malformed (321).
         ResumeStateMismatchError: a class differs (330).
     """
-    if saved is None:
-        return
-    if not isinstance(saved, Mapping) or not all(isinstance(v, str) for v in saved.values()):
+    saved = optional_entry(checkpoint, OBJECT_CLASSES_KEY, location)
+    if not all(isinstance(v, str) for v in saved.values()):
         raise CheckpointFormatError(
             f"{location}: entry {OBJECT_CLASSES_KEY!r} is not a dict of names"
         )

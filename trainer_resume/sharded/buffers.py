@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .._module_names import ModuleNames, non_persistent_buffers
+from ..checks.pause_state import optional_entry
 from ..errors import CheckpointFormatError, ResumeStateMismatchError
 from ..state import RANK_BUFFERS_KEY
 from .detect import first_dtensor
@@ -32,18 +33,14 @@ def rank_buffers(
     return {name: {key: copy(b) for key, b in _buffers(objects[name]).items()} for name in models}
 
 
-def check_rank_buffers(saved: Any, objects: Mapping[str, Any], location: str) -> None:
+def check_rank_buffers(checkpoint: Any, objects: Mapping[str, Any], location: str) -> None:
     """Refuse saved buffers that do not fit the live sharded models.
 
     Raises:
         CheckpointFormatError: the entry is malformed (321).
         ResumeStateMismatchError: a buffer is missing or of another shape or dtype (330).
     """
-    if saved is None:
-        return
-    if not isinstance(saved, Mapping):
-        raise CheckpointFormatError(f"{location}: entry {RANK_BUFFERS_KEY!r} is not a dict")
-    for name, buffers in saved.items():
+    for name, buffers in optional_entry(checkpoint, RANK_BUFFERS_KEY, location).items():
         module = objects.get(name)
         if not isinstance(module, torch.nn.Module) or not isinstance(buffers, Mapping):
             raise CheckpointFormatError(
