@@ -22,7 +22,9 @@ __all__ = [
     "Deferred",
     "built",
     "cpu_state",
+    "deferred_revision",
     "now",
+    "revise_deferred",
     "map_tensors",
     "PythonRandomState",
     "NumpyRandomState",
@@ -97,6 +99,21 @@ Deferred = tuple[Any, ...]
 def built(deferred: Deferred) -> Any:
     """The state ``deferred`` describes: its function called with its arguments."""
     return deferred[0](*deferred[1:])
+
+
+def deferred_revision() -> int:
+    """How many times a recorded :data:`Deferred` has come to build another state since
+    it was recorded (:func:`revise_deferred`): states built before it are stale."""
+    return _REVISION[0]
+
+
+def revise_deferred() -> None:
+    """Record that a recorded :data:`Deferred` now builds another state than before (a
+    loader's epoch left part-way: the next epoch's start, not the middle of the epoch)."""
+    _REVISION[0] += 1
+
+
+_REVISION = [0]  # a list: plain stores from any thread, no global statement
 
 
 def now(state: Any) -> Deferred:

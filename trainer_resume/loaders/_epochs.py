@@ -39,7 +39,7 @@ from torch.utils.data import (
 
 from ..errors import LoaderStateError
 from ..rng import derive_seed
-from ..state import Deferred, EpochSamplerSettings, EpochSamplerState, now
+from ..state import Deferred, EpochSamplerSettings, EpochSamplerState, now, revise_deferred
 from . import _state_keys as keys
 from ._sources import Pending, Task
 from .sharded_batches import EpochShards, ShardedBatchSampler
@@ -95,6 +95,7 @@ class _Epoch:
         "drop_last",
         "generator_state",
         "indices",
+        "left",
         "number",
         "sampler_epoch",
     )
@@ -120,6 +121,9 @@ class _Epoch:
             self.count = -(-len(indices) // batch_size)
         self.generator_state = generator_state
         self.sampler_epoch = sampler_epoch
+        # Once the epoch is left part-way: the generator state and sampler epoch then,
+        # what the next epoch's start is saved with.
+        self.left: tuple[Any, Any] | None = None
 
     def shards(self, start: int, replicas: int) -> EpochShards:
         """The global batches ``replicas`` ranks read from global batch ``start``."""
@@ -248,8 +252,19 @@ class EpochSource:
             sampler.generator = None
 
     def abandon(self, number: int) -> None:
-        """An iterator of epoch ``number`` was replaced after delivering: as with
-        ``DataLoader``, the next iterator starts the next epoch."""
+        """Epoch ``number`` was left part-way (its iterator replaced or let go of after
+        delivering, or ``end_epoch()``): as with ``DataLoader``, the next iterator starts
+        the next epoch. A position recorded in it before now builds that start."""
+        computed = self._computed
+        if self._epoch != number:
+            return
+        if computed is not None and computed.number == number:
+            sampler = self.sampler
+            computed.left = (
+                self.generator.get_state() if self.generator is not None else None,
+                sampler.epoch if isinstance(sampler, DistributedSampler) else None,
+            )
+            revise_deferred()
         self.end_epoch(number)
 
     def end_epoch(self, number: int) -> None:
@@ -349,19 +364,21 @@ class EpochSource:
     def position(self) -> Deferred:
         """The delivered position now, its state built later: the state holds only
         integers, a copy of the settings (never changed) and a generator state nothing
-        changes in place. Within a computed epoch only the integers are taken now."""
+        changes in place. Within a computed epoch only the integers are taken now; if
+        the epoch is left part-way before the state is built, it is the next epoch's
+        start (what :meth:`state` says then: the leaving delivered nothing)."""
         computed = self._computed
         epoch = self._epoch
         if computed is None or computed.number != epoch:
             return now(self.state())
-        return (
-            type(self)._state,
-            self,
-            epoch,
-            self._offset,
-            self._delivered,
-            computed.generator_state,
-            computed.sampler_epoch,
+        return (type(self)._position_state, self, computed, self._offset, self._delivered)
+
+    def _position_state(self, computed: _Epoch, offset: int, delivered: int) -> EpochSamplerState:
+        left = computed.left
+        if left is not None:
+            return self._state(computed.number + 1, 0, delivered, *left)
+        return self._state(
+            computed.number, offset, delivered, computed.generator_state, computed.sampler_epoch
         )
 
     def validate(self, state: Mapping[str, Any]) -> None:

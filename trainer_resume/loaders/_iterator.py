@@ -73,6 +73,7 @@ class ResumableIterator:
         self._exhausted = False
         self.epoch = epoch  # the epoch this iterator reads (sources with epochs)
         self.delivered = 0  # batches this iterator returned
+        self.boundaries = 0  # a trainer's step boundaries that recorded it (boundary_record)
 
     def __iter__(self) -> ResumableIterator:
         return self

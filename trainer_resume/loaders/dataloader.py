@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from multiprocessing.context import BaseContext
@@ -14,6 +15,7 @@ from ..errors import (
     LoaderFetchFailedError,
     LoaderStateError,
     ResumableModeRequiredError,
+    UnsavedStateWarning,
     UnsupportedResumeConfigurationError,
 )
 from ..pause_signals import worker_start
@@ -296,11 +298,14 @@ class ResumableDataLoader(DataLoader):
         """End the epoch in progress now: the next ``iter(loader)`` reads the next epoch.
 
         What a new ``iter(loader)`` does when the previous iterator delivered batches
-        and was replaced part-way (a loop that stops its epochs early, such as
-        Lightning with ``limit_train_batches``), for a loader whose position was loaded
-        part-way into an epoch. The current iterator ends (``IteratorInvalidatedError``
-        on its next use). Nothing changes between epochs (no batch of the epoch was
-        delivered) or for endless samplers, whose iterations never end.
+        and was replaced part-way, said where the loop leaves the epoch: a loop that
+        stops its epochs early (a ``break``; Lightning with ``limit_train_batches``)
+        calls it after its inner loop, so that a pause taken after it resumes at the
+        next epoch (see docs/data-loading.md#the-epoch-loop); also for a loader whose
+        position was loaded part-way into an epoch. The current iterator ends
+        (``IteratorInvalidatedError`` on its next use). Nothing changes between epochs
+        (no batch of the epoch was delivered) or for endless samplers, whose iterations
+        never end.
         """
         stream = self._require_stream("end_epoch")
         stream.require_committable()
@@ -346,6 +351,9 @@ class ResumableDataLoader(DataLoader):
             # not delivered yet is only replaced (its position, maybe a loaded one, stays).
             active.retire("a new iter(loader) replaced this iterator")
             if active.delivered:
+                if active.boundaries > 1 and not self.__dict__.get("_warned_left"):
+                    self.__dict__["_warned_left"] = True
+                    _warn_left_part_way(active)
                 source.abandon(active.epoch)
         self._active = None
         source.begin(stream.augmentation_seed)
@@ -521,7 +529,9 @@ class ResumableDataLoader(DataLoader):
         Only the delivered position is recorded now (integers and references to what
         the delivered batches left); the function builds the state from it, as an
         independent CPU copy (``cpu_state``), however far the loader has read by then,
-        also from another thread, and as often as it is called. A trainer records this
+        also from another thread, and as often as it is called; if the loop left the
+        epoch part-way since (a new ``iter()``, :meth:`end_epoch`), what the state says
+        then: the next epoch's start (leaving delivers nothing). A trainer records this
         at every step boundary and builds the state only when a pause or resume point
         is taken there.
 
@@ -565,7 +575,10 @@ class ResumableDataLoader(DataLoader):
                 active.look_ahead()
             deferred = self._defer_state(stream)
         active = self._active
-        ended = active is not None and active.ended
+        if active is None:
+            return deferred, False
+        active.boundaries += 1
+        ended = active.ended
         if ended and report_end:
             # Once per iteration: a later boundary at which this loader delivered nothing
             # (a validation loader read to its end between steps) is not its epoch's end.
@@ -709,6 +722,23 @@ def _keeps_the_boundary_methods(cls: type) -> bool:
     return all(
         getattr(cls, name) is getattr(ResumableDataLoader, name)
         for name in ("deferred_state_dict", "state_dict", "epoch_ended", "_settle", "_defer_state")
+    )
+
+
+def _warn_left_part_way(iterator: ResumableIterator) -> None:
+    """A new ``iter(loader)`` left an epoch that training steps were reading part-way:
+    the loop stops its epochs early without saying so, and a pause it took between its
+    ``break`` and this ``iter()`` holds the middle of that epoch, where this run goes on
+    with the next one."""
+    warnings.warn(
+        UnsavedStateWarning(
+            f"iter(loader) left epoch {iterator.epoch} after {iterator.delivered} batch(es) "
+            "the training steps read: a pause between the loop's break and this iter() "
+            f"resumes inside epoch {iterator.epoch}, where this run goes on with epoch "
+            f"{iterator.epoch + 1}; a loop that stops its epochs early calls "
+            "loader.end_epoch() after its inner loop (see docs/data-loading.md#the-epoch-loop)"
+        ),
+        stacklevel=3,
     )
 
 

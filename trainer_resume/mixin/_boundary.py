@@ -7,7 +7,11 @@ step as delivered, and it would never be trained on after the resume. So the
 loader positions are recorded at every boundary, at the end of
 ``_initialize_training_resume()`` (the boundary before the first step), of every
 outermost ``@training_step`` and of ``resume()``, and a pause saves those: a batch
-delivered after the boundary is delivered again after the resume.
+delivered after the boundary is delivered again after the resume. An epoch the loop
+left part-way after the boundary (``loader.end_epoch()``, a new ``iter(loader)``)
+delivered nothing, so a pause built after that holds the next epoch's start; states
+built for an earlier pause or point at the boundary are built again
+(``state.deferred_revision()``).
 
 The main-process RNG is read at the pause itself: a resumable loader's fetch
 leaves the generators as it found them, and a capture never sees the middle of a
@@ -36,7 +40,7 @@ import torch
 from ..checks.hook_results import resume_loaders
 from ..difference import first_difference
 from ..rng import random_state
-from ..state import Deferred, RandomState, built, cpu_state, now
+from ..state import Deferred, RandomState, built, cpu_state, deferred_revision, now
 
 __all__ = [
     "boundary_loader_states",
@@ -190,10 +194,16 @@ def boundary_loader_states(trainer: Any, guard: Any) -> dict[str, Any]:
     for the next pause or resume point at that boundary), else the live ones."""
     positions = guard.boundary_positions
     if positions is not None:
-        states = guard.boundary_states
-        if states is None:
-            states = guard.boundary_states = {name: built(d) for name, d in positions.items()}
-        return states
+        # Built again where a position now builds another state (an epoch the loop left
+        # part-way after an earlier pause or point at this boundary was built).
+        revision = deferred_revision()
+        kept = guard.boundary_states
+        if kept is None or kept[0] != revision:
+            kept = guard.boundary_states = (
+                revision,
+                {name: built(d) for name, d in positions.items()},
+            )
+        return kept[1]
     return {
         name: cpu_state(loader.state_dict()) for name, loader in resume_loaders(trainer).items()
     }

@@ -49,10 +49,11 @@ class StepGuard:
         self.paused = False
         self.locked_reason: str | None = None
         # The last step boundary (see _boundary): per loader, its deferred state (None:
-        # not known, read live by a pause); those states once built; whether a loader's
-        # epoch ended in the step before it (the loop's epoch-end work has not run yet).
+        # not known, read live by a pause); those states once built, with the
+        # state.deferred_revision() they were built at; whether a loader's epoch ended in
+        # the step before it (the loop's epoch-end work has not run yet).
         self.boundary_positions: dict[str, Any] | None = None
-        self.boundary_states: dict[str, Any] | None = None
+        self.boundary_states: tuple[int, dict[str, Any]] | None = None
         self.boundary_ended = False
         # Outermost steps started plus pause_if_requested() calls: places a pause lands.
         self.landings = 0
