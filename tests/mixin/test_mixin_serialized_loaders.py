@@ -87,6 +87,14 @@ class Curriculum(TrainingResumeMixin):
             self._switch()
 
 
+class PlainCurriculum(Curriculum):
+    """The same epoch-end work as a plain method, as docs/trainer.md's epoch loop writes
+    it: the loop lands a pause after it with ``pause_if_requested(epoch_end_done=True)``."""
+
+    def end_epoch(self) -> None:
+        Curriculum.end_epoch.__wrapped__(self)  # type: ignore[attr-defined]
+
+
 def train(trainer: Curriculum, pause: tuple[int, Path] | None = None) -> None:
     """The epoch loop; ``pause``: request one before that step (it lands after the epoch's
     end work when the step ends an epoch)."""
@@ -102,13 +110,15 @@ def train(trainer: Curriculum, pause: tuple[int, Path] | None = None) -> None:
             return
 
 
-def _assert_resumes_exactly(tmp_path: Path, pause_before: int) -> None:
-    reference = Curriculum()
+def _assert_resumes_exactly(
+    tmp_path: Path, pause_before: int, trainer_class: type[Curriculum] = Curriculum
+) -> None:
+    reference = trainer_class()
     train(reference)
-    paused = Curriculum()
+    paused = trainer_class()
     train(paused, (pause_before, tmp_path / "pause.ckpt"))
     assert paused.paused
-    resumed = Curriculum()
+    resumed = trainer_class()
     resumed.resume(tmp_path / "pause.ckpt")
     resumed.losses = list(paused.losses)
     resumed.validations = list(paused.validations)
@@ -131,6 +141,14 @@ def test_a_loader_put_in_place_by_epoch_end_work_and_by_the_extra_state_hook_res
     # and the loader _load_resume_extra_state puts in place gets it (it started over).
     _assert_resumes_exactly(tmp_path, SWITCH_AFTER * STEPS_PER_EPOCH)
     _assert_resumes_exactly(tmp_path, SWITCH_AFTER * STEPS_PER_EPOCH + 2)
+
+
+def test_epoch_end_work_that_is_not_serialized_is_saved_where_it_left_its_loaders(tmp_path):
+    # pause_if_requested(epoch_end_done=True) after a plain method that read the
+    # validation loader (it was saved where the last step had left it: every later
+    # validation read the epoch again) or put the next phase's loader in place.
+    _assert_resumes_exactly(tmp_path, STEPS_PER_EPOCH, PlainCurriculum)
+    _assert_resumes_exactly(tmp_path, SWITCH_AFTER * STEPS_PER_EPOCH, PlainCurriculum)
 
 
 def test_a_batch_fetched_for_the_next_step_stays_undelivered_across_serialized_work(tmp_path):

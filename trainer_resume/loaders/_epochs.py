@@ -252,9 +252,9 @@ class EpochSource:
             sampler.generator = None
 
     def abandon(self, number: int) -> None:
-        """Epoch ``number`` was left part-way (its iterator replaced or let go of after
-        delivering, or ``end_epoch()``): as with ``DataLoader``, the next iterator starts
-        the next epoch. A position recorded in it before now builds that start."""
+        """Epoch ``number`` was left part-way (its iterator replaced after delivering, or
+        ``end_epoch()``): as with ``DataLoader``, the next iterator starts the next epoch.
+        A position recorded in it before now builds that start."""
         computed = self._computed
         if self._epoch != number:
             return

@@ -577,9 +577,11 @@ class ResumableDataLoader(DataLoader):
         active = self._active
         if active is None:
             return deferred, False
-        active.boundaries += 1
         ended = active.ended
-        if ended and report_end:
+        if not report_end:
+            return deferred, ended
+        active.boundaries += 1
+        if ended:
             # Once per iteration: a later boundary at which this loader delivered nothing
             # (a validation loader read to its end between steps) is not its epoch's end.
             if self.__dict__.get("_reported_end") is active:

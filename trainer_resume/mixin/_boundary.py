@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from ..checks.hook_results import resume_loaders
 from ..difference import first_difference
@@ -48,6 +49,7 @@ __all__ = [
     "loader_epoch_ended",
     "loader_positions",
     "record_boundary",
+    "refresh_after_epoch_end",
     "refresh_boundary",
     "rng_device",
 ]
@@ -67,7 +69,7 @@ def record_boundary(trainer: Any, guard: Any) -> None:
     """
     # It runs after every step: one pass, one call per ResumableDataLoader.
     positions: dict[str, Deferred] | None = {}
-    ended = False
+    ended: tuple[str, ...] = ()
     try:
         others = None
         for name, loader in resume_loaders(trainer).items():
@@ -76,18 +78,18 @@ def record_boundary(trainer: Any, guard: Any) -> None:
             if record is not None:
                 positions[name], seen = record(loader)  # type: ignore[index]
                 if seen:
-                    ended = True
+                    ended = (*ended, name)
             else:
                 positions[name] = _position(loader)  # type: ignore[index]
-                others = [loader] if others is None else [*others, loader]
+                others = [(name, loader)] if others is None else [*others, (name, loader)]
         # After state_dict(): over an IterableDataset it reads on to know a pass ended.
-        if others is not None and not ended:
-            ended = any(loader_epoch_ended(loader) for loader in others)
+        if others is not None:
+            ended = (*ended, *(name for name, loader in others if loader_epoch_ended(loader)))
     except Exception:  # noqa: BLE001 - the same calls raise again, to the caller, when a pause reads live
         # A hook or loader that cannot answer here (not implemented, loaders not built
         # yet at initialisation, a loader that is not resumable) answers the same at
         # pause(), which then reports it; training itself goes on as before.
-        positions, ended = None, False
+        positions, ended = None, ()
     # Plain stores, not an object: this runs after every step (under the training lock,
     # as every reader of them).
     guard.boundary_positions = positions
@@ -137,6 +139,35 @@ def refresh_boundary(guard: Any, before: Any, after: Any) -> None:
         record = getattr(type(view), "boundary_record", None)
         if record is not None:
             record(view)
+
+
+def refresh_after_epoch_end(trainer: Any, guard: Any) -> None:
+    """At ``pause_if_requested(epoch_end_done=True)`` after a step that ended a loader's
+    epoch: a loader the epoch-end work read (a validation pass that is not
+    ``@serialized_training``) or put in place is recorded where it is now; a loader whose
+    epoch ended at that boundary keeps its position there (a batch the loop fetched for
+    the next epoch stays undelivered)."""
+    positions = guard.boundary_positions
+    if positions is None or not guard.boundary_ended:
+        return
+    after = loader_positions(trainer)
+    if after is None:
+        return
+    before = {
+        name: entry
+        if name in guard.boundary_ended and _refers_to(positions.get(name, ()), entry[1])
+        else (entry[0], entry[1], positions.get(name))
+        for name, entry in after.items()
+    }
+    refresh_boundary(guard, before, after)
+
+
+def _refers_to(position: Deferred, loader: Any) -> bool:
+    """Whether a ``ResumableDataLoader``'s recorded position is this loader's (another
+    loader's: the work replaced it; a loader from elsewhere records no reference)."""
+    return not any(isinstance(item, DataLoader) for item in position) or any(
+        item is loader for item in position
+    )
 
 
 def _current_position(loader: Any) -> Deferred:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from .. import distributed as _distributed
 from ..state import StrPath
 from ..storage.urls import check_location, is_url
+from ._boundary import refresh_after_epoch_end
 from ._hook_audit import warn_request_without_step
 from ._pause import pause_checkpoint, point_shards
 from ._settings import settings_of
@@ -45,6 +46,8 @@ def land_requested_pause(
 ) -> bool:
     """The body of ``pause_if_requested()`` (under the lock, between steps)."""
     guard.landings += 1
+    if epoch_end_done:
+        refresh_after_epoch_end(trainer, guard)  # what the epoch-end work read
     if guard.requested_path is None and not _distributed.is_distributed():
         return False
     return pause_at_step_boundary(trainer, epoch_end_done=epoch_end_done)
@@ -59,7 +62,7 @@ def pause_at_step_boundary(trainer: TrainingResumeMixin, *, epoch_end_done: bool
     calls after that work.
     """
     guard: StepGuard = trainer.__dict__[GUARD_ATTRIBUTE]
-    epoch_ended = not epoch_end_done and guard.boundary_ended
+    epoch_ended = not epoch_end_done and bool(guard.boundary_ended)
     failure = None
     if guard.points is not None:
         failure = guard.points.at_step_boundary(

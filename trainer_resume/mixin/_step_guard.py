@@ -54,7 +54,7 @@ class StepGuard:
         # the step before it (the loop's epoch-end work has not run yet).
         self.boundary_positions: dict[str, Any] | None = None
         self.boundary_states: tuple[int, dict[str, Any]] | None = None
-        self.boundary_ended = False
+        self.boundary_ended: tuple[str, ...] = ()  # the names of those loaders
         # Outermost steps started plus pause_if_requested() calls: places a pause lands.
         self.landings = 0
         # One-shot check of the trainer for forgotten hooks (see _hook_audit); it may
