@@ -155,6 +155,16 @@ def test_unknown_object_is_refused_listing_the_names(tmp_path_factory, tmp_path)
         export_checkpoint(path, tmp_path / "out.pt", object="net")
 
 
+def test_an_object_that_is_not_a_model_is_refused_naming_the_models(tmp_path_factory, tmp_path):
+    path, _ = mixin_pause(tmp_path_factory)
+    with pytest.raises(ValueError) as refused:
+        export_checkpoint(path, tmp_path / "out.pt", object="optimizer")
+    assert "object 'optimizer' is not a model" in str(refused.value)
+    assert "'state', 'param_groups'" in str(refused.value)
+    assert str(refused.value).endswith("the resume objects that are models: 'model'")
+    assert not (tmp_path / "out.pt").exists()
+
+
 def test_a_plain_torch_file_is_not_exported(tmp_path):
     torch.save({"w": torch.ones(2)}, tmp_path / "plain.pt")
     with pytest.raises(CheckpointFormatError, match="no trainer-resume header"):
@@ -162,7 +172,7 @@ def test_a_plain_torch_file_is_not_exported(tmp_path):
 
 
 def test_safetensors_with_the_whole_state_is_refused_before_reading(tmp_path):
-    with pytest.raises(ValueError, match="use format='torch'"):
+    with pytest.raises(ValueError, match="torch format \\(format='torch', --format torch\\)"):
         export_checkpoint(
             tmp_path / "absent.ckpt", tmp_path / "out.safetensors", what="all", format="safetensors"
         )
@@ -247,6 +257,17 @@ def test_export_command_names_the_objects_when_the_model_is_ambiguous(tmp_path, 
     error = capsys.readouterr().err
     assert error.startswith("error: ") and error.count("\n") == 1
     assert "--object NAME" in error and "'generator', 'discriminator'" in error
+
+
+def test_export_command_calls_a_resume_point_a_resume_point(tmp_path, capsys):
+    from support.point_trainers import points_trainer
+
+    trainer = points_trainer(tmp_path / "points", every_steps=1)
+    trainer.train_step()
+    trainer.points.wait()
+    (point,) = sorted((tmp_path / "points").glob("point-*.ckpt"))
+    assert main(["export", str(point), str(tmp_path / "out.pt")]) == 0
+    assert "model weights from 'model' of the resume point, " in capsys.readouterr().out
 
 
 def test_export_command_refuses_a_plain_file_with_code_321(tmp_path, capsys):

@@ -194,7 +194,8 @@ def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
     """
     directory, name = os.path.split(os.path.abspath(path))
     temp = os.path.join(directory, _temp_name(name))
-    previous = os.path.exists(path)  # a failure says it is intact only when there is one
+    # A failure says the previous file is intact only when there is one.
+    previous = os.path.isfile(path)
     fd: int | None = None
     created = False
     try:
@@ -221,6 +222,8 @@ def replace_atomically(path: str, fill: Callable[[TempFile], None]) -> None:
         if not isinstance(exc, Exception):  # KeyboardInterrupt and co. stay what they are
             raise
         kept = "; the previous file there is intact" if previous else ""
+        if os.path.isdir(path):
+            kept = "; that path is a folder: give a file path inside it"
         raise CheckpointWriteError(f"could not write {path}: {exc!r}{kept}") from exc
     try:
         fsync_directory(directory)
@@ -330,8 +333,15 @@ def make_parent_directory(path: str | os.PathLike[str]) -> None:
         for folder in reversed(missing):
             fsync_directory(os.path.dirname(folder))
     except OSError as exc:
+        # The deepest part of the path that exists and is not a folder (a file).
+        blocking = next((f for f in reversed(missing) if os.path.lexists(f)), current)
+        reason = (
+            f"{blocking} is a file, not a folder"
+            if os.path.lexists(blocking) and not os.path.isdir(blocking)
+            else repr(exc)
+        )
         raise CheckpointWriteError(
-            f"{os.fspath(path)}: its folder {directory} could not be created ({exc!r})"
+            f"{os.fspath(path)}: its folder {directory} could not be created ({reason})"
         ) from exc
 
 

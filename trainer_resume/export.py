@@ -134,7 +134,8 @@ def export_checkpoint(
     if format == "safetensors" and what == "all":
         raise ValueError(
             "safetensors holds a flat mapping of tensors, not a whole training state "
-            "(step counters, RNG, loader positions); use format='torch' for what='all'"
+            "(step counters, RNG, loader positions); write the whole state in the torch "
+            "format (format='torch', --format torch)"
         )
     if what == "all" and object is not None:
         raise ValueError("object names the model; it does not apply to what='all'")
@@ -246,6 +247,14 @@ def _model_state(
         raise TypeError(
             f"{path}: object {chosen!r} holds a {type(state).__name__}, not a state_dict"
         )
+    if not any(isinstance(value, torch.Tensor) for value in state.values()):
+        # An optimizer's, a scheduler's or a scaler's state: no tensor at its top level.
+        modules = [repr(str(n)) for n, value in states.items() if is_module_state(value)]
+        raise ValueError(
+            f"{path}: object {chosen!r} is not a model: its state maps no name to a tensor "
+            f"(its keys: {', '.join(repr(str(k)) for k in list(state)[:4])}); "
+            f"the {label} that are models: {', '.join(modules) or 'none'}"
+        )
     return str(chosen), state
 
 
@@ -281,7 +290,8 @@ def _separate_tensors(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         if not isinstance(value, torch.Tensor):
             raise TypeError(
                 f"state_dict entry {name!r} is a {type(value).__name__}, not a tensor; "
-                "safetensors holds tensors only: use format='torch'"
+                "safetensors holds tensors only: use the torch format (format='torch', "
+                "--format torch)"
             )
         tensor = value.detach().contiguous()
         pointer = tensor.untyped_storage().data_ptr()

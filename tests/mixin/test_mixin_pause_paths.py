@@ -49,7 +49,7 @@ def test_a_pause_folder_that_cannot_be_created_is_refused_when_armed(tmp_path: P
         trainer.pause_on_signal(path)
     assert str(refused.value) == (
         f"[327] writing failed: {path}: its folder {path.parent} could not be created "
-        f"({refused.value.__cause__!r})"
+        f"({path.parent} is a file, not a folder)"
     )
     assert isinstance(refused.value.__cause__, OSError)
     assert "_training_resume_signals" not in vars(trainer)  # no handler was installed
@@ -77,6 +77,20 @@ def test_a_failed_first_write_does_not_speak_of_a_previous_checkpoint(
         str(failed.value)
         == f"[327] writing failed: could not write {tmp_path / 'pause.ckpt'}: {error!r}"
     )
+
+
+def test_a_pause_to_a_folder_says_the_path_is_a_folder_and_no_previous_file(
+    tmp_path: Path,
+) -> None:
+    trainer = TinyTrainer()
+    trainer.train_step()
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(CheckpointWriteError) as failed:
+        trainer.pause(tmp_path / "runs")
+    message = str(failed.value)
+    assert message.endswith("; that path is a folder: give a file path inside it"), message
+    assert "previous file" not in message
+    assert not trainer.paused
 
 
 def test_a_failed_write_over_a_previous_pause_says_it_is_intact(

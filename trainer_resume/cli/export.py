@@ -6,6 +6,7 @@ import os
 from typing import TextIO
 
 from ..export import export_checkpoint
+from ..resume_points.files import point_steps
 from ._common import EXIT_OK, UsageError, format_bytes, read_key_file
 
 __all__ = ["run_export"]
@@ -50,8 +51,11 @@ def run_export(
         content = "a plain Lightning checkpoint"
     source = "" if result.source == "(whole file)" else f" from {result.source!r}"
     kind = "torch.save" if result.format == "torch" else "safetensors"
+    read = f"{result.kind} file"
+    if point_steps(path) is not None:  # a resume point is a pause file by its format
+        read = "Lightning resume point" if result.kind.startswith("lightning") else "resume point"
     print(
-        f"wrote {os.fspath(result.out)}: {content}{source} of the {result.kind} file, "
+        f"wrote {os.fspath(result.out)}: {content}{source} of the {read}, "
         f"{result.tensors} tensors, {format_bytes(result.tensor_bytes)}, as a {kind} file "
         f"of {format_bytes(result.file_bytes)}",
         file=out,
