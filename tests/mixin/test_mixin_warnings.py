@@ -81,6 +81,52 @@ def test_reachable_and_empty_stateful_objects_are_not_reported():
     assert unsaved_warnings(Covered()) == []
 
 
+def _loader_text(owner: str, attribute: str) -> str:
+    return (
+        f"{owner}.{attribute} (DataLoader) is a loader that no hook returns and that a resumed "
+        "run starts over, in another order or from its first batch, so a resumed run would "
+        "differ; build it as trainer_resume.loaders.ResumableDataLoader(..., resumable=True) and "
+        "return it from _resume_loaders(), or name it in _initialize_training_resume(..., "
+        "excluded_attributes=...) if leaving it out is intended"
+    )
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(torch.randn(8, 4))
+
+
+def test_a_torch_dataloader_that_shuffles_or_streams_and_no_hook_returns_is_warned_about():
+    class Plain(TinyTrainer):
+        def __init__(self):
+            super().__init__()
+            data = TensorDataset(torch.randn(8, 4))
+            self.train_loader = torch.utils.data.DataLoader(data, batch_size=2, shuffle=True)
+            self.stream = torch.utils.data.DataLoader(Stream(), batch_size=2)
+            # An unshuffled loader read whole starts over alike in every run: not reported.
+            self.val_loader = torch.utils.data.DataLoader(data, batch_size=2)
+
+    assert unsaved_warnings(Plain()) == [
+        _loader_text("Plain", "train_loader"),
+        _loader_text("Plain", "stream"),
+    ]
+
+
+def test_a_framework_wrapper_around_a_returned_loader_is_not_reported():
+    class Wrapped(TinyTrainer):
+        def __init__(self):
+            super().__init__()
+            data = TensorDataset(torch.randn(8, 4))
+            self.loader = ResumableDataLoader(data, batch_size=2, shuffle=True, resumable=True)
+            # What a framework's prepare() returns: another loader over the same dataset.
+            self.prepared = torch.utils.data.DataLoader(data, batch_size=2, shuffle=True)
+
+        def _resume_loaders(self):
+            return {"train": self.loader}
+
+    assert unsaved_warnings(Wrapped()) == []
+
+
 def test_attributes_named_as_excluded_are_not_reported():
     class Excluding(WithScheduler):
         def __init__(self):

@@ -5,7 +5,8 @@ step method without ``@training_step`` while signals are armed, resumes silently
 differently or never pauses. These checks look at the trainer itself:
 
 - :func:`audit_trainer` (once, at the first step or pause): stateful attributes no
-  hook returns, and extra state without the hook that loads it; at the next step
+  hook returns (and torch ``DataLoader`` attributes that shuffle or stream, which a
+  resume would start over), and extra state without the hook that loads it; at the next step
   boundary, tensors held in attributes (directly or in dicts and lists) that changed
   and that no hook returns (:func:`warn_changed_tensors`);
 - :func:`warn_if_no_step` (a watcher armed by ``pause_on_signal``): no
@@ -25,6 +26,14 @@ from typing import Any
 
 import torch
 from blake3 import blake3
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from .._module_names import ModuleNames, non_persistent_buffers
 from ..checks.hook_results import loader_view
@@ -71,14 +80,27 @@ def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> Audit | 
     name = type(trainer).__name__
     skipped = set(excluded)
     for label, value in _attributes(trainer, skipped):
-        if id(value) in covered or _wraps_saved_module(value, tensors) or not _has_state(value):
+        if id(value) in covered or _wraps_saved_module(value, tensors):
+            continue
+        if _has_state(value):
+            what = "has state that no hook returns: pause() does not save it and resume() does not restore it"
+            fix = "return it from _resume_objects() (or _resume_loaders())"
+        elif _restarts(value, covered):
+            what = (
+                "is a loader that no hook returns and that a resumed run starts over, "
+                "in another order or from its first batch"
+            )
+            fix = (
+                "build it as trainer_resume.loaders.ResumableDataLoader(..., resumable=True) "
+                "and return it from _resume_loaders()"
+            )
+        else:
             continue
         covered.add(id(value))  # the same object under two names is reported once
         warnings.warn(
-            f"{name}.{label} ({type(value).__name__}) has state that no hook returns: pause() "
-            "does not save it and resume() does not restore it, so a resumed run would differ; return "
-            "it from _resume_objects() (or _resume_loaders()), or name it in "
-            "_initialize_training_resume(..., excluded_attributes=...) if leaving it out is intended",
+            f"{name}.{label} ({type(value).__name__}) {what}, so a resumed run would differ; "
+            f"{fix}, or name it in _initialize_training_resume(..., excluded_attributes=...) "
+            "if leaving it out is intended",
             UnsavedStateWarning,
             stacklevel=4,
         )
@@ -287,6 +309,25 @@ def _attributes(trainer: Any, skipped: set[str]) -> Iterator[tuple[str, Any]]:
         elif isinstance(value, dict):
             for key, item in value.items():
                 yield f"{label}[{key!r}]", item
+
+
+def _restarts(value: Any, covered: set[int]) -> bool:
+    """A torch ``DataLoader`` without a state of its own whose position matters: it
+    shuffles (its sampler draws an order), or it streams an ``IterableDataset``. One that
+    reads a returned loader's dataset (a framework's wrapper around it) is saved with it."""
+    if not isinstance(value, DataLoader) or id(getattr(value, "dataset", None)) in covered:
+        return False
+    if isinstance(value.dataset, IterableDataset):
+        return True
+    batch_sampler = getattr(value, "batch_sampler", None)
+    samplers = (getattr(value, "sampler", None), getattr(batch_sampler, "sampler", None))
+    return any(_shuffles(sampler) for sampler in samplers)
+
+
+def _shuffles(sampler: Any) -> bool:
+    if isinstance(sampler, DistributedSampler):
+        return bool(sampler.shuffle)
+    return isinstance(sampler, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler))
 
 
 def _has_state(value: Any) -> bool:
