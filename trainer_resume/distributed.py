@@ -475,7 +475,9 @@ def rank_view(
     warnings.warn(
         WorldSizeChangeWarning(
             f"{location} was paused with {saved_world} rank(s) and is resumed with {world_size}: the loaders continue "
-            f"the global stream from the same position (no sample lost or repeated) and steps are converted "
+            f"the global stream from the same position (no sample skipped; a ShardedBatchSampler completes the "
+            f"rest of its epoch so that each rank gets as many batches, repeating a few samples as it does at "
+            f"any epoch's end when the ranks do not divide it) and steps are converted "
             f"{steps} -> {new_steps}, but each rank's RNG is re-derived, so the run is sample-exact, not "
             f"bit-comparable to an uninterrupted one{_scheduler_note(moved, steps, new_steps)}"
             f"{_kept_note(kept, steps)}"

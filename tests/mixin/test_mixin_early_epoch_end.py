@@ -121,7 +121,7 @@ def test_a_loop_that_leaves_its_epochs_without_end_epoch_is_warned_once_naming_i
     left = [w for w in caught if issubclass(w.category, UnsavedStateWarning)]
     assert len(left) == 1, [str(w.message) for w in caught]
     message = str(left[0].message)
-    assert "left epoch 0 after 2 batch(es)" in message
+    assert "left epoch 0 part-way, after 2 batch(es)" in message
     assert "loader.end_epoch()" in message and "docs/data-loading.md" in message
 
 

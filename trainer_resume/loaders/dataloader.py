@@ -734,8 +734,8 @@ def _warn_left_part_way(iterator: ResumableIterator) -> None:
     with the next one."""
     warnings.warn(
         UnsavedStateWarning(
-            f"iter(loader) left epoch {iterator.epoch} after {iterator.delivered} batch(es) "
-            "the training steps read: a pause between the loop's break and this iter() "
+            f"iter(loader) left epoch {iterator.epoch} part-way, after {iterator.delivered} "
+            "batch(es) read across step boundaries: a pause between the loop's break and this iter() "
             f"resumes inside epoch {iterator.epoch}, where this run goes on with epoch "
             f"{iterator.epoch + 1}; a loop that stops its epochs early calls "
             "loader.end_epoch() after its inner loop (see docs/data-loading.md#the-epoch-loop)"
