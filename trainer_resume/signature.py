@@ -47,6 +47,7 @@ import enum
 import hashlib
 import json
 import math
+import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
@@ -55,7 +56,8 @@ import torch
 from omegaconf import Container, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from .config_paths import config_paths, join, path_trie
+from .config_paths import config_paths, covering_paths, join, path_trie
+from .errors import UnsavedStateWarning
 from .launch_values import HYDRA_NODE, LaunchValues, launch_values
 
 __all__ = [
@@ -206,6 +208,8 @@ class SignedConfig:
             recognised (launch values resolved, the ``hydra`` node signed), when it
             differs and can be computed; a pause file written then still resumes
             under the same values.
+        absent: The paths of ``ignore`` the config does not have (they leave nothing
+            out: a misspelt path, say).
     """
 
     canonical: Any
@@ -214,6 +218,7 @@ class SignedConfig:
     exclude: tuple[str, ...]
     sources: Mapping[str, tuple[str, ...]]
     legacy_signature: str | None = None
+    absent: tuple[str, ...] = ()
 
 
 def sign_config(
@@ -238,7 +243,25 @@ def sign_config(
             pass
         else:
             legacy = _digest(earlier)
-    return SignedConfig(canonical, signature, declared, exclude, walk.sources, legacy)
+    absent = tuple(covering_paths(sorted(walk.left_out), declared))
+    return SignedConfig(canonical, signature, declared, exclude, walk.sources, legacy, absent)
+
+
+def warn_if_ignoring_nothing(signed: SignedConfig, *, stacklevel: int) -> None:
+    """Warn (``UnsavedStateWarning``, at once) when ``config_ignore`` names paths the
+    config does not have: a misspelt path leaves the key it meant in the signature, and a
+    resume whose config differs there is refused."""
+    if not signed.absent:
+        return
+    warnings.warn(
+        UnsavedStateWarning(
+            f"config_ignore names {', '.join(repr(p) for p in signed.absent)}, which the config "
+            "does not have: nothing is left out there, so a resume whose config differs at the "
+            "key meant is refused (323); spell the path as a difference prints it (dotted "
+            "mapping keys, e.g. 'paths.output_dir')"
+        ),
+        stacklevel=stacklevel + 1,
+    )
 
 
 def _digest(canonical: Any) -> str:
@@ -270,6 +293,7 @@ class _Walk:
         self.launch = launch  # False: as before launch values were recognised
         self.launch_found = False
         self.sources: dict[str, tuple[str, ...]] = {}
+        self.left_out: set[str] = set()  # the excluded paths met in the config
         self._active: set[int] = set()
         self._found = LaunchValues()
 
@@ -402,6 +426,8 @@ class _Walk:
         if dataclass_type is None and any(key in _TAGS for key in keys):
             return self._tagged(keys, get, path, exclude)
         exclude = exclude if isinstance(exclude, dict) else {}
+        if exclude:
+            self.left_out.update(join(path, key) for key in keys if exclude.get(key) is True)
         fields = {
             str.__str__(key): self._value(
                 get(key), join(path, key), exclude.get(key, {}), in_omegaconf

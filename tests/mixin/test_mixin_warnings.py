@@ -127,6 +127,40 @@ def test_a_framework_wrapper_around_a_returned_loader_is_not_reported():
     assert unsaved_warnings(Wrapped()) == []
 
 
+class Configured(TrainingResumeMixin):
+    def __init__(self, config, ignore):
+        self._initialize_training_resume(config, version="1", config_ignore=ignore)
+
+    def _resume_objects(self):
+        return {}
+
+    def _resume_loaders(self):
+        return {}
+
+
+@pytest.mark.parametrize("as_omegaconf", [False, True])
+def test_a_config_ignore_path_the_config_does_not_have_is_warned_about_at_once(as_omegaconf):
+    from omegaconf import OmegaConf
+
+    config = {"paths": {"output_dir": "runs/1"}, "lr": 0.1, "a.b": {"c": 1}}
+    config = OmegaConf.create(config) if as_omegaconf else config
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Configured(config, ["paths.ouput_dir", "lr", "nope"])
+        # Present, an ancestor with its descendant, a quoted key: nothing to say.
+        Configured(config, ["paths", "paths.output_dir", "['a.b'].c", "lr"])
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (
+            UnsavedStateWarning,
+            "config_ignore names 'nope', 'paths.ouput_dir', which the config does not have: "
+            "nothing is left out there, so a resume whose config differs at the key meant is "
+            "refused (323); spell the path as a difference prints it (dotted mapping keys, e.g. "
+            "'paths.output_dir')",
+        )
+    ]
+    assert caught[0].filename == __file__  # where the trainer was configured
+
+
 def test_attributes_named_as_excluded_are_not_reported():
     class Excluding(WithScheduler):
         def __init__(self):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..durable import validate_key
 from ..resume_points import ResumePoints
 from ..sharded.detect import refuse_unreduced_gradients, sharded_objects
-from ..signature import sign_config
+from ..signature import sign_config, warn_if_ignoring_nothing
 from ._boundary import record_boundary
 from ._ddp_window import watch_windows
 from ._gradient_liveness import track_gradients
@@ -65,8 +65,10 @@ def initialize(
     if spent_gradients == "drop":
         # From here on every optimizer step is seen, so a pause can tell spent gradients.
         track_gradients()
+    signed = sign_config(config, ignore=config_ignore)
+    warn_if_ignoring_nothing(signed, stacklevel=4)
     trainer.__dict__[SETTINGS_ATTRIBUTE] = Settings(
-        version, sign_config(config, ignore=config_ignore), key, scheduler_steps, spent_gradients
+        version, signed, key, scheduler_steps, spent_gradients
     )
     if GUARD_ATTRIBUTE not in trainer.__dict__:
         trainer.__dict__[GUARD_ATTRIBUTE] = StepGuard(pause_at_step_boundary)

@@ -411,3 +411,16 @@ def test_without_the_plugin_model_checkpoint_files_keep_lightnings_format_and_io
     assert resumed.global_step == 4
     assert type(resumed.strategy.checkpoint_io).__name__ == "TorchCheckpointIO"
     assert torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=True)["global_step"] == 4
+
+
+def test_a_config_ignore_path_the_config_does_not_have_is_warned_about_when_built(tmp_path):
+    import warnings
+
+    from trainer_resume import UnsavedStateWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ResumeCallback(tmp_path / "pause.ckpt", config={"note": 1}, config_ignore=["ntoe"])
+        ResumeCallback(tmp_path / "pause.ckpt", config={"note": 1}, config_ignore=["note"])
+    assert [(w.category, w.filename) for w in caught] == [(UnsavedStateWarning, __file__)]
+    assert str(caught[0].message).startswith("config_ignore names 'ntoe', which the config")

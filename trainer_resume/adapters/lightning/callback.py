@@ -50,7 +50,7 @@ from ...errors import (
 from ...finished import mark_finished, refuse_if_finished, run_finished
 from ...launch_directory import warn_if_in_launch_directory
 from ...rng import random_state, restore_random_state, validate_random_state
-from ...signature import sign_config
+from ...signature import sign_config, warn_if_ignoring_nothing
 from ...state import LightningPauseState, RandomState
 from ...storage import paths
 from ...storage.urls import set_storage_options
@@ -153,6 +153,8 @@ class ResumeCallback(Callback):
         self.strict = strict
         self.signals = tuple(signal.Signals(number) for number in signals)
         self._config = sign_config(config, ignore=config_ignore) if config is not None else None
+        if self._config is not None:
+            warn_if_ignoring_nothing(self._config, stacklevel=2)
         if self._config is None and config_ignore:
             raise ValueError("config_ignore names keys of config: pass config=... too")
         # Plain attribute stores only: a signal handler may run between any two bytecodes.
