@@ -113,8 +113,9 @@ def export_checkpoint(
 
     Raises:
         ValueError: A bad ``format`` / ``what`` or a combination that cannot be
-            written; ``object`` is not in the file, or no single model can be
-            chosen (the message lists the names); ``out`` is ``path`` itself or
+            written; ``object`` is not in the file or names an object that is not a
+            model (an optimizer: no tensor at its state's top level), or no single
+            model can be chosen (the message lists the names); ``out`` is ``path`` itself or
             another trainer-resume file (a pause file, resume point or checkpoint),
             which the export would replace: nothing is written.
         TypeError: The chosen object is not a state_dict, or (safetensors) holds
