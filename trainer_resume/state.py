@@ -102,8 +102,8 @@ def built(deferred: Deferred) -> Any:
 
 
 def deferred_revision() -> int:
-    """How many times a recorded :data:`Deferred` has come to build another state since
-    it was recorded (:func:`revise_deferred`): states built before it are stale."""
+    """A count, for the process, of the times a recorded :data:`Deferred` came to build
+    another state (:func:`revise_deferred`): states built at an earlier count may be stale."""
     return _REVISION[0]
 
 

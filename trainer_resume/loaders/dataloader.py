@@ -728,8 +728,8 @@ def _keeps_the_boundary_methods(cls: type) -> bool:
 
 
 def _warn_left_part_way(iterator: ResumableIterator) -> None:
-    """A new ``iter(loader)`` left an epoch that training steps were reading part-way:
-    the loop stops its epochs early without saying so, and a pause it took between its
+    """A new ``iter(loader)`` left part-way an epoch read across step boundaries: the
+    loop stops its epochs early without saying so, and a pause it took between its
     ``break`` and this ``iter()`` holds the middle of that epoch, where this run goes on
     with the next one."""
     warnings.warn(

@@ -143,7 +143,7 @@ def refresh_boundary(guard: Any, before: Any, after: Any) -> None:
 
 def refresh_after_epoch_end(trainer: Any, guard: Any) -> None:
     """At ``pause_if_requested(epoch_end_done=True)`` after a step that ended a loader's
-    epoch: a loader the epoch-end work read (a validation pass that is not
+    epoch, where a pause or point may be written: a loader the epoch-end work read (a validation pass that is not
     ``@serialized_training``) or put in place is recorded where it is now; a loader whose
     epoch ended at that boundary keeps its position there (a batch the loop fetched for
     the next epoch stays undelivered)."""

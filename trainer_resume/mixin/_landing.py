@@ -46,10 +46,10 @@ def land_requested_pause(
 ) -> bool:
     """The body of ``pause_if_requested()`` (under the lock, between steps)."""
     guard.landings += 1
-    if epoch_end_done:
-        refresh_after_epoch_end(trainer, guard)  # what the epoch-end work read
     if guard.requested_path is None and not _distributed.is_distributed():
         return False
+    if epoch_end_done:
+        refresh_after_epoch_end(trainer, guard)  # what the epoch-end work read
     return pause_at_step_boundary(trainer, epoch_end_done=epoch_end_done)
 
 
