@@ -13,6 +13,7 @@ import torch
 
 from trainer_resume.rng import (
     derive_seed,
+    derive_seed_run,
     derive_seeds,
     random_state,
     restore_random_state,
@@ -415,6 +416,21 @@ def test_derive_seeds_with_a_stride_equals_derive_seed_of_every_strided_position
     first = (1 << 63) - 5
     expected = [derive_seed(11, first + offset * stride) for offset in range(9)]
     assert derive_seeds(11, first, 9, stride=stride) == expected
+
+
+@pytest.mark.parametrize("first", [0, 123456789123, (1 << 63) - 1, -5])
+@pytest.mark.parametrize("start, step", [(0, 1), (96, 32), ((1 << 64) - 64, 32), (-3, 7)])
+def test_derive_seed_run_equals_derive_seed_of_every_position_of_the_run(first, start, step):
+    last = 0x636F_6C6C_6174_65
+    expected = [derive_seed(first, start + offset * step, last) for offset in range(40)]
+    assert derive_seed_run(first, start, step, 40, last) == expected
+
+
+def test_derive_seed_run_refuses_a_base_or_salt_that_is_not_an_int():
+    with pytest.raises(TypeError):
+        derive_seed_run(1.5, 0, 1, 4, 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        derive_seed_run(1, 0, 1, 4, True)
 
 
 def test_validate_random_state_accepts_a_captured_state_and_changes_nothing():

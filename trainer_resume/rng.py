@@ -155,6 +155,25 @@ def derive_seeds(base: int, first: int, count: int, *, stride: int = 1) -> list[
     return (_splitmix64_array(state ^ np.uint64(2)) & np.uint64(_MASK63)).tolist()
 
 
+def derive_seed_run(first: int, start: int, step: int, count: int, last: int) -> list[int]:
+    """``[derive_seed(first, start + i * step, last) for i in range(count)]`` in one NumPy pass.
+
+    The seeds of evenly spaced positions under one base and salt (consecutive batches'
+    first positions), computed ahead: what :func:`seed_deriver`'s function gives for each.
+
+    Raises:
+        TypeError: ``first`` or ``last`` is not an ``int``.
+    """
+    derive_seed(first, 0, last)  # the same checks of first and last
+    head = _splitmix64(_DERIVE_INIT ^ (first & _MASK64))
+    positions = np.uint64(start & _MASK64) + np.uint64(step & _MASK64) * np.arange(
+        count, dtype=np.uint64
+    )
+    state = _splitmix64_array(np.uint64(head) ^ positions)
+    state = _splitmix64_array(state ^ np.uint64(last & _MASK64))
+    return (_splitmix64_array(state ^ np.uint64(3)) & np.uint64(_MASK63)).tolist()
+
+
 def _splitmix64_array(value: np.ndarray) -> np.ndarray:
     value = value + np.uint64(_GOLDEN)  # uint64 arithmetic wraps modulo 2**64
     value = (value ^ (value >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)

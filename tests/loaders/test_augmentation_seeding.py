@@ -182,3 +182,21 @@ def test_each_seeding_gives_the_same_batches_with_two_workers(seeding):
     single = list(_loader(dataset, seeding))
     loader = _loader(dataset, seeding, num_workers=2, multiprocessing_context="fork")
     assert all(torch.equal(a, b) for a, b in zip(single, list(loader)))
+
+
+def test_batch_seeds_computed_ahead_are_those_of_each_position_in_any_order_of_asking():
+    from trainer_resume.loaders._fetch import _COLLATE_SALT, batch_seed
+    from trainer_resume.rng import derive_seed
+
+    generator = random.Random(5)
+    positions = (
+        list(range(0, 32 * 3000, 32))  # consecutive batches: runs computed ahead
+        + list(range(7, 7 + 96 * 50, 96))  # a worker's share of them
+        + [5, 7, 100, 101, 96000, 3]  # back and forth
+        + [generator.randrange(1 << 40) for _ in range(300)]  # anywhere
+        + list(range(32 * 3000, 0, -32))  # backwards
+    )
+    for augmentation_seed in (0, 987654321, (1 << 63) - 1):
+        for position in positions:
+            expected = derive_seed(augmentation_seed, position, _COLLATE_SALT)
+            assert batch_seed(augmentation_seed, position) == expected, position

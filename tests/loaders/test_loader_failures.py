@@ -67,6 +67,35 @@ def test_resume_after_fetch_failure_restarts_at_the_last_delivered_batch(tmp_pat
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
 
 
+class _FailsAt(torch.utils.data.Dataset):
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.bad:
+            raise ValueError(f"cannot read sample {index}")
+        return torch.tensor([index])
+
+
+@pytest.mark.parametrize("bad", [8, 9, 11])
+def test_a_failing_sample_is_named_with_its_stream_position_wherever_it_lies_in_its_batch(bad):
+    from trainer_resume.loaders import ResumableDataLoader
+
+    loader = ResumableDataLoader(_FailsAt(bad), batch_size=4, resumable=True)
+    iterator = iter(loader)
+    assert [next(iterator).flatten().tolist() for _ in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(LoaderFetchFailedError) as caught:
+        next(iterator)
+    # Unshuffled, one replica: sample i lies at stream position i.
+    assert f"dataset[{bad}] raised ValueError" in caught.value.detail
+    assert f"(stream position {bad})" in caught.value.detail
+    assert loader.state_dict()["delivered_batches"] == 2
+    loader.close()
+
+
 @pytest.mark.slow
 def test_resume_after_a_worker_died_restarts_at_the_last_delivered_batch(tmp_path):
     expected = _reference("sampler", 8)

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch.utils.data import Dataset, get_worker_info
 
-from ..rng import derive_seeds, seed_cpu_generators, seed_deriver
+from ..rng import derive_seed_run, derive_seeds, seed_cpu_generators, seed_deriver
 from ._seeding import run_seeded
 
 __all__ = ["BatchFetcher", "FetchFailure", "as_is", "batch_seed"]
@@ -39,16 +39,55 @@ _COLLATE_SALT = 0x636F_6C6C_6174_65  # b"collate": keeps batch seeds apart from 
 def batch_seed(augmentation_seed: int, first_position: int) -> int:
     """Seed of the batch starting at ``first_position`` (per-sample seeding: of its ``collate_fn``):
     ``derive_seed(augmentation_seed, first_position, _COLLATE_SALT)``."""
-    derive = _BATCH_SEEDS.get(augmentation_seed)
-    if derive is None:
+    seeds = _BATCH_SEEDS.get(augmentation_seed)
+    if seeds is None:
         if len(_BATCH_SEEDS) >= 64:  # a few loaders' seeds at a time
             _BATCH_SEEDS.clear()
-        derive = _BATCH_SEEDS[augmentation_seed] = seed_deriver(augmentation_seed, _COLLATE_SALT)
-    return derive(first_position)
+        seeds = _BATCH_SEEDS[augmentation_seed] = _BatchSeeds(augmentation_seed)
+    seed = seeds.ahead.get(first_position)
+    return seed if seed is not None else seeds.miss(first_position)
 
 
-# augmentation seed -> its batch seeds as a function of the first position (runs per batch)
-_BATCH_SEEDS: dict[int, Callable[[int], int]] = {}
+_RUN = 1024  # batch seeds computed ahead at a time
+
+
+class _BatchSeeds:
+    """One augmentation seed's batch seeds, computed ahead (it runs once per batch, where
+    the mix's arithmetic on Python ints costs more than the rest of the seeding).
+
+    ``ahead`` maps positions to their seeds. Once three positions asked for in a row
+    are evenly spaced (consecutive batches: a batch size apart, times the workers or
+    ranks sharing the stream), the next ``_RUN`` positions at that distance are computed
+    in one NumPy pass; any other position is computed alone. A seed is a function of
+    its position only, so what was computed ahead changes nothing.
+    """
+
+    __slots__ = ("_augmentation_seed", "_derive", "_last", "_step", "ahead")
+
+    def __init__(self, augmentation_seed: int) -> None:
+        self._augmentation_seed = augmentation_seed
+        self._derive = seed_deriver(augmentation_seed, _COLLATE_SALT)
+        self._last: int | None = None  # the last position asked for that was not ahead
+        self._step = 0  # the distance from the one before it
+        self.ahead: dict[int, int] = {}
+
+    def miss(self, position: int) -> int:
+        """The seed of a position not computed ahead (and the run after it, if it is one)."""
+        last, step = self._last, self._step
+        self._last = position
+        if last is None:
+            return self._derive(position)
+        self._step = position - last
+        if step <= 0 or self._step != step:
+            return self._derive(position)
+        run = derive_seed_run(self._augmentation_seed, position, step, _RUN, _COLLATE_SALT)
+        self.ahead = dict(zip(range(position, position + _RUN * step, step), run))
+        self._last = position + (_RUN - 1) * step  # the run goes on at its end
+        return run[0]
+
+
+# augmentation seed -> its batch seeds (runs per batch)
+_BATCH_SEEDS: dict[int, _BatchSeeds] = {}
 
 
 def _seeded_per_sample() -> None:

@@ -29,11 +29,12 @@ touched.
 
 :func:`seed_global` gives Python ``random`` the Mersenne Twister state of
 ``init_genrand(low 32 bits)``, NumPy's global generator ``seed(high 32 bits)`` and torch
-CPU the whole seed, in every process and with either form. The two ``init_genrand``
-states are computed by a private torch generator whose words are read in place (found
-and checked once per process), else by a private NumPy ``RandomState`` (a third of
-``random.seed``'s cost); seeded with the whole seed, that generator's state is the one
-``manual_seed`` gives torch CPU, and it is copied there where the layout is proven.
+CPU the whole seed, in every process and with either form. Where torch CPU's state lies
+in place (the layout proven), ``manual_seed`` seeds it and its words, ``init_genrand(low
+32 bits)``, are copied to Python; NumPy's words are computed by a private torch generator
+whose words are read in place (found and checked once per process). Elsewhere that
+generator, else a private NumPy ``RandomState`` (a third of ``random.seed``'s cost),
+computes Python's words too.
 """
 
 from __future__ import annotations
@@ -401,7 +402,7 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
         return None
     seeded, scratch_state, default_state = place.torch_words, place.torch_state, place.torch_default
     if seeded is not None and scratch_state is not None and default_state is not None:
-        return _in_place_seeder(place, python, key, gauss, (seeded, scratch_state, default_state))
+        return _in_place_seeder(place, python, key, gauss, (seeded, default_state))
     index, words = python[:4], python[4:]
     instance, numpy_state = place.python_instance, place.numpy_state
     bit_generator, manual_seed = place.numpy_bit_generator, torch.default_generator.manual_seed
@@ -452,26 +453,27 @@ def _in_place_seeder(
     python: memoryview,
     key: memoryview,
     gauss: memoryview,
-    torch_views: tuple[memoryview, memoryview, memoryview],
+    torch_views: tuple[memoryview, memoryview],
 ) -> Callable[[int], None]:
-    """``_fast_seeder`` where torch's state is copied in place: the private torch generator
-    computes Python's, NumPy's and torch CPU's states, and each is copied where it goes
-    (one frame: it runs once per batch). ``torch_views``: the private generator's words and
-    state, and torch CPU's state."""
-    seeded, scratch_state, default_state = torch_views
+    """``_fast_seeder`` where torch's state lies in place: torch CPU is seeded and its words
+    copied to Python, and the private torch generator computes NumPy's words (one frame: it
+    runs once per batch). ``torch_views``: the private generator's words, and torch CPU's
+    state."""
+    seeded, default_state = torch_views
+    default_words = default_state[STATE_WORDS]
     index, words = python[:4], python[4:]
     numpy_words, numpy_position = key[:_KEY_BYTES], key[_KEY_BYTES:]
     instance, numpy_state = place.python_instance, place.numpy_state
     bit_generator, torch_seed = place.numpy_bit_generator, place.torch_scratch.manual_seed
+    manual_seed = torch.default_generator.manual_seed
 
     def seed_in_place(seed: int) -> None:
         if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
             _seed_any(seed)
             return
-        torch_seed(seed)  # its words: init_genrand(low 32 bits), Python's
-        default_state[:] = scratch_state  # what manual_seed(seed) leaves torch CPU, copied
+        manual_seed(seed)  # its words: init_genrand(low 32 bits), Python's
         index[:] = _FRESH_INDEX
-        words[:] = seeded
+        words[:] = default_words
         instance.gauss_next = None
         torch_seed((seed >> 32) & _MASK32)  # init_genrand(high 32 bits): NumPy's seed()
         numpy_words[:] = seeded
