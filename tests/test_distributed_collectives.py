@@ -58,3 +58,19 @@ def test_the_step_boundary_agreement_holds_its_tensor_until_the_next_one_release
     _settled(released_on, ROUNDS)
     # Held long after the backend let go of it, it is released by the next agreement, here.
     assert len(released_on) == ROUNDS and released_on[-1] == threading.get_ident()
+
+
+def test_is_distributed_sees_a_process_group_made_after_the_library_was_imported(
+    gloo_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dist, "get_world_size", lambda *args, **kwargs: 2)  # as two ranks would
+    assert distributed.is_distributed()
+
+
+def test_is_distributed_is_false_once_the_process_group_is_destroyed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    dist.destroy_process_group()
+    monkeypatch.setattr(dist, "get_world_size", lambda *args, **kwargs: 2)
+    assert not distributed.is_distributed()

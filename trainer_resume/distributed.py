@@ -90,9 +90,30 @@ DISTRIBUTED_KEY = "distributed"
 _AVAILABLE = dist.is_available()  # fixed by the torch build
 
 
+def _default_group_record() -> Any:
+    """Where torch records the default process group (``distributed_c10d._world``, whose
+    ``_default_pg`` is what ``dist.is_initialized()`` asks about), if this torch keeps it
+    there; ``None``: ask ``dist.is_initialized()``."""
+    if not _AVAILABLE:
+        return None
+    from torch.distributed import distributed_c10d
+
+    record = getattr(distributed_c10d, "_world", None)
+    if record is None or "_default_pg" not in getattr(record, "__dict__", {}):
+        return None
+    return record
+
+
+_GROUP_RECORD = _default_group_record()
+
+
 def is_distributed() -> bool:
     """True when a ``torch.distributed`` process group with more than one rank is initialized."""
-    # Asked after every training step: the availability is read once.
+    # Asked after every training step: where no group was made, one attribute read says so
+    # (no call); where one was, torch's own answer.
+    record = _GROUP_RECORD
+    if record is not None and record._default_pg is None:
+        return False
     return _AVAILABLE and dist.is_initialized() and dist.get_world_size() > 1
 
 

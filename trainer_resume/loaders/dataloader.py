@@ -558,7 +558,7 @@ class ResumableDataLoader(DataLoader):
         Raises:
             Same as :meth:`state_dict`.
         """
-        # deferred_state_dict()'s checks made here where this class's own methods run: it
+        # deferred_state_dict()'s work written out where this class's own methods run: it
         # runs once per step, where each Python call costs several times its own work.
         cls = type(self)
         stream = self.__dict__.get("_stream")
@@ -573,7 +573,12 @@ class ResumableDataLoader(DataLoader):
             active = self._active
             if isinstance(active, IterableIterator):  # _settle(), written out
                 active.look_ahead()
-            deferred = self._defer_state(stream)
+            source = stream.source
+            position = getattr(source, "position", None)
+            if position is None:
+                deferred = self._defer_state(stream)
+            else:  # _defer_state(), written out
+                deferred = (cls._built_state, self, stream, stream.augmentation_seed, position())
         active = self._active
         if active is None:
             return deferred, False
@@ -723,7 +728,14 @@ _PLAIN_CLASSES: dict[type, bool] = {}
 def _keeps_the_boundary_methods(cls: type) -> bool:
     return all(
         getattr(cls, name) is getattr(ResumableDataLoader, name)
-        for name in ("deferred_state_dict", "state_dict", "epoch_ended", "_settle", "_defer_state")
+        for name in (
+            "deferred_state_dict",
+            "state_dict",
+            "epoch_ended",
+            "_settle",
+            "_defer_state",
+            "_collect_state",
+        )
     )
 
 
