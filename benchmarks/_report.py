@@ -637,7 +637,8 @@ def step_overhead_summary(results: Results) -> list[Section]:
                 )
         title = (
             f"Per-step cost (step_overhead.py: {data['steps']} steps after {data['warmup']}, "
-            f"{data['rounds']} interleaved rounds; load average {data.get('load_average_before')})"
+            f"{data['rounds']} rounds interleaved in blocks of {data.get('block', data['steps'])} "
+            f"steps; load average {data.get('load_average_before')})"
         )
     except (KeyError, TypeError, ValueError) as error:
         return [("Per-step cost", ["error"], [[f"unexpected JSON layout: {error}"]])]

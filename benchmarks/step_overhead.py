@@ -24,8 +24,10 @@ and in one that never zeroes (whose gradients are kept for good).
 Cases: map-style (``shuffle=True``), 0 workers; an ``IterableDataset`` with
 ``state_dict()``, 0 workers; the same with 2 workers. Per case every variant is built once
 and warmed up (``--warmup`` steps), then ``--rounds`` rounds time ``--steps`` steps of each
-variant in turn, the order rotating from round to round, so that a busy machine slows
-them alike; Lightning runs its own loop, so it is timed in runs of its own after them.
+variant, in blocks of ``BLOCK`` steps that take turns (the order rotating from block to
+block), so that a busy machine slows them alike: a round's figure for a variant is the
+sum of its blocks, every step of the round counted. Lightning runs its own loop, so it is
+timed in runs of its own after them.
 Each figure is wall-clock µs per step, with the main thread's CPU time beside it (what
 the loop itself pays, whatever else runs on the machine); the report gives the median
 over rounds, every round's spread (min-max), and the median of the per-round ratios to
@@ -63,6 +65,9 @@ from trainer_resume.mixin import _gradient_liveness
 
 FEATURES = 16
 BATCH = 32
+# Steps a variant runs before the next takes its turn (a few milliseconds): the variants
+# of a round share the machine's load at that grain.
+BLOCK = 10
 SIZE = 1 << 22  # items: no pass ends inside a timed run
 CASES = ("map, 0 workers", "iterable, 0 workers", "iterable, 2 workers")
 VARIANTS = ("bare", "seeding", "loader", "library", "dropping", "torchdata", "lightning")
@@ -408,8 +413,9 @@ def summarise(
 def measure_case(
     case: str, variants: list[str], warmup: int, steps: int, rounds: int
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Every variant built once, then ``rounds`` rounds of ``steps`` steps each, the order
-    rotating from round to round (Lightning runs its own loop: a run per round, after)."""
+    """Every variant built once, then ``rounds`` rounds of ``steps`` steps each, in blocks of
+    ``BLOCK`` steps that take turns, the order rotating from block to block (Lightning runs
+    its own loop: runs of its own, after)."""
     interleaved = [
         variant
         for variant in variants
@@ -425,13 +431,20 @@ def measure_case(
                 for _ in range(warmup):
                     runner.step()
         gc.collect()
+        blocks = max(1, steps // BLOCK)
         for number in range(rounds):
-            shift = number % len(interleaved)
-            for variant in interleaved[shift:] + interleaved[:shift]:
-                with _as_without_the_library(variant):
-                    seconds, used = _timed(runners[variant].step, steps)
-                wall[variant].append(seconds)
-                cpu[variant].append(used)
+            seconds = dict.fromkeys(interleaved, 0.0)
+            used = dict.fromkeys(interleaved, 0.0)
+            for block in range(blocks):
+                shift = (number + block) % len(interleaved)
+                for variant in interleaved[shift:] + interleaved[:shift]:
+                    with _as_without_the_library(variant):
+                        block_seconds, block_used = _timed(runners[variant].step, BLOCK)
+                    seconds[variant] += block_seconds
+                    used[variant] += block_used
+            for variant in interleaved:
+                wall[variant].append(seconds[variant] / blocks)
+                cpu[variant].append(used[variant] / blocks)
     finally:
         for runner in runners.values():
             runner.close()
@@ -473,7 +486,8 @@ def main(argv: list[str] | None = None) -> None:
     for case, entry in summary.items():
         print_table(
             f"µs per step, {case}: Linear({FEATURES}, {FEATURES}), SGD, batch {BATCH}, one thread; "
-            f"{rounds} interleaved rounds of {steps} steps after {warmup} (Lightning: "
+            f"{rounds} rounds of {steps} steps interleaved in blocks of {BLOCK}, after {warmup} "
+            "(Lightning: "
             f"{LIGHTNING_RUNS} runs of {steps * 5} steps of its own); wall clock, and the main "
             "thread's CPU time",
             [
@@ -543,6 +557,7 @@ def main(argv: list[str] | None = None) -> None:
             "steps": steps,
             "warmup": warmup,
             "rounds": rounds,
+            "block": BLOCK,
             "targets": TARGETS,
             "cases": summary,
             "gradient_tracking": tracking,
