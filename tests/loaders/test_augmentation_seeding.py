@@ -4,6 +4,7 @@ caller's generators handed back exactly."""
 from __future__ import annotations
 
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -200,3 +201,138 @@ def test_batch_seeds_computed_ahead_are_those_of_each_position_in_any_order_of_a
         for position in positions:
             expected = derive_seed(augmentation_seed, position, _COLLATE_SALT)
             assert batch_seed(augmentation_seed, position) == expected, position
+
+
+class ReplacingDataset(torch.utils.data.Dataset):
+    """Installs a PCG64 of its own as NumPy's global bit generator in every __getitem__,
+    seeded from a draw of the generator the batch was seeded with, and draws from it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        np.random.set_bit_generator(np.random.PCG64(int(np.random.randint(0, 2**31))))
+        return torch.from_numpy(np.random.rand(2))
+
+
+def _replacing_loader(workers: int = 0) -> ResumableDataLoader:
+    return ResumableDataLoader(
+        ReplacingDataset(),
+        batch_size=2,
+        num_workers=workers,
+        resumable=True,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+def _batches(loader: ResumableDataLoader) -> list[torch.Tensor]:
+    batches = list(loader)
+    loader.close()
+    return batches
+
+
+def _same(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
+    return len(first) == len(second) and all(map(torch.equal, first, second))
+
+
+@pytest.fixture
+def numpy_bit_generator():
+    """NumPy's global bit generator, put back after the test whatever the test left."""
+    kept = np.random.get_bit_generator()
+    state = kept.state
+    yield kept
+    kept.state = state
+    np.random.set_bit_generator(kept)
+
+
+def test_the_callers_numpy_generator_comes_back_when_the_dataset_replaces_it(numpy_bit_generator):
+    caller_draw = np.random.get_bit_generator().state
+    expected = np.random.rand()
+    np.random.get_bit_generator().state = caller_draw
+    batches = _batches(_replacing_loader())
+    assert len(batches) == 4
+    assert np.random.get_bit_generator() is numpy_bit_generator
+    assert np.random.rand() == expected
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_dataset_that_replaces_numpys_bit_generator_gets_the_same_batches_in_every_run(
+    numpy_bit_generator, workers
+):
+    reference = _batches(_replacing_loader())
+    # A second run in the same process, with the workers, and resumed in a fresh loader.
+    assert _same(_batches(_replacing_loader(workers)), reference)
+    paused = _replacing_loader(workers)
+    iterator = iter(paused)
+    head = [next(iterator) for _ in range(2)]
+    state = paused.state_dict()
+    paused.close()
+    resumed = _replacing_loader(workers)
+    resumed.load_state_dict(state)
+    assert _same(head + _batches(resumed), reference)
+
+
+def test_a_caller_whose_numpy_generator_is_a_pcg64_gets_the_batches_of_the_default_one(
+    numpy_bit_generator,
+):
+    reference = _batches(
+        ResumableDataLoader(
+            GaussianDataset(),
+            batch_size=3,
+            resumable=True,
+            generator=torch.Generator().manual_seed(0),
+        )
+    )
+    caller = np.random.PCG64(7)
+    np.random.set_bit_generator(caller)
+    before = caller.state
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NumPy: get_state's legacy form is the MT19937's
+        got = _batches(
+            ResumableDataLoader(
+                GaussianDataset(),
+                batch_size=3,
+                resumable=True,
+                generator=torch.Generator().manual_seed(0),
+            )
+        )
+    assert _same(got, reference)
+    assert np.random.get_bit_generator() is caller and caller.state == before
+
+
+class ReplacingStream(torch.utils.data.IterableDataset):
+    """A stateful stream whose third item installs a PCG64 as NumPy's global bit generator."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __iter__(self) -> ReplacingStream:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.position >= 8:
+            raise StopIteration
+        self.position += 1
+        if self.position == 3:
+            np.random.set_bit_generator(np.random.PCG64(int(np.random.randint(0, 2**31))))
+        return torch.tensor([float(self.position), np.random.rand()])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+def test_a_stream_read_in_the_main_process_that_replaces_numpys_generator_is_refused_naming_the_fix(
+    numpy_bit_generator,
+):
+    loader = ResumableDataLoader(ReplacingStream(), batch_size=2, resumable=True)
+    iterator = iter(loader)
+    first = next(iterator)
+    with pytest.raises(LoaderFetchFailedError, match="np.random.set_bit_generator") as caught:
+        next(iterator)
+    assert "np.random.Generator of the dataset's own" in str(caught.value)
+    assert np.random.get_bit_generator() is numpy_bit_generator
+    assert first[:, 0].tolist() == [1.0, 2.0]
+    loader.close()

@@ -200,24 +200,25 @@ def test_own_generators_carry_on_from_read_to_read_and_leave_the_callers_alone()
     ]
 
 
-def test_a_replaced_numpy_bit_generator_is_found_again_and_the_old_one_is_not_written():
+def test_after_numpys_bit_generator_was_replaced_seeding_draws_from_its_own_and_leaves_the_new_one_unwritten():
     place = generators.layout()
     old = np.random.mtrand._rand._bit_generator
-    old_state = old.state
     caller = CallerGenerators()  # bound to the views before the replacement
     try:
-        np.random.set_bit_generator(np.random.MT19937(5))
+        new = np.random.MT19937(5)
+        np.random.set_bit_generator(new)
         np.random.randn()  # a cached Gaussian in the new generator's state
-        before = _public()
+        before, new_state = _public(), new.state["state"]
         caller.run(lambda: generators.seed_global(2**40 + 3), lambda: np.random.rand(3))
-        assert _same(_public(), before)
+        assert _same(_public(), before)  # the caller's generator, and its state, come back
+        assert np.random.mtrand._rand._bit_generator is new
         generators.seed_global(2**40 + 3)
         reference = np.random.RandomState(2**8).get_state()
         assert np.array_equal(np.random.get_state()[1], reference[1])
-        assert place.numpy_bit_generator is np.random.mtrand._rand._bit_generator
-        untouched = old.state["state"]
-        assert np.array_equal(untouched["key"], old_state["state"]["key"])
-        assert untouched["pos"] == old_state["state"]["pos"]
+        assert np.random.mtrand._rand._bit_generator is place.seeding
+        untouched = new.state["state"]
+        assert np.array_equal(untouched["key"], new_state["key"])
+        assert untouched["pos"] == new_state["pos"]
     finally:
         np.random.set_bit_generator(old)
 

@@ -16,7 +16,9 @@ copied as raw bytes through memoryviews:
   own object (``int has_gauss; double gauss``). Its place is found once per process by
   writing a marker through ``set_state`` and checked by writing through the view and
   reading back with ``get_state``. If ``np.random.set_bit_generator`` replaces the
-  bit generator, the next access finds the new one.
+  bit generator, the next access finds the new one; :func:`seed_global` makes
+  ``_Layout.seeding`` (the MT19937 found first, or one of its own) global again before
+  it seeds, so every batch draws from an MT19937 whatever was global.
 * torch: ``get_state`` / ``set_state`` (a 5 KB tensor; no faster public route) for the
   states a :class:`Snapshot` holds; the per-batch hand-back of the caller's state
   (:func:`torch_accessors`) and the seeding copy the state in place where its layout is
@@ -148,6 +150,10 @@ class _Layout:
         self.python = _python_view(self.python_instance)
         self.numpy_state = np.random.mtrand._rand
         self.gauss = _gauss_view(self.numpy_state)
+        # What NumPy's global generator draws from while a batch is fetched (seed_global):
+        # the global MT19937 found here, or one of its own where the global is another kind.
+        found = self.numpy_state._bit_generator
+        self.seeding = found if type(found) is np.random.MT19937 else np.random.MT19937()
         self.numpy_bit_generator: Any = None
         self.numpy: memoryview | None = None
         self.numpy_seed: Any = None
@@ -373,8 +379,21 @@ def global_seeder() -> Callable[[int], None]:
 _SEEDERS: list[Callable[[int], None]] = []  # this process's fastest seeder, made on first use
 
 
+def use_seeding_generator(place: _Layout) -> None:
+    """Make ``place.seeding`` NumPy's global bit generator, if something (a dataset's
+    ``np.random.set_bit_generator``) put another there: every batch is seeded and drawn
+    from the same MT19937 whatever the process left global, in a worker as in the main
+    process (where the caller's comes back after the fetch)."""
+    if place.numpy_state._bit_generator is not place.seeding and _SET_BIT_GENERATOR is not None:
+        _SET_BIT_GENERATOR(place.seeding)
+
+
+_SET_BIT_GENERATOR = getattr(np.random, "set_bit_generator", None)  # NumPy 1.25 and later
+
+
 def _seed_any(seed: int) -> None:
     place = layout()
+    use_seeding_generator(place)
     place.scratch_seed(seed & _MASK32)
     python = place.python
     scratch = place.scratch_key
@@ -396,8 +415,14 @@ def _seed_any(seed: int) -> None:
 
 def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
     """``_seed_any`` over this process's views, bound once: it runs once per batch."""
-    python, scratch, key, gauss = place.python, place.scratch_key, place.numpy_key(), place.gauss
-    numpy_seed, scratch_seed = place.numpy_seed, place.scratch_seed
+    python, scratch, gauss, bit_generator = (
+        place.python,
+        place.scratch_key,
+        place.gauss,
+        place.seeding,
+    )
+    key = _key_view(bit_generator) if gauss is not None else None
+    numpy_seed, scratch_seed = getattr(bit_generator, "_legacy_seeding", None), place.scratch_seed
     if python is None or scratch is None or key is None or gauss is None or numpy_seed is None:
         return None
     seeded, scratch_state, default_state = place.torch_words, place.torch_state, place.torch_default
@@ -405,7 +430,7 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
         return _in_place_seeder(place, python, key, gauss, (seeded, default_state))
     index, words = python[:4], python[4:]
     instance, numpy_state = place.python_instance, place.numpy_state
-    bit_generator, manual_seed = place.numpy_bit_generator, torch.default_generator.manual_seed
+    manual_seed = torch.default_generator.manual_seed
     # seed_torch(seed) seeds torch CPU and returns the words of init_genrand(low 32 bits),
     # Python's; seed_numpy(high) seeds NumPy.
     if seeded is not None:
@@ -436,8 +461,7 @@ def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
 
     def seed_fast(seed: int) -> None:
         if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
-            _seed_any(seed)
-            return
+            use_seeding_generator(place)
         low_words = seed_torch(seed)
         index[:] = _FRESH_INDEX
         words[:] = low_words  # before seed_numpy: the torch words are those of the last seed
@@ -464,13 +488,12 @@ def _in_place_seeder(
     index, words = python[:4], python[4:]
     numpy_words, numpy_position = key[:_KEY_BYTES], key[_KEY_BYTES:]
     instance, numpy_state = place.python_instance, place.numpy_state
-    bit_generator, torch_seed = place.numpy_bit_generator, place.torch_scratch.manual_seed
+    bit_generator, torch_seed = place.seeding, place.torch_scratch.manual_seed
     manual_seed = torch.default_generator.manual_seed
 
     def seed_in_place(seed: int) -> None:
         if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
-            _seed_any(seed)
-            return
+            use_seeding_generator(place)
         manual_seed(seed)  # its words: init_genrand(low 32 bits), Python's
         index[:] = _FRESH_INDEX
         words[:] = default_words

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 from torch.utils.data import get_worker_info
 
 from ..rng import hold_generators
@@ -43,6 +44,12 @@ T = TypeVar("T")
 Seed = int | Callable[[], None]
 
 seed_batch = seed_global  # seeds Python random, NumPy's global generator and torch CPU
+
+
+def set_bit_generator(bit_generator: Any) -> None:
+    """Put ``bit_generator`` back as NumPy's global one (a fetch replaced it: where
+    ``np.random.set_bit_generator`` exists, NumPy 1.25 and later)."""
+    np.random.set_bit_generator(bit_generator)
 
 
 class CallerGenerators:
@@ -71,7 +78,8 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
         # Another thread capturing the generators (a pause) waits until they are back.
         with lock:
             if python is None or key is None or numpy_state._bit_generator is not bit_generator:
-                caller = capture()  # the public accessors, or a replaced NumPy generator
+                # The public accessors, or a NumPy generator the caller replaced.
+                caller, caller_bit_generator = capture(), numpy_state._bit_generator
                 try:
                     if type(seed) is int:
                         seeder(seed)
@@ -79,6 +87,8 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
                         seed()  # type: ignore[operator]
                     return fetch()
                 finally:
+                    if numpy_state._bit_generator is not caller_bit_generator:
+                        set_bit_generator(caller_bit_generator)  # the seeding's, or the fetch's
                     install(caller)
             python_state, gauss_next = bytes(python), instance.gauss_next
             numpy_state_bytes, numpy_gauss = bytes(key), bytes(gauss)
@@ -90,6 +100,8 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
                     seed()  # type: ignore[operator]
                 return fetch()
             finally:
+                if numpy_state._bit_generator is not bit_generator:  # the fetch replaced it
+                    set_bit_generator(bit_generator)
                 put_taken(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
@@ -148,7 +160,12 @@ class OwnGenerators:
                 return result  # type: ignore[return-value]
 
         def own() -> T:
+            numpy_state = np.random.mtrand._rand
+            numpy_before, seeding = numpy_state._bit_generator, layout().seeding
             result = read()
+            # Replaced by the read itself (a pass the read opens or ends is seeded on seeding).
+            if numpy_state._bit_generator not in (numpy_before, seeding):
+                raise NumPyGeneratorReplacedError(_REPLACED)
             self._states = capture()
             return result
 
@@ -165,6 +182,19 @@ class OwnGenerators:
         return self._states
 
 
+class NumPyGeneratorReplacedError(RuntimeError):
+    """A read of an ``IterableDataset`` copy in the main process replaced NumPy's global bit
+    generator (a fetch failure: the loader reports it, naming the fix)."""
+
+
+_REPLACED = (
+    "the dataset replaced NumPy's global bit generator (np.random.set_bit_generator) while "
+    "a copy of it was read in the main process: a copy's generators carry on from read to read "
+    "as a worker's do, and another bit generator cannot be carried; draw from a "
+    "np.random.Generator of the dataset's own and save its state in the dataset's state_dict()"
+)
+
+
 def _own_swap(
     place: Any,
 ) -> Callable[[Snapshot | None, Callable[[], Any]], tuple[bool, Any, Snapshot | None]] | None:
@@ -178,7 +208,8 @@ def _own_swap(
     numpy_state, (get_torch, put_torch, put_taken) = place.numpy_state, torch_accessors()
     key = place.numpy_key()
     bit_generator = place.numpy_bit_generator
-    if python is None or key is None or gauss is None:
+    # Only over the MT19937 a read's seeding draws from (its states are read from its views).
+    if python is None or key is None or gauss is None or bit_generator is not place.seeding:
         return None
     lock = hold_generators()
 
@@ -204,11 +235,16 @@ def _own_swap(
                     bytes(python), instance.gauss_next, bytes(key), bytes(gauss), get_torch()
                 )
             finally:
+                replaced = numpy_state._bit_generator is not bit_generator
+                if replaced:  # by the read: the caller's comes back, and the read is refused
+                    set_bit_generator(bit_generator)
                 put_taken(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
                 key[:] = numpy_state_bytes
                 gauss[:] = numpy_gauss
+            if replaced:
+                raise NumPyGeneratorReplacedError(_REPLACED)
             return True, result, after
 
     return swap
