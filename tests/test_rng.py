@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import io
 import random
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -445,3 +446,23 @@ def test_validate_random_state_refuses_what_restore_refuses():
     state["numpy"]["pos"] = 625
     with pytest.raises(ValueError):
         validate_random_state(state)
+
+
+def test_rng_scope_draws_numpys_mt19937_stream_and_gives_a_replaced_bit_generator_back():
+    kept = np.random.get_bit_generator()
+    kept_state = kept.state
+    try:
+        with rng_scope(5):
+            expected = np.random.rand(3)
+        caller = np.random.PCG64(3)
+        np.random.set_bit_generator(caller)
+        before = caller.state
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # NumPy: get_state's legacy form is the MT19937's
+            with rng_scope(5):
+                drawn = np.random.rand(3)
+        assert np.array_equal(drawn, expected)
+        assert np.random.get_bit_generator() is caller and caller.state == before
+    finally:
+        kept.state = kept_state
+        np.random.set_bit_generator(kept)

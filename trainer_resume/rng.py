@@ -185,6 +185,10 @@ def seed_cpu_generators(seed: int) -> None:
     """Seed Python ``random``, NumPy's global generator and torch CPU as :func:`rng_scope`
     does, without saving or restoring anything (for code that restores once per batch)."""
     random.seed(seed)
+    if type(np.random.mtrand._rand._bit_generator) is not np.random.MT19937:
+        # Replaced with another kind (np.random.set_bit_generator): seed an MT19937, as
+        # in a process where nothing replaced it.
+        np.random.set_bit_generator(np.random.MT19937())
     np.random.seed(seed & _MASK32)
     # torch.default_generator only: torch.manual_seed would reseed CUDA as well.
     torch.default_generator.manual_seed(seed & _MASK64)
@@ -209,13 +213,15 @@ def rng_scope(seed: int) -> Iterator[None]:
         raise TypeError(f"rng_scope takes an int seed, got {type(seed).__name__}: {seed!r}")
     with _GENERATORS_LOCK:
         python_state = random.getstate()
-        numpy_state = np.random.get_state()
+        bit_generator, numpy_state = np.random.mtrand._rand._bit_generator, np.random.get_state()
         torch_state = torch.get_rng_state()
         try:
             seed_cpu_generators(seed)
             yield
         finally:
             random.setstate(python_state)
+            if np.random.mtrand._rand._bit_generator is not bit_generator:  # replaced: put back
+                np.random.set_bit_generator(bit_generator)
             np.random.set_state(numpy_state)
             torch.set_rng_state(torch_state)
 

@@ -215,13 +215,14 @@ class ReplacingDataset(torch.utils.data.Dataset):
         return torch.from_numpy(np.random.rand(2))
 
 
-def _replacing_loader(workers: int = 0) -> ResumableDataLoader:
+def _replacing_loader(workers: int = 0, seeding: str = "batch") -> ResumableDataLoader:
     return ResumableDataLoader(
         ReplacingDataset(),
         batch_size=2,
         num_workers=workers,
         resumable=True,
         generator=torch.Generator().manual_seed(0),
+        augmentation_seeding=seeding,
     )
 
 
@@ -255,19 +256,20 @@ def test_the_callers_numpy_generator_comes_back_when_the_dataset_replaces_it(num
     assert np.random.rand() == expected
 
 
+@pytest.mark.parametrize("seeding", ["batch", "sample"])
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_dataset_that_replaces_numpys_bit_generator_gets_the_same_batches_in_every_run(
-    numpy_bit_generator, workers
+    numpy_bit_generator, workers, seeding
 ):
-    reference = _batches(_replacing_loader())
+    reference = _batches(_replacing_loader(seeding=seeding))
     # A second run in the same process, with the workers, and resumed in a fresh loader.
-    assert _same(_batches(_replacing_loader(workers)), reference)
-    paused = _replacing_loader(workers)
+    assert _same(_batches(_replacing_loader(workers, seeding)), reference)
+    paused = _replacing_loader(workers, seeding)
     iterator = iter(paused)
     head = [next(iterator) for _ in range(2)]
     state = paused.state_dict()
     paused.close()
-    resumed = _replacing_loader(workers)
+    resumed = _replacing_loader(workers, seeding)
     resumed.load_state_dict(state)
     assert _same(head + _batches(resumed), reference)
 
