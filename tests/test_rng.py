@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from trainer_resume.errors import UnsupportedResumeConfigurationError
 from trainer_resume.rng import (
     derive_seed,
     derive_seed_run,
@@ -466,3 +467,15 @@ def test_rng_scope_draws_numpys_mt19937_stream_and_gives_a_replaced_bit_generato
     finally:
         kept.state = kept_state
         np.random.set_bit_generator(kept)
+
+
+def test_capturing_while_numpys_global_generator_is_not_an_mt19937_is_refused_naming_the_fix():
+    kept = np.random.get_bit_generator()
+    try:
+        np.random.set_bit_generator(np.random.PCG64(3))
+        with pytest.raises(UnsupportedResumeConfigurationError, match="is a PCG64") as caught:
+            random_state()
+        assert "np.random.set_bit_generator(np.random.MT19937(seed))" in str(caught.value)
+    finally:
+        np.random.set_bit_generator(kept)
+    assert random_state()["numpy"]["kind"] == "MT19937"

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from .errors import UnsupportedResumeConfigurationError
 from .state import RandomState, is_int
 
 __all__ = [
@@ -247,6 +248,7 @@ def random_state(device: torch.device | str | int | None = None) -> RandomState:
     """
     index = _cuda_index(device) if device is not None else None
     with _GENERATORS_LOCK:  # never the seeded state of another thread's rng_scope
+        _require_mt19937()
         python = random.getstate()
         numpy_state = np.random.get_state()
         torch_state = torch.get_rng_state()
@@ -256,6 +258,20 @@ def random_state(device: torch.device | str | int | None = None) -> RandomState:
             else None
         )
     return _packed(python, numpy_state, torch_state, cuda, index)
+
+
+def _require_mt19937() -> None:
+    """Refuse a capture while NumPy's global bit generator is not an MT19937: its saved
+    form is the MT19937's (``np.random.get_state()``'s legacy tuple)."""
+    bit_generator = np.random.mtrand._rand._bit_generator
+    if type(bit_generator) is not np.random.MT19937:
+        raise UnsupportedResumeConfigurationError(
+            f"NumPy's global bit generator is a {type(bit_generator).__name__} "
+            "(np.random.set_bit_generator), and the main-process RNG state saves NumPy's "
+            "global generator as an MT19937; put an MT19937 back "
+            "(np.random.set_bit_generator(np.random.MT19937(seed))) and draw from a "
+            "np.random.Generator(np.random.PCG64(...)) of your own, saved with your state"
+        )
 
 
 def _packed(
