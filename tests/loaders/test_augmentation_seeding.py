@@ -274,10 +274,8 @@ def test_a_dataset_that_replaces_numpys_bit_generator_gets_the_same_batches_in_e
     assert _same(head + _batches(resumed), reference)
 
 
-def test_a_caller_whose_numpy_generator_is_a_pcg64_gets_the_batches_of_the_default_one(
-    numpy_bit_generator,
-):
-    reference = _batches(
+def _gaussian_batches() -> list[torch.Tensor]:
+    return _batches(
         ResumableDataLoader(
             GaussianDataset(),
             batch_size=3,
@@ -285,19 +283,18 @@ def test_a_caller_whose_numpy_generator_is_a_pcg64_gets_the_batches_of_the_defau
             generator=torch.Generator().manual_seed(0),
         )
     )
+
+
+def test_a_caller_whose_numpy_generator_is_a_pcg64_gets_the_batches_of_the_default_one(
+    numpy_bit_generator,
+):
+    reference = _gaussian_batches()
     caller = np.random.PCG64(7)
     np.random.set_bit_generator(caller)
     before = caller.state
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NumPy: get_state's legacy form is the MT19937's
-        got = _batches(
-            ResumableDataLoader(
-                GaussianDataset(),
-                batch_size=3,
-                resumable=True,
-                generator=torch.Generator().manual_seed(0),
-            )
-        )
+        got = _gaussian_batches()
     assert _same(got, reference)
     assert np.random.get_bit_generator() is caller and caller.state == before
 
