@@ -335,3 +335,32 @@ def test_a_stream_read_in_the_main_process_that_replaces_numpys_generator_is_ref
     assert np.random.get_bit_generator() is numpy_bit_generator
     assert first[:, 0].tolist() == [1.0, 2.0]
     loader.close()
+
+
+class DrawingStream(ReplacingStream):
+    """The same stream without the replacement: it draws from NumPy's global generator."""
+
+    def __next__(self) -> torch.Tensor:
+        if self.position >= 8:
+            raise StopIteration
+        self.position += 1
+        return torch.tensor([float(self.position), np.random.rand()])
+
+
+def _stream_batches() -> list[torch.Tensor]:
+    torch.manual_seed(0)  # the loader's augmentation seed
+    return _batches(ResumableDataLoader(DrawingStream(), batch_size=2, resumable=True))
+
+
+def test_a_stream_read_under_a_pcg64_caller_gets_the_batches_of_the_default_generator(
+    numpy_bit_generator,
+):
+    reference = _stream_batches()
+    caller = np.random.PCG64(7)
+    np.random.set_bit_generator(caller)
+    before = caller.state
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NumPy: get_state's legacy form is the MT19937's
+        got = _stream_batches()
+    assert len(reference) == 4 and _same(got, reference)
+    assert np.random.get_bit_generator() is caller and caller.state == before

@@ -34,6 +34,7 @@ from ._global_generators import (
     layout,
     seed_global,
     torch_accessors,
+    use_seeding_generator,
 )
 
 __all__ = ["CallerGenerators", "OwnGenerators", "caller_generators", "run_seeded", "seed_batch"]
@@ -173,6 +174,8 @@ class OwnGenerators:
 
     def _install(self) -> None:
         if self._states is not None:
+            # Into the MT19937 the copy's reads draw from, whatever kind the caller's is.
+            use_seeding_generator(layout())
             install(self._states)
 
     def after(self) -> Snapshot:
