@@ -149,6 +149,28 @@ class RestartingStream(IterableDataset):
         self.position = state["position"]
 
 
+class ResumingStream(RestartingStream):
+    """Its own iterator whose ``__iter__`` starts over unless a state was loaded since the
+    last one (then it reads on from there), as datasets that resume after
+    ``load_state_dict()`` are written: a second load it was never given in the
+    uninterrupted run would make its next pass read on from the end, an empty pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded = False
+
+    def __iter__(self) -> ResumingStream:
+        self.first, self.count = _share()
+        if not self.loaded:
+            self.position = 0
+        self.loaded = False
+        return self
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        super().load_state_dict(state)
+        self.loaded = True
+
+
 class TorchRngStream(IterableDataset):
     """Its own restarting iterator whose items come from torch's global generator, which its
     state holds (``torch.get_rng_state()``). ``lazy``: a loaded state is kept and applied at
@@ -223,6 +245,7 @@ DATASETS = {
     "dataset-state": CountingStream,
     "iterator-state": CursorStream,
     "restarting": RestartingStream,
+    "resuming": ResumingStream,
     "torch-rng-eager": lambda: TorchRngStream(lazy=False),
     "torch-rng-lazy": lambda: TorchRngStream(lazy=True),
 }

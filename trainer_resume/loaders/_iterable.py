@@ -52,6 +52,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..difference import first_difference
 from ..rng import derive_seed
 from ._driver import StreamingDriver
 from ._fetch import FetchFailure
@@ -354,7 +355,7 @@ class PassReader(IterableDataset):
             if refusal is not None:
                 return refusal
         iterator = iter(dataset)
-        if iterator_state is not None:
+        if iterator_state is not None and not _kept_by_iter(dataset, iterator, iterator_state):
             iterator.load_state_dict(copy.deepcopy(iterator_state))  # type: ignore[attr-defined]
         if generators is not None:
             install(generators)  # as the copy's last delivered batch left them
@@ -382,6 +383,20 @@ class PassReader(IterableDataset):
                 return _ENDED
         samples[0] += len(items)
         return self._collate_fn(items)
+
+
+def _kept_by_iter(dataset: Any, iterator: Any, state: Any) -> bool:
+    """Whether a dataset that is its own iterator still holds ``state`` after ``iter()``
+    (it kept the position loaded before it): then it is not loaded again, a second load
+    the uninterrupted run never made (a dataset may note a load, for example to make its
+    next ``__iter__`` resume instead of starting over, and would carry that into its next
+    pass). One whose ``iter()`` starts over is loaded again."""
+    if iterator is not dataset:
+        return False
+    try:
+        return first_difference(state, snapshot(dataset)) is None
+    except Exception:  # noqa: BLE001 - its state_dict() is asked again after the batch
+        return False
 
 
 class _StateFailed(Exception):
