@@ -216,3 +216,5 @@ def main(spec_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown under gloo's threads (see ddp_workers)

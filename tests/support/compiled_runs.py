@@ -165,7 +165,9 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     {"pause": pause, "resume": resume, "sharded": sharded}[args.job](args.workdir)
     sys.stdout.flush()
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":
     main()
+    os._exit(0)  # no interpreter teardown under gloo's and inductor's threads (see ddp_workers)

@@ -8,6 +8,7 @@ rank saves ``DIR/rank-<r>.pt``: the uninterrupted and resumed losses and model s
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -90,4 +91,7 @@ def main(directory: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    code = main(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown under gloo's threads (see ddp_workers)
