@@ -415,12 +415,8 @@ def _seed_any(seed: int) -> None:
 
 def _fast_seeder(place: _Layout) -> Callable[[int], None] | None:
     """``_seed_any`` over this process's views, bound once: it runs once per batch."""
-    python, scratch, gauss, bit_generator = (
-        place.python,
-        place.scratch_key,
-        place.gauss,
-        place.seeding,
-    )
+    python, scratch, gauss = place.python, place.scratch_key, place.gauss
+    bit_generator = place.seeding  # the views of the MT19937 every batch draws from
     key = _key_view(bit_generator) if gauss is not None else None
     numpy_seed, scratch_seed = getattr(bit_generator, "_legacy_seeding", None), place.scratch_seed
     if python is None or scratch is None or key is None or gauss is None or numpy_seed is None:

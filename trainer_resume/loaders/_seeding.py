@@ -47,12 +47,6 @@ Seed = int | Callable[[], None]
 seed_batch = seed_global  # seeds Python random, NumPy's global generator and torch CPU
 
 
-def set_bit_generator(bit_generator: Any) -> None:
-    """Put ``bit_generator`` back as NumPy's global one (a fetch replaced it: where
-    ``np.random.set_bit_generator`` exists, NumPy 1.25 and later)."""
-    np.random.set_bit_generator(bit_generator)
-
-
 class CallerGenerators:
     """Runs a fetch in the main process and hands the caller's generator states back, also on errors.
 
@@ -88,8 +82,9 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
                         seed()  # type: ignore[operator]
                     return fetch()
                 finally:
+                    # Replaced by the seeding's, or by the fetch.
                     if numpy_state._bit_generator is not caller_bit_generator:
-                        set_bit_generator(caller_bit_generator)  # the seeding's, or the fetch's
+                        np.random.set_bit_generator(caller_bit_generator)
                     install(caller)
             python_state, gauss_next = bytes(python), instance.gauss_next
             numpy_state_bytes, numpy_gauss = bytes(key), bytes(gauss)
@@ -102,7 +97,7 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
                 return fetch()
             finally:
                 if numpy_state._bit_generator is not bit_generator:  # the fetch replaced it
-                    set_bit_generator(bit_generator)
+                    np.random.set_bit_generator(bit_generator)
                 put_taken(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
@@ -161,8 +156,9 @@ class OwnGenerators:
                 return result  # type: ignore[return-value]
 
         def own() -> T:
-            numpy_state = np.random.mtrand._rand
-            numpy_before, seeding = numpy_state._bit_generator, layout().seeding
+            place = layout()
+            numpy_state, seeding = place.numpy_state, place.seeding
+            numpy_before = numpy_state._bit_generator
             result = read()
             # Replaced by the read itself (a pass the read opens or ends is seeded on seeding).
             if numpy_state._bit_generator not in (numpy_before, seeding):
@@ -240,7 +236,7 @@ def _own_swap(
             finally:
                 replaced = numpy_state._bit_generator is not bit_generator
                 if replaced:  # by the read: the caller's comes back, and the read is refused
-                    set_bit_generator(bit_generator)
+                    np.random.set_bit_generator(bit_generator)
                 put_taken(torch_state)
                 python[:] = python_state
                 instance.gauss_next = gauss_next
