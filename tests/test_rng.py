@@ -459,7 +459,7 @@ def test_rng_scope_draws_numpys_mt19937_stream_and_gives_a_replaced_bit_generato
         np.random.set_bit_generator(caller)
         before = caller.state
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # NumPy: get_state's legacy form is the MT19937's
+            warnings.simplefilter("error")  # no NumPy warning about the legacy form
             with rng_scope(5):
                 drawn = np.random.rand(3)
         assert np.array_equal(drawn, expected)

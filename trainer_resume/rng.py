@@ -214,7 +214,9 @@ def rng_scope(seed: int) -> Iterator[None]:
         raise TypeError(f"rng_scope takes an int seed, got {type(seed).__name__}: {seed!r}")
     with _GENERATORS_LOCK:
         python_state = random.getstate()
-        bit_generator, numpy_state = np.random.mtrand._rand._bit_generator, np.random.get_state()
+        bit_generator = np.random.mtrand._rand._bit_generator
+        # Another kind's state as its dictionary (NumPy warns when the legacy form is asked).
+        numpy_state = np.random.get_state(legacy=type(bit_generator) is np.random.MT19937)
         torch_state = torch.get_rng_state()
         try:
             seed_cpu_generators(seed)

@@ -3,7 +3,10 @@ caller's generators handed back exactly."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -11,6 +14,7 @@ import pytest
 import torch
 from support import epoch_streams as epochs
 from support import loader_streams as streams
+from support.cli import TESTS
 
 from trainer_resume.errors import LoaderFetchFailedError, LoaderStateError
 from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
@@ -347,7 +351,73 @@ def test_a_caller_whose_numpy_generator_is_a_pcg64_gets_the_batches_of_the_defau
     np.random.set_bit_generator(caller)
     before = caller.state
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # NumPy: get_state's legacy form is the MT19937's
+        warnings.simplefilter("error")  # no NumPy warning per batch about the legacy form
         got = batches()
     assert len(reference) >= 4 and _same(got, reference)
     assert np.random.get_bit_generator() is caller and caller.state == before
+
+
+@pytest.mark.slow
+def test_a_process_whose_numpy_generator_is_a_pcg64_before_any_loader_reads_gets_the_default_batches(
+    tmp_path,
+):
+    # The generators' raw views are found at the first read: here, under the PCG64.
+    runs = {}
+    for kind in ("MT19937", "PCG64"):
+        out = tmp_path / f"{kind}.pt"
+        subprocess.run(
+            [sys.executable, "-m", "support.numpy_kind_child", kind, str(out)],
+            cwd=TESTS,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+            },
+            check=True,
+            timeout=120,
+        )
+        runs[kind] = torch.load(out, weights_only=True)
+    for kind, run in runs.items():
+        assert run["caller_unchanged"], kind
+    for name, reference in runs["MT19937"]["batches"].items():
+        assert len(reference) == 4 and _same(runs["PCG64"]["batches"][name], reference), name
+
+
+class WorkerReplacingStream(torch.utils.data.IterableDataset):
+    """A stateful stream whose worker copies install a PCG64 as NumPy's global bit
+    generator when a pass starts, and draw from it."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __iter__(self) -> WorkerReplacingStream:
+        info = torch.utils.data.get_worker_info()
+        self.stride = 1 if info is None else info.num_workers
+        self.position = max(self.position, 0 if info is None else info.id)
+        np.random.set_bit_generator(np.random.PCG64(3))
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.position >= 12:
+            raise StopIteration
+        self.position += self.stride
+        return torch.tensor([float(self.position), np.random.rand()])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+@pytest.mark.slow
+def test_a_stream_whose_worker_copies_replace_numpys_generator_with_a_pcg64_is_refused_naming_the_fix(
+    numpy_bit_generator,
+):
+    loader = ResumableDataLoader(
+        WorkerReplacingStream(), batch_size=2, num_workers=2, resumable=True, timeout=60
+    )
+    with pytest.raises(LoaderFetchFailedError, match="made a PCG64 NumPy's global") as caught:
+        next(iter(loader))
+    assert "np.random.Generator of the dataset's own" in str(caught.value)
+    assert np.random.get_bit_generator() is numpy_bit_generator
+    loader.close()

@@ -13,9 +13,9 @@ copied as raw bytes through memoryviews:
 * NumPy: the ``MT19937`` bit generator's state through
   ``bit_generator.ctypes.state_address`` (public NumPy API: ``uint32 key[624]; int
   pos``), and the cached second Gaussian that the legacy ``RandomState`` keeps in its
-  own object (``int has_gauss; double gauss``). Its place is found once per process by
-  writing a marker through ``set_state`` and checked by writing through the view and
-  reading back with ``get_state``. If ``np.random.set_bit_generator`` replaces the
+  own object (``int has_gauss; double gauss``). Its place is found once per process, on
+  a private ``RandomState``, by writing a marker through ``set_state`` and checked by
+  writing through the view and reading back with ``get_state``. If ``np.random.set_bit_generator`` replaces the
   bit generator, the next access finds the new one; :func:`seed_global` makes
   ``_Layout.seeding`` (the MT19937 found first, or one of its own) global again before
   it seeds, so every batch draws from an MT19937 whatever was global.
@@ -116,30 +116,38 @@ def _key_view(bit_generator: Any) -> memoryview | None:
 
 
 def _gauss_view(state: np.random.RandomState) -> memoryview | None:
-    """Where ``state`` keeps its cached Gaussian (``has_gauss``, ``gauss``), found and checked."""
-    size = type(state).__basicsize__
-    saved = state.get_state()
+    """Where ``state`` keeps its cached Gaussian (``has_gauss``, ``gauss``): the place is
+    found and checked on a private ``RandomState`` over an MT19937 (``state`` itself is
+    never written, and its bit generator may be of any kind)."""
+    if type(state) is not np.random.RandomState:
+        return None
+    offset = _gauss_offset()
+    return raw_view(id(state) + offset, _GAUSS_BYTES) if offset is not None else None
+
+
+def _gauss_offset() -> int | None:
+    """The offset of the cached Gaussian in a ``RandomState`` object, or ``None``."""
+    probe = np.random.RandomState(np.random.MT19937(20240611))
+    saved = probe.get_state()
     try:
-        state.set_state(("MT19937", saved[1], saved[2], 1, _MARKER))
-        raw = ctypes.string_at(id(state), size)
+        probe.set_state(("MT19937", saved[1], saved[2], 1, _MARKER))
+        raw = ctypes.string_at(id(probe), type(probe).__basicsize__)
         found = raw.find(struct.pack("d", _MARKER))
         offset = found - 8
         if found < 0 or offset < 0 or raw.find(struct.pack("d", _MARKER), found + 1) >= 0:
             return None
         if int.from_bytes(raw[offset : offset + 4], sys.byteorder) != 1:
             return None
-        view = raw_view(id(state) + offset, _GAUSS_BYTES)
-        state.set_state(("MT19937", saved[1], saved[2], 0, 0.0))
+        view = raw_view(id(probe) + offset, _GAUSS_BYTES)
+        probe.set_state(("MT19937", saved[1], saved[2], 0, 0.0))
         if bytes(view[:4]) != bytes(4):
             return None
         view[:] = (1).to_bytes(4, sys.byteorder) + bytes(4) + struct.pack("d", 0.25)
-        if state.get_state()[3:] != (1, 0.25):
+        if probe.get_state()[3:] != (1, 0.25):
             return None
-        return view
+        return offset
     except (ValueError, TypeError):
         return None
-    finally:
-        state.set_state(saved)
 
 
 class _Layout:
@@ -317,10 +325,16 @@ def capture() -> Snapshot:
     return Snapshot(
         bytes(python) if python is not None else random.getstate(),
         place.python_instance.gauss_next,
-        bytes(key) if key is not None else np.random.get_state(),
+        bytes(key) if key is not None else _numpy_state(place.numpy_state),
         bytes(place.gauss) if key is not None else None,  # type: ignore[arg-type]
         torch.default_generator.get_state(),
     )
+
+
+def _numpy_state(state: np.random.RandomState) -> Any:
+    # The legacy tuple of an MT19937; the dictionary of another kind (asked for as such:
+    # NumPy warns when a legacy state is asked of one).
+    return state.get_state(legacy=type(state._bit_generator) is np.random.MT19937)
 
 
 def install(snapshot: Snapshot) -> None:

@@ -50,14 +50,15 @@ from collections.abc import Callable, Iterator
 from itertools import repeat
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..difference import first_difference
 from ..rng import derive_seed
 from ._driver import StreamingDriver
 from ._fetch import FetchFailure
-from ._global_generators import Snapshot, capture, install, same
-from ._seeding import OwnGenerators, seed_batch
+from ._global_generators import Snapshot, capture, install, layout, same
+from ._seeding import NumPyGeneratorReplacedError, OwnGenerators, replaced_in_worker, seed_batch
 from ._stateful import is_stateful
 
 __all__ = [
@@ -161,7 +162,11 @@ class _WorkerGenerators:
         self._sent: Snapshot | None = None
 
     def run(self, read: Callable[[], Any]) -> Any:
-        return read()
+        result = read()
+        kind = type(layout().numpy_state._bit_generator)
+        if kind is not np.random.MT19937:  # installed by the read: its state cannot be carried
+            raise NumPyGeneratorReplacedError(replaced_in_worker(kind.__name__))
+        return result
 
     def after(self) -> Snapshot | str:
         states, sent = capture(), self._sent

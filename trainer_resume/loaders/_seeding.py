@@ -37,7 +37,15 @@ from ._global_generators import (
     use_seeding_generator,
 )
 
-__all__ = ["CallerGenerators", "OwnGenerators", "caller_generators", "run_seeded", "seed_batch"]
+__all__ = [
+    "CallerGenerators",
+    "NumPyGeneratorReplacedError",
+    "OwnGenerators",
+    "caller_generators",
+    "replaced_in_worker",
+    "run_seeded",
+    "seed_batch",
+]
 
 T = TypeVar("T")
 
@@ -192,6 +200,17 @@ _REPLACED = (
     "as a worker's do, and another bit generator cannot be carried; draw from a "
     "np.random.Generator of the dataset's own and save its state in the dataset's state_dict()"
 )
+
+
+def replaced_in_worker(kind: str) -> str:
+    """Why a copy read in a worker that made a ``kind`` NumPy's global bit generator is refused."""
+    return (
+        f"the dataset made a {kind} NumPy's global bit generator (np.random.set_bit_generator) "
+        "while a copy of it was read in a worker: a copy's generators are saved with each "
+        "delivered batch and put back when it resumes, and only an MT19937's state can be; "
+        "draw from a np.random.Generator of the dataset's own and save its state in the "
+        "dataset's state_dict()"
+    )
 
 
 def _own_swap(
