@@ -59,13 +59,13 @@ from ..state import RandomState
 from ._torch_generator_memory import (
     STATE_WORDS,
     default_state_view,
+    memory_of,
     private_states,
     raw_view,
     words_view,
 )
 
 __all__ = [
-    "InPlaceState",
     "Snapshot",
     "capture",
     "global_seeder",
@@ -233,10 +233,11 @@ class Snapshot:
 
     ``python`` is the raw index and state (``bytes``) with ``gauss_next`` beside it, or
     ``random.getstate()``; ``numpy`` the raw key and position with ``numpy_gauss`` beside
-    it, or ``np.random.get_state()``; ``torch`` the CPU generator's state tensor, its
-    bytes, or an :class:`InPlaceState` (the generator's memory, this process only). It
-    pickles the state as the tensor's bytes (a tensor crossing a worker queue would go
-    through shared memory) and keeps them as bytes until they are used.
+    it, or ``np.random.get_state()``; ``torch`` the CPU generator's state tensor, the
+    tensor's bytes as a ``bytearray``, or ``bytes``: the generator's memory, copied in
+    place (``torch_accessors``; this process only). It pickles the state as the tensor's
+    bytes (a tensor crossing a worker queue would go through shared memory) and keeps
+    them as a ``bytearray`` until they are used.
     """
 
     __slots__ = ("gauss_next", "numpy", "numpy_gauss", "python", "torch")
@@ -251,27 +252,21 @@ class Snapshot:
         self.torch = torch_state
 
     def __getstate__(self) -> tuple[Any, ...]:
-        raw = self.torch if type(self.torch) is bytes else _tensor(self.torch).numpy().tobytes()
+        state = self.torch
+        raw = state if type(state) is bytearray else bytearray(_tensor(state).numpy())
         return self.python, self.gauss_next, self.numpy, self.numpy_gauss, raw
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        # The torch state stays bytes until it is used: most never are (a worker sends
+        # The torch state stays a bytearray until it is used: most never are (a worker sends
         # one with every batch; only the delivered one's is saved, and only at a pause).
         self.python, self.gauss_next, self.numpy, self.numpy_gauss, self.torch = state
 
 
-class InPlaceState(bytes):
-    """A torch CPU state copied out of the generator's memory (``torch_accessors``): put
-    back in place in this process, converted to ``get_state()``'s tensor for anything else."""
-
-    __slots__ = ()
-
-
 def _tensor(torch_state: Any) -> torch.Tensor:
     kind = type(torch_state)
-    if kind is bytes:
+    if kind is bytearray:  # get_state()'s tensor, unpickled
         return torch.frombuffer(bytearray(torch_state), dtype=torch.uint8)
-    if kind is InPlaceState:
+    if kind is bytes:  # the generator's memory, copied in place
         converter = layout().converter
         if converter is None:  # made only where the layout is proven
             raise RuntimeError("an in-place torch state in a process without the layout")
@@ -280,15 +275,15 @@ def _tensor(torch_state: Any) -> torch.Tensor:
 
 
 class _Converter:
-    """A private generator that turns an :class:`InPlaceState` into ``get_state()``'s tensor
-    (at a pause, or when a snapshot is pickled: off the per-batch path)."""
+    """A private generator that turns a torch state copied in place into ``get_state()``'s
+    tensor (at a pause, or when a snapshot is pickled: off the per-batch path)."""
 
     def __init__(self, generator: torch.Generator, view: memoryview) -> None:
         self._lock = threading.Lock()
         self._generator = generator  # held: the view points into it
         self._view = view
 
-    def tensor(self, state: InPlaceState) -> torch.Tensor:
+    def tensor(self, state: bytes) -> torch.Tensor:
         with self._lock:
             self._view[:] = state
             return self._generator.get_state()
@@ -323,10 +318,10 @@ def capture() -> Snapshot:
     python = place.python
     key = place.numpy_key()
     return Snapshot(
-        bytes(python) if python is not None else random.getstate(),
+        python.tobytes() if python is not None else random.getstate(),
         place.python_instance.gauss_next,
-        bytes(key) if key is not None else _numpy_state(place.numpy_state),
-        bytes(place.gauss) if key is not None else None,  # type: ignore[arg-type]
+        key.tobytes() if key is not None else _numpy_state(place.numpy_state),
+        place.gauss.tobytes() if key is not None else None,  # type: ignore[union-attr]
         torch.default_generator.get_state(),
     )
 
@@ -356,26 +351,23 @@ def install(snapshot: Snapshot) -> None:
 
 
 def torch_accessors() -> tuple[Callable[[], Any], Callable[[Any], None], Callable[[Any], None]]:
-    """``(get, put, put_taken)`` of torch CPU's state in this process: an
-    :class:`InPlaceState` copied in place where the layout is proven, else ``get_state`` /
-    ``set_state``. ``put`` takes any form a :class:`Snapshot` holds; ``put_taken`` only a
-    state ``get`` took (no Python frame in place: it runs once per batch)."""
+    """``(get, put, put_taken)`` of torch CPU's state in this process: its memory copied
+    in place as ``bytes`` where the layout is proven, else ``get_state`` / ``set_state``.
+    ``put`` takes any form a :class:`Snapshot` holds; ``put_taken`` only a state ``get``
+    took (C calls, no Python frame: they run once per batch)."""
     view = layout().torch_default
     set_state = torch.default_generator.set_state
     if view is None:
         return torch.default_generator.get_state, lambda state: set_state(_tensor(state)), set_state
+    memory = memory_of(view)
 
     def put(state: Any) -> None:
-        if type(state) is InPlaceState:
-            view[:] = state
+        if type(state) is bytes:
+            memory.raw = state
         else:
             set_state(_tensor(state))
 
-    return (
-        functools.partial(InPlaceState, view),
-        put,
-        functools.partial(view.__setitem__, slice(None)),
-    )
+    return view.tobytes, put, functools.partial(setattr, memory, "raw")
 
 
 def seed_global(seed: int) -> None:
@@ -500,6 +492,7 @@ def _in_place_seeder(
     instance, numpy_state = place.python_instance, place.numpy_state
     bit_generator, torch_seed = place.seeding, place.torch_scratch.manual_seed
     manual_seed = torch.default_generator.manual_seed
+    gauss_memory = memory_of(gauss)
 
     def seed_in_place(seed: int) -> None:
         if numpy_state._bit_generator is not bit_generator:  # replaced by set_bit_generator
@@ -511,7 +504,7 @@ def _in_place_seeder(
         torch_seed((seed >> 32) & _MASK32)  # init_genrand(high 32 bits): NumPy's seed()
         numpy_words[:] = seeded
         numpy_position[:] = _FRESH_INDEX  # NumPy's pos after seed(): 624, as Python's index
-        gauss[:] = _NO_GAUSS  # no cached Gaussian, as seed() leaves it
+        gauss_memory.raw = _NO_GAUSS  # no cached Gaussian, as seed() leaves it
 
     return seed_in_place
 

@@ -26,7 +26,6 @@ from torch.utils.data import get_worker_info
 
 from ..rng import hold_generators
 from ._global_generators import (
-    InPlaceState,
     Snapshot,
     capture,
     global_seeder,
@@ -36,6 +35,7 @@ from ._global_generators import (
     torch_accessors,
     use_seeding_generator,
 )
+from ._torch_generator_memory import memory_of
 
 __all__ = [
     "CallerGenerators",
@@ -76,6 +76,8 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
     key = place.numpy_key()  # finds the bit generator first
     bit_generator = place.numpy_bit_generator
     seeder = global_seeder()
+    # Written whole through the arrays they show (read through the views).
+    python_memory, key_memory, gauss_memory = _memories(python, key, gauss)
 
     def run(seed: Seed, fetch: Callable[[], T]) -> T:
         # Another thread capturing the generators (a pause) waits until they are back.
@@ -94,8 +96,8 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
                     if numpy_state._bit_generator is not caller_bit_generator:
                         np.random.set_bit_generator(caller_bit_generator)
                     install(caller)
-            python_state, gauss_next = bytes(python), instance.gauss_next
-            numpy_state_bytes, numpy_gauss = bytes(key), bytes(gauss)
+            python_state, gauss_next = python.tobytes(), instance.gauss_next
+            numpy_state_bytes, numpy_gauss = key.tobytes(), gauss.tobytes()
             torch_state = get_torch()
             try:
                 if type(seed) is int:
@@ -107,10 +109,10 @@ def _hand_back(place: Any, lock: Any) -> Callable[[Seed, Callable[[], T]], T]:
                 if numpy_state._bit_generator is not bit_generator:  # the fetch replaced it
                     np.random.set_bit_generator(bit_generator)
                 put_taken(torch_state)
-                python[:] = python_state
+                python_memory.raw = python_state
                 instance.gauss_next = gauss_next
-                key[:] = numpy_state_bytes
-                gauss[:] = numpy_gauss
+                key_memory.raw = numpy_state_bytes
+                gauss_memory.raw = numpy_gauss
 
     return run
 
@@ -230,6 +232,8 @@ def _own_swap(
     if python is None or key is None or gauss is None or bit_generator is not place.seeding:
         return None
     lock = hold_generators()
+    # Written whole through the arrays they show (read through the views).
+    python_memory, key_memory, gauss_memory = _memories(python, key, gauss)
 
     def swap(own: Snapshot | None, read: Callable[[], Any]) -> tuple[bool, Any, Snapshot | None]:
         with lock:
@@ -237,32 +241,40 @@ def _own_swap(
                 own is not None and not (type(own.python) is bytes and type(own.numpy) is bytes)
             ):
                 return False, None, None
-            python_state, gauss_next = bytes(python), instance.gauss_next
-            numpy_state_bytes, numpy_gauss = bytes(key), bytes(gauss)
+            python_state, gauss_next = python.tobytes(), instance.gauss_next
+            numpy_state_bytes, numpy_gauss = key.tobytes(), gauss.tobytes()
             torch_state = get_torch()
             try:
                 if own is not None:
-                    # own.torch was taken by get_torch() after the last read, or loaded
-                    (put_taken if type(own.torch) is InPlaceState else put_torch)(own.torch)
-                    python[:] = own.python
+                    # own.torch was taken by get_torch() after the last read (bytes), or loaded
+                    (put_taken if type(own.torch) is bytes else put_torch)(own.torch)
+                    python_memory.raw = own.python
                     instance.gauss_next = own.gauss_next
-                    key[:] = own.numpy
-                    gauss[:] = own.numpy_gauss
+                    key_memory.raw = own.numpy
+                    gauss_memory.raw = own.numpy_gauss
                 result = read()
                 after = Snapshot(
-                    bytes(python), instance.gauss_next, bytes(key), bytes(gauss), get_torch()
+                    python.tobytes(),
+                    instance.gauss_next,
+                    key.tobytes(),
+                    gauss.tobytes(),
+                    get_torch(),
                 )
             finally:
                 replaced = numpy_state._bit_generator is not bit_generator
                 if replaced:  # by the read: the caller's comes back, and the read is refused
                     np.random.set_bit_generator(bit_generator)
                 put_taken(torch_state)
-                python[:] = python_state
+                python_memory.raw = python_state
                 instance.gauss_next = gauss_next
-                key[:] = numpy_state_bytes
-                gauss[:] = numpy_gauss
+                key_memory.raw = numpy_state_bytes
+                gauss_memory.raw = numpy_gauss
             if replaced:
                 raise NumPyGeneratorReplacedError(_REPLACED)
             return True, result, after
 
     return swap
+
+
+def _memories(*views: memoryview | None) -> tuple[Any, ...]:
+    return tuple(memory_of(view) if view is not None else None for view in views)

@@ -36,7 +36,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["STATE_WORDS", "default_state_view", "private_states", "raw_view", "words_view"]
+__all__ = [
+    "STATE_WORDS",
+    "default_state_view",
+    "memory_of",
+    "private_states",
+    "raw_view",
+    "words_view",
+]
 
 _MASK32 = (1 << 32) - 1
 _WORDS = 624
@@ -57,8 +64,19 @@ STATE_WORDS = slice(_FIELDS.size, _FIELDS.size + _KEY_BYTES)
 
 
 def raw_view(address: int, size: int) -> memoryview:
-    """``size`` bytes at ``address`` as a writable byte memoryview."""
+    """``size`` bytes at ``address`` as a writable byte memoryview (:func:`memory_of` gives
+    the ctypes array it shows)."""
     return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+
+
+def memory_of(view: memoryview) -> Any:
+    """The ctypes array a :func:`raw_view` shows whole: its ``raw`` attribute reads and
+    writes all the bytes in one call, in about half the time of the view's slice
+    assignment (it runs several times per batch)."""
+    memory = view.obj
+    if not isinstance(memory, ctypes.Array) or ctypes.sizeof(memory) != view.nbytes:
+        raise ValueError("not a whole raw view")
+    return memory
 
 
 def _mapped(addresses: list[int]) -> bool:
