@@ -14,6 +14,7 @@ from support.checkpoint_makers import (
     DISTRIBUTED_PAUSE_STEP,
     LIGHTNING_PAUSE_STEP,
     STEPS,
+    MixinTrainer,
     distributed_pause,
     lightning_checkpoints,
     lightning_pause,
@@ -69,7 +70,8 @@ def keys_line(state: dict[str, torch.Tensor], name: str) -> str:
 
 
 def module_entry(state: dict[str, torch.Tensor]) -> dict:
-    """What the JSON says of a module's state: tensors, bytes, its key count and first 3 keys."""
+    """What the JSON says of a module's state: tensors, bytes, its key count and first 3 keys,
+    and its modes (every submodule training, nothing frozen)."""
     tensors, size = state_size(state)
     return {
         "tensors": tensors,
@@ -77,6 +79,8 @@ def module_entry(state: dict[str, torch.Tensor]) -> dict:
         "shared": False,
         "keys": len(state),
         "first_keys": list(state)[:3],
+        "eval": [],
+        "frozen": [],
     }
 
 
@@ -138,6 +142,26 @@ def test_inspect_json_reports_the_same_facts(tmp_path_factory, capsys):
     assert summary["rng"]["saved"] is True and summary["rng"]["processes"] == 1
     assert summary["extra"] == ["seen", "warmed_up"]
     assert len(summary["config_signature"]) == 64
+
+
+def test_inspect_shows_module_modes_and_optimizer_classes_that_state_dicts_leave_out(
+    tmp_path, capsys
+):
+    trainer = MixinTrainer()
+    trainer.model[1].eval()  # a frozen BatchNorm
+    trainer.model[0].weight.requires_grad_(False)
+    trainer.step()
+    path = tmp_path / "pause.ckpt"
+    trainer.pause(path)
+    trainer.loader.close()
+    lines = inspect_text(path, capsys)
+    assert row(lines, "optimizer")[-1] == "torch.optim.adam.Adam"
+    assert "  model: in eval mode: 1; frozen (requires_grad=False): 0.weight" in lines
+    summary = inspect_json(path, capsys)
+    assert summary["objects"]["model"]["eval"] == ["1"]
+    assert summary["objects"]["model"]["frozen"] == ["0.weight"]
+    assert summary["objects"]["optimizer"]["class"] == "torch.optim.adam.Adam"
+    assert "class" not in summary["objects"]["model"]
 
 
 def test_inspect_shows_a_sharded_loaders_global_position(tmp_path_factory, capsys):

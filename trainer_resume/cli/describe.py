@@ -51,6 +51,7 @@ from ..state import (
     DALI_ITERATOR_FORMAT,
     EPOCH_SAMPLER_FORMAT,
     ITERABLE_DATASET_FORMAT,
+    RANK_BUFFERS_KEY,
     SAMPLER_FORMAT,
     SHARDED_FORMAT,
     STATEFUL_SAMPLER_FORMAT,
@@ -67,6 +68,7 @@ __all__ = [
     "loader_positions",
     "manifest_summary",
     "module_keys",
+    "module_modes",
     "pause_summary",
     "rng_summary",
 ]
@@ -150,6 +152,8 @@ def pause_summary(content: Mapping[str, Any]) -> dict[str, Any]:
     regular = content.get("regular") or {}
     shared = list(content.get("shared_keys") or [])
     objects = dict(content.get("objects") or {})
+    classes = _mapping(content.get("object_classes"))
+    modes = _mapping(content.get("module_modes"))
     seen: set[int] = set()
     described: dict[str, Any] = {}
     for name in [*objects, *(n for n in shared if n not in objects)]:
@@ -160,6 +164,8 @@ def pause_summary(content: Mapping[str, Any]) -> dict[str, Any]:
             "bytes": size,
             "shared": name in shared,
             **module_keys(state),
+            **({"class": str(classes[name])} if name in classes else {}),
+            **module_modes(modes.get(name)),
         }
     summary: dict[str, Any] = {
         "format": content.get("format"),
@@ -185,9 +191,29 @@ def pause_summary(content: Mapping[str, Any]) -> dict[str, Any]:
     rank_rng = [rank.get("rng") for rank in ranks if isinstance(rank, Mapping)]
     summary["rng"] = rng_summary(content.get("rng"), processes=len(rank_rng) or 1)
     summary["extra"] = [str(k) for k in (content.get("extra") or {})]
+    buffers = _mapping(content.get(RANK_BUFFERS_KEY))
+    if buffers:
+        summary["rank_buffers"] = {
+            str(model): len(_mapping(entry)) for model, entry in buffers.items()
+        }
     if "config" in content:
         summary["config"] = content["config"]
     return summary
+
+
+def _mapping(value: Any) -> Mapping[Any, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def module_modes(entry: Any) -> dict[str, Any]:
+    """``eval`` and ``frozen`` of a module's saved modes (its submodules in eval mode, its
+    parameters with ``requires_grad=False``); nothing where none were saved."""
+    if not isinstance(entry, Mapping):
+        return {}
+    return {
+        "eval": [str(path) for path in entry.get("eval") or ()],
+        "frozen": [str(key) for key in entry.get("frozen") or ()],
+    }
 
 
 def module_keys(state: Any) -> dict[str, Any]:

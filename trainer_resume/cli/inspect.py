@@ -177,19 +177,23 @@ def _print_rng(rng: dict[str, Any], out: TextIO) -> None:
 
 
 def _print_objects(summary: dict[str, Any], out: TextIO) -> None:
+    entries = summary["objects"]
     rows = [
         (
             name,
             "in DCP shards" if e["tensors"] is None else e["tensors"],
             "" if e["bytes"] is None else format_bytes(e["bytes"]),
+            e.get("class", ""),
             "yes" if e["shared"] else "",
         )
-        for name, e in summary["objects"].items()
+        for name, e in entries.items()
     ]
-    header = ("object", "tensors", "bytes", "shared with regular checkpoint")
-    if not any(e["shared"] for e in summary["objects"].values()):
-        rows = [row[:3] for row in rows]
-        header = header[:3]
+    header = ("object", "tensors", "bytes", "class", "shared with regular checkpoint")
+    kept = [True, True, True]
+    kept.append(any("class" in e for e in entries.values()))
+    kept.append(any(e["shared"] for e in entries.values()))
+    rows = [tuple(cell for cell, keep in zip(row, kept) if keep) for row in rows]
+    header = tuple(title for title, keep in zip(header, kept) if keep)
     print("\n" + format_table(header, rows, indent=""), file=out)
     regular = summary.get("regular_checkpoint")
     if regular and regular["unshared_keys"]:
@@ -208,6 +212,27 @@ def _print_objects(summary: dict[str, Any], out: TextIO) -> None:
                 f"  {name}: {e['keys']} keys: {first}{f' and {more} more' if more else ''}",
                 file=out,
             )
+    moded = [(name, e) for name, e in entries.items() if "eval" in e]
+    if moded:
+        print("\nmodule modes (what state_dict() leaves out)", file=out)
+        for name, e in moded:
+            print(f"  {name}: {_modes(e['eval'], e['frozen'])}", file=out)
+    buffers = summary.get("rank_buffers")
+    if buffers:
+        listed = ", ".join(f"{model} {count}" for model, count in buffers.items())
+        print(f"\nsharded models' own buffers per process: {listed}", file=out)
+
+
+def _modes(evaluating: list[str], frozen: list[str]) -> str:
+    if not evaluating and not frozen:
+        return "every submodule in training mode, no parameter frozen"
+    parts = []
+    if evaluating:
+        names = ", ".join("(the module itself)" if path == "" else path for path in evaluating)
+        parts.append(f"in eval mode: {names}")
+    if frozen:
+        parts.append(f"frozen (requires_grad=False): {', '.join(frozen)}")
+    return "; ".join(parts)
 
 
 def _entry_type(entry: dict[str, Any]) -> str:
