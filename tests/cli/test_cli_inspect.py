@@ -505,6 +505,8 @@ def test_inspect_of_a_sharded_pause_directory_verifies_every_file_and_shows_its_
     assert field(lines, "sharded") == "model (optimizer)"
     assert len(field(lines, "config signature")) == 64
     assert row(lines, "model")[1:4] == ["in", "DCP", "shards"]
+    assert "  model: every submodule in training mode, no parameter frozen" in lines
+    assert "sharded models' own buffers per process: model 0" in lines  # Linear layers only
     assert row(lines, "train")[1] == str(SHARDED_STEPS * batch)
     assert row(lines, "train")[4] == "samples"
     assert "  python       Mersenne Twister, position 624" in lines

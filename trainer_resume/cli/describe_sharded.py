@@ -65,7 +65,10 @@ def describe_sharded(path: str, *, key: bytes | None) -> dict[str, Any]:
     for name in sharded:
         if name in described["objects"]:
             # Its tensors are in the DCP shards, whose digests were checked but not loaded.
-            described["objects"][name] = {"tensors": None, "bytes": None, "shared": False}
+            entry = described["objects"][name]
+            entry.update(tensors=None, bytes=None, shared=False)
+            for key in ("keys", "first_keys"):  # the plain entry's; DCP's index gives them
+                entry.pop(key, None)
     for name in pause.manifest["models"]:
         # A model's names are in DCP's index (canonical, as get_model_state_dict gives them).
         prefix = f"models.{name}."
