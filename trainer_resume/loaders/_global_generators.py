@@ -177,8 +177,8 @@ class _Layout:
         self.scratch_seed = legacy if fast else self.scratch.seed
         # A private torch generator whose state gives the seeded states (see _fast_seeder):
         # its words those of Python and NumPy, its whole state torch CPU's; with a second
-        # one that converts an InPlaceState to get_state()'s tensor, and torch CPU's state
-        # in place (None: get_state / set_state).
+        # one that converts a state copied in place to get_state()'s tensor, and torch
+        # CPU's state in place (None: get_state / set_state).
         self.torch_state: memoryview | None = None
         self.torch_default: memoryview | None = None
         self.converter: _Converter | None = None
