@@ -519,7 +519,7 @@ class PauseCheckpoint(TypedDict):
     ddp_window: NotRequired[dict[str, DDPWindowState]]
     # module object name -> its submodules in eval mode and frozen parameters, and
     # optimizer / LR scheduler object name -> its class (absent in older files: not
-    # restored, not checked; see mixin/_object_setup.py).
+    # restored, not checked; see module_modes.py and mixin/_object_setup.py).
     module_modes: NotRequired[dict[str, ModuleModes]]
     object_classes: NotRequired[dict[str, str]]
     # sharded model name -> this rank's persistent plain buffers (canonical names): FSDP2
@@ -556,6 +556,8 @@ class LightningPauseState(TypedDict):
     pending_epoch_end: NotRequired[bool]
     metrics: NotRequired[dict[str, dict[str, Any]]]  # last logged: callback, logged, progress_bar
     epoch_metrics_in_progress: NotRequired[list[str]]  # on_epoch training metrics not carried over
+    # The LightningModule's modes, under "module" (absent in earlier releases' files).
+    module_modes: NotRequired[dict[str, ModuleModes]]
 
 
 class AcceleratorStepSettings(TypedDict):

@@ -290,7 +290,12 @@ def test_inspect_of_a_lightning_pause_file_shows_global_step_loader_rng_and_conf
         str(LIGHTNING_PAUSE_STEP),
     ]
     assert any(line.startswith("  torch        CPU generator") for line in lines)
+    assert "  state_dict: every submodule in training mode, no parameter frozen" in lines
     summary = inspect_json(path, capsys)
+    assert (
+        summary["objects"]["state_dict"]["eval"],
+        summary["objects"]["state_dict"]["frozen"],
+    ) == ([], [])
     assert (summary["kind"], summary["steps"], summary["epoch"]) == (
         "lightning pause",
         {"global_step": LIGHTNING_PAUSE_STEP},

@@ -380,6 +380,8 @@ def _lightning(content: Mapping[str, Any]) -> dict[str, Any]:
         "bytes": size,
         "shared": False,
         **module_keys(content.get("state_dict")),
+        # A pause file's: the LightningModule's modes, saved under "module".
+        **module_modes(_mapping(entry.get("module_modes")).get("module")),
     }
     for key, label in (("optimizer_states", "optimizer"), ("lr_schedulers", "lr_scheduler")):
         for number, state in enumerate(content.get(key) or []):

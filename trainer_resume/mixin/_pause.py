@@ -23,6 +23,7 @@ from .. import distributed as _distributed
 from .._module_names import canonical_state
 from ..checks.pause_state import check_saveable, to_cpu
 from ..errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
+from ..module_modes import object_modes
 from ..sharded.buffers import rank_buffers
 from ..sharded.detect import (
     SHARDED_STATE,
@@ -43,7 +44,7 @@ from ..storage.paths import is_url, make_parent_directory
 from ._boundary import boundary_loader_states, boundary_random_state
 from ._ddp_window import collect_windows, watch_windows
 from ._gradients import collect_gradients
-from ._object_setup import object_classes, object_modes
+from ._object_setup import object_classes
 from ._resume_checks import prove_written_pause
 from ._settings import settings_of
 from ._step_guard import StepGuard

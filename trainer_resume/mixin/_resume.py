@@ -22,6 +22,7 @@ from ..amp import restore_grad_scaler_state
 from ..checks.hook_results import is_library_loader, resume_loaders
 from ..errors import TrainerLockedError
 from ..finished import refuse_if_finished
+from ..module_modes import MODES_KEY, restore_object_modes
 from ..rng import restore_random_state
 from ..sharded.buffers import restore_rank_buffers
 from ..sharded.manifest import is_pause_directory
@@ -30,7 +31,6 @@ from ._boundary import record_boundary, rng_device
 from ._ddp_window import restore_windows
 from ._gradients import restore_gradients
 from ._hook_audit import name_stale_iterators, stale_iterators
-from ._object_setup import MODES_KEY, restore_object_modes
 from ._resume_checks import GRAD_SCALERS, check_pause_checkpoint, check_sharded, rank_checkpoint
 from ._settings import settings_of
 from ._step_guard import StepGuard

@@ -26,16 +26,14 @@ from ..errors import (
     UnsupportedResumeConfigurationError,
     VersionMismatchError,
 )
+from ..module_modes import check_object_modes
 from ..sharded.buffers import check_rank_buffers
 from ..sharded.detect import sharded_objects
 from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, PauseCheckpoint
 from ._boundary import rng_device
 from ._ddp_window import check_windows
 from ._gradients import check_gradients
-from ._object_setup import (
-    check_object_classes,
-    check_object_modes,
-)
+from ._object_setup import check_object_classes
 from ._settings import settings_of
 from ._training_start import check_hook_results
 

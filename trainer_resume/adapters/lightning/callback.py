@@ -49,6 +49,7 @@ from ...errors import (
 )
 from ...finished import mark_finished, refuse_if_finished, run_finished
 from ...launch_directory import warn_if_in_launch_directory
+from ...module_modes import MODES_KEY, check_object_modes, object_modes, restore_object_modes
 from ...rng import random_state, restore_random_state, validate_random_state
 from ...signature import sign_config, warn_if_ignoring_nothing
 from ...state import LightningPauseState, RandomState
@@ -77,6 +78,7 @@ from .restore_checks import ModuleSnapshot, check_module_fits, check_optimizers_
 __all__ = ["ResumeCallback", "DEFAULT_SIGNALS"]
 
 DEFAULT_SIGNALS = DEFAULT_PAUSE_SIGNALS
+_MODULE = "module"  # the LightningModule's name in the pause entry's module modes
 
 
 class ResumeCallback(Callback):
@@ -164,6 +166,10 @@ class ResumeCallback(Callback):
         self._pending_rng: RandomState | None = None
         self._pending_point: PausePoint | None = None
         self._pending_metrics: Any = None
+        # The paused module's modes: set at on_train_start, and again where the
+        # uninterrupted fit went on (see _set_modes_again).
+        self._pending_modes: Any = None
+        self._modes_again: Any = None
         self._pause_point: PausePoint | None = None
         self._undo_validation_mark = False
         self._in_resumed_epoch = False
@@ -316,6 +322,7 @@ class ResumeCallback(Callback):
         entry = checkpoint.get(PAUSE_KEY)
         if entry is not None:
             self._pause_entry(entry, trainer, source)
+            check_object_modes(entry, {_MODULE: pl_module}, source)
         check_module_fits(checkpoint, pl_module, source)
         if trainer.strategy.lightning_restore_optimizer:
             check_optimizers_fit(checkpoint, pl_module, trainer.optimizers, source)
@@ -414,6 +421,11 @@ class ResumeCallback(Callback):
             # generators, and the validation left pending by the pause runs next.
             state, self._pending_rng = self._pending_rng, None
             restore_random_state(state, _cuda_device(pl_module))
+        modes, self._pending_modes = self._pending_modes, None
+        if modes is not None:
+            # After setup(), configure_model() and on_fit_start(), which ran again.
+            restore_object_modes(modes, {_MODULE: pl_module})
+            self._modes_again = modes
         metrics, self._pending_metrics = self._pending_metrics, None
         if metrics is not None:
             restore_logged_metrics(trainer, metrics, pl_module.device)
@@ -428,6 +440,7 @@ class ResumeCallback(Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """End Lightning's restart with the epoch the pause interrupted."""
+        self._set_modes_again(pl_module)
         if self._in_resumed_epoch:
             self._in_resumed_epoch = False
             end_restart(trainer)
@@ -481,6 +494,8 @@ class ResumeCallback(Callback):
             )
         # Checked already before the restore when read through this callback's IO.
         self._pending_rng = self._pause_entry(entry, trainer, source)
+        check_object_modes(entry, {_MODULE: pl_module}, source)
+        self._pending_modes = entry.get(MODES_KEY)  # absent in earlier releases' files
         self._pending_point = PausePoint(
             validation=bool(entry.get("pending_validation", False)),
             epoch_end=bool(entry.get("pending_epoch_end", False)),
@@ -506,6 +521,7 @@ class ResumeCallback(Callback):
             )
         # The pending validation ran before this batch, or had no batch to run.
         self._undo_validation_mark = False
+        self._set_modes_again(pl_module)
         self._positions.on_train_batch_start(trainer)
 
     def on_train_batch_end(
@@ -554,10 +570,22 @@ class ResumeCallback(Callback):
                 "pending_epoch_end": point.epoch_end,
                 "metrics": logged_metrics_state(trainer),
                 "epoch_metrics_in_progress": epoch_metrics_in_progress(trainer),
+                # What the module's state_dict() leaves out (eval mode, frozen parameters).
+                "module_modes": object_modes({_MODULE: pl_module}),
             }
             checkpoint[PAUSE_KEY] = entry
 
     # ------------------------------------------------------------------ helpers
+
+    def _set_modes_again(self, pl_module: pl.LightningModule) -> None:
+        """At the first training batch or epoch end of the resumed fit (this callback's
+        hook runs before the module's): the paused modes again. Between the pause and
+        here the uninterrupted fit ran only the pending validation, which gives back the
+        modes it found; the resumed fit also ran the ``on_train_start`` hooks after this
+        callback's, which may set modes the training changed since."""
+        modes, self._modes_again = self._modes_again, None
+        if modes is not None:
+            restore_object_modes(modes, {_MODULE: pl_module})
 
     def _save_delivered_positions(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
         # Where the fit loop keeps the stateful loaders' states (see _FitLoop.on_save_checkpoint).

@@ -1,0 +1,103 @@
+"""What a module's ``state_dict()`` leaves out and training depends on: its modes.
+
+Which submodules are in eval mode (``module.training``) and which parameters are frozen
+(``requires_grad=False``). A loop that freezes a layer or puts a BatchNorm in eval mode
+at some step (fine-tuning schedules) resumed with every layer trainable and in train
+mode, from a fresh module, and trained differently. A pause (of the mixin, or of the
+Lightning adapter) saves them under canonical names (see
+:mod:`trainer_resume._module_names`), a resume checks them against the live module before
+anything is loaded and sets them back; files of earlier releases leave them as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ._module_names import ModuleNames
+from .checks.pause_state import optional_entry
+from .errors import CheckpointFormatError, ResumeStateMismatchError
+from .state import ModuleModes
+
+__all__ = ["MODES_KEY", "check_object_modes", "object_modes", "restore_object_modes"]
+
+MODES_KEY = "module_modes"
+
+
+def object_modes(objects: Mapping[str, Any]) -> dict[str, ModuleModes]:
+    """Per module resume object: its submodules in eval mode and its frozen parameters."""
+    modes: dict[str, ModuleModes] = {}
+    for name, obj in objects.items():
+        if isinstance(obj, torch.nn.Module):
+            names = ModuleNames(obj)
+            evaluating = {
+                names.prefixes.get(path, path)
+                for path, module in obj.named_modules()
+                if not module.training
+            }
+            frozen = {
+                names.canonical(key)
+                for key, param in obj.named_parameters()
+                if not param.requires_grad
+            }
+            modes[name] = {"eval": sorted(evaluating), "frozen": sorted(frozen)}
+    return modes
+
+
+def check_object_modes(checkpoint: Any, objects: Mapping[str, Any], location: str) -> None:
+    """Refuse saved modes that name a submodule or parameter the live module lacks.
+
+    Raises:
+        CheckpointFormatError: the entry is malformed (321).
+        ResumeStateMismatchError: a named submodule or parameter is not in the module (330).
+    """
+    for name, entry in optional_entry(checkpoint, MODES_KEY, location).items():
+        obj = objects.get(name)
+        if not isinstance(obj, torch.nn.Module):
+            continue
+        evaluating, frozen = _entry(entry, name, location)
+        names = ModuleNames(obj)
+        paths = {names.prefixes.get(path, path) for path, _ in obj.named_modules()}
+        parameters = {names.canonical(key) for key, _ in obj.named_parameters()}
+        for path in evaluating:
+            if path not in paths:
+                raise ResumeStateMismatchError(
+                    f"object {name!r}: submodule {path!r} was in eval mode when it paused, "
+                    "and this module has no such submodule"
+                )
+        for key in frozen:
+            if key not in parameters:
+                raise ResumeStateMismatchError(
+                    f"object {name!r}: parameter {key!r} was frozen (requires_grad=False) when "
+                    "it paused, and this module has no such parameter"
+                )
+
+
+def restore_object_modes(saved: Any, objects: Mapping[str, Any]) -> None:
+    """Set every module's submodules' ``training`` and parameters' ``requires_grad`` as saved."""
+    if saved is None:
+        return
+    for name, entry in saved.items():
+        obj = objects.get(name)
+        if not isinstance(obj, torch.nn.Module):
+            continue
+        evaluating, frozen = set(entry["eval"]), set(entry["frozen"])
+        names = ModuleNames(obj)
+        # Set directly, as the flags were: a module's own train() may do more than that.
+        for path, module in obj.named_modules(remove_duplicate=False):
+            module.training = names.prefixes.get(path, path) not in evaluating
+        for key, param in obj.named_parameters(remove_duplicate=False):
+            param.requires_grad_(names.canonical(key) not in frozen)
+
+
+def _entry(entry: Any, name: str, location: str) -> tuple[list[str], list[str]]:
+    if isinstance(entry, Mapping):
+        evaluating, frozen = entry.get("eval"), entry.get("frozen")
+        if all(
+            isinstance(names, list) and all(isinstance(n, str) for n in names)
+            for names in (evaluating, frozen)
+        ):
+            return evaluating, frozen  # type: ignore[return-value]
+    raise CheckpointFormatError(f"{location}: entry {MODES_KEY!r}[{name!r}] is malformed")
