@@ -87,7 +87,13 @@ def _fit(
     callbacks: list[pl.Callback] = [callback]
     if pause_at_batch is not None:
         callbacks.insert(0, trace.RequestPauseAt(pause_at_batch, callback))
-    trainer = pl.Trainer(
+    trainer = _trainer(callbacks)
+    _run(trainer, model, ckpt_path)
+    return model, trainer, callback
+
+
+def _trainer(callbacks: list[pl.Callback]) -> pl.Trainer:
+    return pl.Trainer(
         accelerator="cpu",
         devices=1,
         logger=False,
@@ -98,13 +104,15 @@ def _fit(
         limit_train_batches=BATCHES,
         callbacks=callbacks,
     )
+
+
+def _run(trainer: pl.Trainer, model: Moded, ckpt_path: Any) -> None:
     trainer.fit(
         model,
         train_dataloaders=child.build_loader(workers=0),
         val_dataloaders=trace.val_loader(),
         ckpt_path=ckpt_path,
     )
-    return model, trainer, callback
 
 
 def _outcome(model: Moded, trainer: pl.Trainer) -> dict[str, Any]:
@@ -162,23 +170,8 @@ def test_saved_modes_naming_a_submodule_the_module_lacks_are_refused_before_the_
     model = Moded("step", [])
     # The same state_dict() keys, without the Dropout the pause saw in eval mode.
     model.net = nn.Sequential(OrderedDict((str(i), model.net[i]) for i in (0, 1, 2, 4)))
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        max_epochs=3,
-        limit_train_batches=BATCHES,
-        callbacks=[ResumeCallback(tmp_path / "pause.ckpt", config=child.CONFIG)],
-    )
+    trainer = _trainer([ResumeCallback(tmp_path / "pause.ckpt", config=child.CONFIG)])
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ResumeStateMismatchError, match="submodule 'net.3' was in eval mode"):
-        trainer.fit(
-            model,
-            train_dataloaders=child.build_loader(workers=0),
-            val_dataloaders=trace.val_loader(),
-            ckpt_path=tmp_path / "pause.ckpt",
-        )
+        _run(trainer, model, tmp_path / "pause.ckpt")
     assert first_difference(before, model.state_dict()) is None
