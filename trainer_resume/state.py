@@ -486,6 +486,9 @@ class ModuleModes(TypedDict):
 
     eval: list[str]  # submodules whose training flag is False ("" is the module itself)
     frozen: list[str]  # parameters whose requires_grad is False
+    # Normalization layers (BatchNorm, InstanceNorm) whose track_running_stats is False
+    # (absent in earlier releases' files: left as they are).
+    untracked: NotRequired[list[str]]
 
 
 class PauseCheckpoint(TypedDict):

@@ -97,3 +97,37 @@ def test_modes_naming_a_submodule_the_module_lacks_are_refused_before_anything_c
         resumed.resume(path)
     for name, value in before.items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+
+class FrozenStatistics(FineTuning):
+    """At step 3 its loop stops the BatchNorm tracking running statistics, once (as
+    Lightning's BaseFinetuning freezes a BatchNorm): a resume after step 3 must find it so."""
+
+    def step(self) -> torch.Tensor:
+        if self.completed_steps == FREEZE_AT:
+            self.model[1].track_running_stats = False
+        return self.train_step()
+
+
+def test_a_batchnorm_that_stopped_tracking_running_statistics_resumes_so(tmp_path):
+    reference = FrozenStatistics()
+    expected = _run(reference, STEPS)
+    paused = FrozenStatistics()
+    _run(paused, PAUSE_AT)
+    paused.pause(tmp_path / "pause.ckpt")
+    resumed = FrozenStatistics()
+    resumed.resume(tmp_path / "pause.ckpt")
+    assert resumed.model[1].track_running_stats is False
+    losses = _run(resumed, STEPS)
+    assert all(torch.equal(a, b) for a, b in zip(expected[PAUSE_AT:], losses, strict=True))
+    for name, value in reference.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+
+def test_untracked_statistics_naming_a_layer_that_is_no_normalization_are_refused(tmp_path):
+    def a_linear_layer_named(content):
+        content["module_modes"]["model"]["untracked"] = ["0"]
+
+    path = _edited_pause(tmp_path, a_linear_layer_named)
+    with pytest.raises(ResumeStateMismatchError, match=r"normalization layer '0' tracked no"):
+        FineTuning().resume(path)

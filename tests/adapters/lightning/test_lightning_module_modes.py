@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import BaseFinetuning
 from support import lightning_child as child
 from support import lightning_trace as trace
 from torch import nn
@@ -31,7 +32,8 @@ class Moded(child.Regressor):
       ``CHANGE_STEP``, and leaves them so;
     - ``epoch``: ``on_train_epoch_start`` puts them in eval mode in odd epochs;
     - ``train_start``: ``on_train_start`` puts the BatchNorm in eval mode (a frozen
-      BatchNorm), the training puts it back in train mode at ``CHANGE_STEP``.
+      BatchNorm), the training puts it back in train mode at ``CHANGE_STEP``;
+    - ``finetuning``: :class:`Unfreezing` (a callback) changes them.
     """
 
     def __init__(self, how: str, record: list[Any]) -> None:
@@ -74,6 +76,21 @@ class Moded(child.Regressor):
             self.net[3].train(not odd)
 
 
+class Unfreezing(BaseFinetuning):
+    """Lightning's fine-tuning recipe: the first layer and the BatchNorm frozen before
+    training (the BatchNorm with ``train_bn=False``: eval mode, no running statistics),
+    both trainable again from epoch 1."""
+
+    def freeze_before_training(self, pl_module: pl.LightningModule) -> None:
+        self.freeze(pl_module.net[:2], train_bn=False)
+
+    def finetune_function(
+        self, pl_module: pl.LightningModule, epoch: int, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if epoch == 1:
+            self.unfreeze_and_add_param_group(pl_module.net[:2], optimizer, train_bn=True)
+
+
 def _fit(
     directory: Path,
     how: str,
@@ -85,6 +102,8 @@ def _fit(
     model = Moded(how, record)
     callback = ResumeCallback(directory / "pause.ckpt", config=child.CONFIG)
     callbacks: list[pl.Callback] = [callback]
+    if how == "finetuning":
+        callbacks.insert(0, Unfreezing())
     if pause_at_batch is not None:
         callbacks.insert(0, trace.RequestPauseAt(pause_at_batch, callback))
     trainer = _trainer(callbacks)
@@ -121,6 +140,7 @@ def _outcome(model: Moded, trainer: pl.Trainer) -> dict[str, Any]:
         "optimizer": trainer.optimizers[0].state_dict(),
         "training": [module.training for module in model.modules()],
         "requires_grad": [parameter.requires_grad for parameter in model.parameters()],
+        "track_running_stats": model.net[1].track_running_stats,
     }
 
 
@@ -141,7 +161,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 # Batch 6: mid-epoch, after the change; batch 8: an epoch's last batch (validation due).
 @pytest.mark.parametrize("pause_at", [6, 8])
-@pytest.mark.parametrize("how", ["step", "epoch", "train_start"])
+@pytest.mark.parametrize("how", ["step", "epoch", "train_start", "finetuning"])
 def test_a_resumed_fit_trains_with_the_modes_the_paused_one_had(
     how: str, pause_at: int, tmp_path: Path, uninterrupted: Any
 ) -> None:
