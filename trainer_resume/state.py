@@ -561,6 +561,7 @@ class LightningPauseState(TypedDict):
     epoch_metrics_in_progress: NotRequired[list[str]]  # on_epoch training metrics not carried over
     # The LightningModule's modes, under "module" (absent in earlier releases' files).
     module_modes: NotRequired[dict[str, ModuleModes]]
+    accumulate_grad_batches: NotRequired[int]  # trainer's at the pause (absent: earlier files)
 
 
 class AcceleratorStepSettings(TypedDict):

@@ -121,9 +121,11 @@ def fit(
     ckpt_path: Any = None,
     resume: bool = True,
     config: Any = child.CONFIG,
+    extra: Any = (),
     **options: Any,
 ) -> tuple[Traced, pl.Trainer, ResumeCallback | None, list[pl.Callback]]:
-    """One fit; ``train`` builds the training loader(s) (default: one endless resumable loader)."""
+    """One fit; ``train`` builds the training loader(s) (default: one endless resumable loader);
+    ``extra`` builds more callbacks (called with no arguments, for each fit)."""
     monitor = "train_loss" if options.get("limit_val_batches") == 0 else "val_loss"
     model = Traced(record, config, monitor)
     loader = train() if train is not None else child.build_loader(workers=0)
@@ -133,7 +135,7 @@ def fit(
         ),
         EarlyStopping(monitor=monitor, patience=100),
     ]
-    callbacks: list[pl.Callback] = list(monitors)
+    callbacks: list[pl.Callback] = [*(build() for build in extra), *monitors]
     callback = None
     if resume:
         callback = ResumeCallback(directory / "pause.ckpt", config=config)

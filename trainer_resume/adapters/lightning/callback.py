@@ -23,7 +23,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.callbacks import Callback, GradientAccumulationScheduler
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from ... import distributed
@@ -170,6 +170,8 @@ class ResumeCallback(Callback):
         # uninterrupted fit went on (see _set_modes_again).
         self._pending_modes: Any = None
         self._modes_again: Any = None
+        # The paused fit's trainer.accumulate_grad_batches, set with the modes again.
+        self._pending_accumulation: int | None = None
         self._pause_point: PausePoint | None = None
         self._undo_validation_mark = False
         self._in_resumed_epoch = False
@@ -323,6 +325,7 @@ class ResumeCallback(Callback):
         if entry is not None:
             self._pause_entry(entry, trainer, source)
             check_object_modes(entry, {_MODULE: pl_module}, source)
+            _accumulation(entry, trainer, source)
         check_module_fits(checkpoint, pl_module, source)
         if trainer.strategy.lightning_restore_optimizer:
             check_optimizers_fit(checkpoint, pl_module, trainer.optimizers, source)
@@ -440,7 +443,7 @@ class ResumeCallback(Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """End Lightning's restart with the epoch the pause interrupted."""
-        self._set_modes_again(pl_module)
+        self._set_modes_again(trainer, pl_module)
         if self._in_resumed_epoch:
             self._in_resumed_epoch = False
             end_restart(trainer)
@@ -496,6 +499,7 @@ class ResumeCallback(Callback):
         self._pending_rng = self._pause_entry(entry, trainer, source)
         check_object_modes(entry, {_MODULE: pl_module}, source)
         self._pending_modes = entry.get(MODES_KEY)  # absent in earlier releases' files
+        self._pending_accumulation = _accumulation(entry, trainer, source)
         self._pending_point = PausePoint(
             validation=bool(entry.get("pending_validation", False)),
             epoch_end=bool(entry.get("pending_epoch_end", False)),
@@ -521,7 +525,7 @@ class ResumeCallback(Callback):
             )
         # The pending validation ran before this batch, or had no batch to run.
         self._undo_validation_mark = False
-        self._set_modes_again(pl_module)
+        self._set_modes_again(trainer, pl_module)
         self._positions.on_train_batch_start(trainer)
 
     def on_train_batch_end(
@@ -572,20 +576,27 @@ class ResumeCallback(Callback):
                 "epoch_metrics_in_progress": epoch_metrics_in_progress(trainer),
                 # What the module's state_dict() leaves out (eval mode, frozen parameters).
                 "module_modes": object_modes({_MODULE: pl_module}),
+                # Set by a GradientAccumulationScheduler when the epoch started.
+                "accumulate_grad_batches": int(trainer.accumulate_grad_batches),
             }
             checkpoint[PAUSE_KEY] = entry
 
     # ------------------------------------------------------------------ helpers
 
-    def _set_modes_again(self, pl_module: pl.LightningModule) -> None:
+    def _set_modes_again(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """At the first training batch or epoch end of the resumed fit (this callback's
-        hook runs before the module's): the paused modes again. Between the pause and
-        here the uninterrupted fit ran only the pending validation, which gives back the
-        modes it found; the resumed fit also ran the ``on_train_start`` hooks after this
-        callback's, which may set modes the training changed since."""
+        hook runs before the module's): the paused modes again, and the paused fit's
+        ``accumulate_grad_batches``. Between the pause and here the uninterrupted fit ran
+        only the pending validation, which gives back the modes it found; the resumed fit
+        also ran the ``on_train_start`` hooks after this callback's, which may set modes
+        the training changed since, and skipped (mid-epoch) the ``on_train_epoch_start``
+        in which a ``GradientAccumulationScheduler`` sets the epoch's accumulation."""
         modes, self._modes_again = self._modes_again, None
         if modes is not None:
             restore_object_modes(modes, {_MODULE: pl_module})
+        accumulation, self._pending_accumulation = self._pending_accumulation, None
+        if accumulation is not None:
+            trainer.accumulate_grad_batches = accumulation
 
     def _save_delivered_positions(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
         # Where the fit loop keeps the stateful loaders' states (see _FitLoop.on_save_checkpoint).
@@ -701,6 +712,32 @@ class ResumeCallback(Callback):
         except ValueError as exc:
             raise CheckpointFormatError(f"{source}: {exc}") from exc
         return state
+
+
+def _accumulation(entry: Mapping[str, Any], trainer: pl.Trainer, source: str) -> int | None:
+    """The paused fit's ``accumulate_grad_batches`` (``None`` in earlier releases' files).
+
+    Raises:
+        CheckpointFormatError: it is not an int >= 1 (321).
+        ResumeStateMismatchError: this Trainer accumulates over another number of batches
+            and no ``GradientAccumulationScheduler`` sets it per epoch (330).
+    """
+    saved = entry.get("accumulate_grad_batches")
+    if saved is None:
+        return None
+    if type(saved) is not int or saved < 1:
+        raise CheckpointFormatError(
+            f"{source}: {PAUSE_KEY!r} entry's 'accumulate_grad_batches' must be an int >= 1"
+        )
+    live = trainer.accumulate_grad_batches
+    scheduled = any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks)
+    if saved != live and not scheduled:
+        raise ResumeStateMismatchError(
+            f"{source}: the paused fit accumulated gradients over {saved} batch(es) "
+            f"(Trainer(accumulate_grad_batches={saved})), this Trainer over {live}; build "
+            f"the Trainer with accumulate_grad_batches={saved}"
+        )
+    return saved
 
 
 def _same_file(path: Any, other: str) -> bool:
