@@ -112,14 +112,21 @@ def restore_object_modes(saved: Any, objects: Mapping[str, Any]) -> None:
         evaluating, frozen = set(entry["eval"]), set(entry["frozen"])
         untracked = entry.get("untracked")
         names = ModuleNames(obj)
+        modules = obj.named_modules(remove_duplicate=False)
+        parameters = list(obj.named_parameters(remove_duplicate=False))
+        # A module or parameter reached under several names (shared, tied) was saved under
+        # its first one: it keeps its mode if any of its names has it.
+        named = [(names.prefixes.get(path, path), module) for path, module in modules]
+        in_eval = {id(module) for path, module in named if path in evaluating}
+        stopped = {id(module) for path, module in named if untracked and path in untracked}
+        held = {id(param) for key, param in parameters if names.canonical(key) in frozen}
         # Set directly, as the flags were: a module's own train() may do more than that.
-        for path, module in obj.named_modules(remove_duplicate=False):
-            canonical = names.prefixes.get(path, path)
-            module.training = canonical not in evaluating
+        for _, module in named:
+            module.training = id(module) not in in_eval
             if untracked is not None and isinstance(module, _NormBase):
-                module.track_running_stats = canonical not in untracked
-        for key, param in obj.named_parameters(remove_duplicate=False):
-            param.requires_grad_(names.canonical(key) not in frozen)
+                module.track_running_stats = id(module) not in stopped
+        for _, param in parameters:
+            param.requires_grad_(id(param) not in held)
 
 
 def _entry(entry: Any, name: str, location: str) -> tuple[list[str], list[str], list[str] | None]:

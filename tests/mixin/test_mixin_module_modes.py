@@ -131,3 +131,40 @@ def test_untracked_statistics_naming_a_layer_that_is_no_normalization_are_refuse
     path = _edited_pause(tmp_path, a_linear_layer_named)
     with pytest.raises(ResumeStateMismatchError, match=r"normalization layer '0' tracked no"):
         FineTuning().resume(path)
+
+
+class Tied(FineTuning):
+    """A weight tied to another layer's and a BatchNorm used at two places (each reached
+    under two names), frozen and put in eval mode at step 3 through their second names."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        shared = nn.BatchNorm1d(8)
+        self.model = nn.Sequential(
+            nn.Linear(4, 8), shared, nn.Tanh(), nn.Linear(8, 8), shared, nn.Linear(8, 8),
+            nn.Tanh(), nn.Linear(8, 2),
+        )  # fmt: skip
+        self.model[5].weight = self.model[3].weight
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
+
+    def step(self) -> torch.Tensor:
+        if self.completed_steps == FREEZE_AT:
+            self.model[5].weight.requires_grad_(False)
+            self.model[4].eval()
+        return self.train_step()
+
+
+def test_a_tied_weight_frozen_and_a_shared_batchnorm_in_eval_mode_resume_so(tmp_path):
+    reference = Tied()
+    expected = _run(reference, STEPS)
+    paused = Tied()
+    _run(paused, PAUSE_AT)
+    paused.pause(tmp_path / "pause.ckpt")
+    resumed = Tied()
+    resumed.resume(tmp_path / "pause.ckpt")
+    assert _modes(resumed.model) == _modes(reference.model)
+    assert not resumed.model[1].training and not resumed.model[3].weight.requires_grad
+    losses = _run(resumed, STEPS)
+    assert all(torch.equal(a, b) for a, b in zip(expected[PAUSE_AT:], losses, strict=True))
+    for name, value in reference.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
