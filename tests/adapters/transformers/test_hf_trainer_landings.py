@@ -85,6 +85,23 @@ class _CrashAt(TrainerCallback):
             raise RuntimeError(f"crash after step {self.step}")
 
 
+class _FreezeThenUnfreeze(TrainerCallback):
+    """Freezes the embeddings when training begins and makes them trainable again at step
+    2, as a fine-tuning schedule does; records whether they were trainable at each step."""
+
+    def __init__(self) -> None:
+        self.trainable: list[bool] = []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        kwargs["model"].bert.embeddings.requires_grad_(False)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        embeddings = kwargs["model"].bert.embeddings
+        if state.global_step == 2:
+            embeddings.requires_grad_(True)
+        self.trainable.append(embeddings.word_embeddings.weight.requires_grad)
+
+
 # Six batches per epoch, two epochs: twelve steps.
 SMALL = variant(batches=6)
 
@@ -156,6 +173,20 @@ def test_stateful_callbacks_continue_from_their_state_at_the_pause(
     resumed = _train(tmp_path, counter)
     assert counter.count == 12
     _assert_continues(reference, paused, resumed)
+
+
+@pytest.mark.parametrize("step", [3, 6, 8], ids=["mid-epoch", "epoch-end", "next-epoch"])
+def test_a_layer_frozen_when_training_begins_and_made_trainable_since_stays_trainable(
+    tmp_path: Path, step: int
+) -> None:
+    schedule = _FreezeThenUnfreeze()
+    expected = run_record(_train(tmp_path / "reference", schedule), final=True)
+    paused = _train(tmp_path / "run", _FreezeThenUnfreeze(), _PauseAt(step))
+    resumed_schedule = _FreezeThenUnfreeze()
+    resumed = _train(tmp_path / "run", resumed_schedule)
+    # Its on_train_begin froze them again after the restore: the paused run's modes win.
+    assert resumed_schedule.trainable == schedule.trainable[step:]
+    _assert_continues(expected, paused, resumed)
 
 
 def test_a_resume_with_other_stateful_callbacks_is_refused(tmp_path: Path) -> None:

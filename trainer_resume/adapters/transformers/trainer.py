@@ -39,6 +39,7 @@ from ...errors import (
 from ...finished import refuse_if_finished
 from ...loaders import ResumableDataLoader
 from ...mixin import TrainingResumeMixin, serialized_training, training_step
+from ...module_modes import MODES_KEY, restore_object_modes
 from ...pause_signals import DEFAULT_PAUSE_SIGNALS, pause_signals_blocked
 from ...resume_points import ResumePoints
 from ...resume_points.files import latest_checkpoint
@@ -73,14 +74,15 @@ _RUN_EPOCH = inspect.signature(Trainer._run_epoch)
 
 class _Resumed:
     """A resume in progress: the verified pause file (read once, dropped once restored),
-    its RNG state and where the loop continues."""
+    its RNG state and module modes, and where the loop continues."""
 
-    __slots__ = ("at_epoch_start", "checkpoint", "path", "position", "rng")
+    __slots__ = ("at_epoch_start", "checkpoint", "modes", "path", "position", "rng")
 
     def __init__(self, path: str, checkpoint: Any, position: loop_state.Position) -> None:
         self.path = path
         self.checkpoint: Any = checkpoint
         self.rng = checkpoint.get("rng")  # checked by resume() before it is used
+        self.modes = checkpoint.get(MODES_KEY)  # likewise
         self.position = position
         self.at_epoch_start = position.batches == 0
 
@@ -320,8 +322,9 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
                 values["num_update_steps_per_epoch"] -= start // accumulation
                 loader.start_at(start)
                 # The pause was taken just before this epoch's next batch: callbacks run
-                # since the restore (on_train_begin, on_epoch_begin) must not move the RNG.
-                restore_random_state(resumed.rng)
+                # since the restore (on_train_begin, on_epoch_begin) must not move the RNG
+                # or change the modules' modes (a layer frozen in on_train_begin).
+                self._as_paused(resumed)
         return super()._run_epoch(*bound.args[1:], **bound.kwargs)
 
     def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:
@@ -373,9 +376,13 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
         resumed = self._resumed
         if resumed is not None and resumed.at_epoch_start:
             # The pause was taken before this epoch began: the callbacks run since the
-            # restore (on_train_begin) must not move the RNG.
-            restore_random_state(resumed.rng)
+            # restore (on_train_begin) must not move the RNG or change the modes.
+            self._as_paused(resumed)
             self._resumed = None
+
+    def _as_paused(self, resumed: _Resumed) -> None:
+        restore_random_state(resumed.rng)
+        restore_object_modes(resumed.modes, self._resume_objects())
 
     def _end_step(self) -> None:
         loader = self._train_loader
