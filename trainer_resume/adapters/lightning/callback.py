@@ -23,7 +23,11 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, GradientAccumulationScheduler
+from pytorch_lightning.callbacks import (
+    Callback,
+    GradientAccumulationScheduler,
+    StochasticWeightAveraging,
+)
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from ... import distributed
@@ -340,6 +344,7 @@ class ResumeCallback(Callback):
         """Install the signal handlers and the pause-file reader for ``fit``."""
         if stage != "fit":
             return
+        _refuse_epoch_start_callbacks(trainer)
         refuse_if_finished(self.path)
         # The finished marker (and a pause) go beside the pause file: its folder exists
         # from now on, or fit is refused here with the reason.
@@ -350,6 +355,9 @@ class ResumeCallback(Callback):
         self._pending_rng = None
         self._pending_point = None
         self._pending_metrics = None
+        self._pending_modes = None
+        self._modes_again = None
+        self._pending_accumulation = None
         self._pause_point = None
         self._undo_validation_mark = False
         self._in_resumed_epoch = False
@@ -712,6 +720,24 @@ class ResumeCallback(Callback):
         except ValueError as exc:
             raise CheckpointFormatError(f"{source}: {exc}") from exc
         return state
+
+
+def _refuse_epoch_start_callbacks(trainer: pl.Trainer) -> None:
+    """Refuse Lightning's ``StochasticWeightAveraging``: it sets up its averaging, its
+    learning-rate schedule and the last epoch's BatchNorm update in
+    ``on_train_epoch_start``, which Lightning skips when it restarts mid-epoch (the resumed
+    fit went on with another learning rate, or failed at its end)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, StochasticWeightAveraging):
+            raise UnsupportedResumeConfigurationError(
+                f"{type(callback).__name__} cannot be resumed exactly after a pause in the "
+                "middle of an epoch: it sets up its averaging, its learning-rate schedule "
+                "and its BatchNorm update in on_train_epoch_start, which Lightning skips when "
+                "it restarts mid-epoch; average in the LightningModule instead "
+                "(torch.optim.swa_utils.AveragedModel as a submodule, updated in "
+                "on_train_batch_end, and SWALR among configure_optimizers' schedulers), "
+                "whose state the pause holds"
+            )
 
 
 def _accumulation(entry: Mapping[str, Any], trainer: pl.Trainer, source: str) -> int | None:

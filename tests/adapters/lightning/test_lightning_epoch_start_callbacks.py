@@ -1,8 +1,8 @@
-"""A fit whose gradient accumulation changes per epoch (``GradientAccumulationScheduler``)
-resumes as the uninterrupted fit goes on, also in the middle of an epoch, whose
-``on_train_epoch_start`` (where the scheduler sets the epoch's accumulation) a resumed fit
-skips; another fixed accumulation than the paused fit's is refused (in one process, fresh
-objects)."""
+"""Lightning callbacks that act in ``on_train_epoch_start``, which a fit resumed in the
+middle of an epoch skips: a ``GradientAccumulationScheduler`` (its accumulation changes
+per epoch) resumes as the uninterrupted fit goes on, another fixed accumulation than the
+paused fit's is refused, and ``StochasticWeightAveraging`` is refused before training (in
+one process, fresh objects)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_lightning.callbacks import GradientAccumulationScheduler
+from pytorch_lightning.callbacks import GradientAccumulationScheduler, StochasticWeightAveraging
 from support import lightning_trace as trace
 
-from trainer_resume.errors import ResumeStateMismatchError
+from trainer_resume.errors import ResumeStateMismatchError, UnsupportedResumeConfigurationError
 from trainer_resume.testing import first_difference
 
 # 6 batches per epoch: accumulation 1, then 2, then 3.
@@ -75,3 +75,17 @@ def test_another_fixed_accumulation_than_the_paused_fits_is_refused(tmp_path: Pa
     trace.fit(tmp_path, record, pause_at_batch=4, accumulate_grad_batches=2, **OPTIONS)
     with pytest.raises(ResumeStateMismatchError, match="accumulate_grad_batches=2"):
         trace.fit(tmp_path, [], ckpt_path=tmp_path / "pause.ckpt", **OPTIONS)
+
+
+def test_stochastic_weight_averaging_is_refused_before_training_naming_the_fix(
+    tmp_path: Path,
+) -> None:
+    record: list[Any] = []
+    trace.seed_everything()
+    swa = lambda: StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)  # noqa: E731
+    with pytest.raises(
+        UnsupportedResumeConfigurationError, match="StochasticWeightAveraging"
+    ) as caught:
+        trace.fit(tmp_path, record, extra=[swa], **OPTIONS)
+    assert "torch.optim.swa_utils.AveragedModel" in str(caught.value)
+    assert not any(entry[0] == "train" for entry in record)  # before any training step
