@@ -81,6 +81,7 @@ def module_entry(state: dict[str, torch.Tensor]) -> dict:
         "first_keys": list(state)[:3],
         "eval": [],
         "frozen": [],
+        "untracked": [],
     }
 
 
@@ -150,16 +151,21 @@ def test_inspect_shows_module_modes_and_optimizer_classes_that_state_dicts_leave
     trainer = MixinTrainer()
     trainer.model[1].eval()  # a frozen BatchNorm
     trainer.model[0].weight.requires_grad_(False)
+    trainer.model[1].track_running_stats = False
     trainer.step()
     path = tmp_path / "pause.ckpt"
     trainer.pause(path)
     trainer.loader.close()
     lines = inspect_text(path, capsys)
     assert row(lines, "optimizer")[-1] == "torch.optim.adam.Adam"
-    assert "  model: in eval mode: 1; frozen (requires_grad=False): 0.weight" in lines
+    assert (
+        "  model: in eval mode: 1; frozen (requires_grad=False): 0.weight; "
+        "no running statistics (track_running_stats=False): 1"
+    ) in lines
     summary = inspect_json(path, capsys)
     assert summary["objects"]["model"]["eval"] == ["1"]
     assert summary["objects"]["model"]["frozen"] == ["0.weight"]
+    assert summary["objects"]["model"]["untracked"] == ["1"]
     assert summary["objects"]["optimizer"]["class"] == "torch.optim.adam.Adam"
     assert "class" not in summary["objects"]["model"]
 

@@ -206,13 +206,15 @@ def _mapping(value: Any) -> Mapping[Any, Any]:
 
 
 def module_modes(entry: Any) -> dict[str, Any]:
-    """``eval`` and ``frozen`` of a module's saved modes (its submodules in eval mode, its
-    parameters with ``requires_grad=False``); nothing where none were saved."""
+    """``eval``, ``frozen`` and ``untracked`` of a module's saved modes (its submodules in
+    eval mode, its parameters with ``requires_grad=False``, its normalization layers with
+    ``track_running_stats=False``); nothing where none were saved."""
     if not isinstance(entry, Mapping):
         return {}
     return {
         "eval": [str(path) for path in entry.get("eval") or ()],
         "frozen": [str(key) for key in entry.get("frozen") or ()],
+        "untracked": [str(path) for path in entry.get("untracked") or ()],
     }
 
 

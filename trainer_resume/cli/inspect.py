@@ -216,15 +216,15 @@ def _print_objects(summary: dict[str, Any], out: TextIO) -> None:
     if moded:
         print("\nmodule modes (what state_dict() leaves out)", file=out)
         for name, e in moded:
-            print(f"  {name}: {_modes(e['eval'], e['frozen'])}", file=out)
+            print(f"  {name}: {_modes(e['eval'], e['frozen'], e['untracked'])}", file=out)
     buffers = summary.get("rank_buffers")
     if buffers:
         listed = ", ".join(f"{model} {count}" for model, count in buffers.items())
         print(f"\nsharded models' own buffers per process: {listed}", file=out)
 
 
-def _modes(evaluating: list[str], frozen: list[str]) -> str:
-    if not evaluating and not frozen:
+def _modes(evaluating: list[str], frozen: list[str], untracked: list[str]) -> str:
+    if not evaluating and not frozen and not untracked:
         return "every submodule in training mode, no parameter frozen"
     parts = []
     if evaluating:
@@ -232,6 +232,8 @@ def _modes(evaluating: list[str], frozen: list[str]) -> str:
         parts.append(f"in eval mode: {names}")
     if frozen:
         parts.append(f"frozen (requires_grad=False): {', '.join(frozen)}")
+    if untracked:
+        parts.append(f"no running statistics (track_running_stats=False): {', '.join(untracked)}")
     return "; ".join(parts)
 
 
