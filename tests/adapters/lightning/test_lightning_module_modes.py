@@ -33,7 +33,9 @@ class Moded(child.Regressor):
     - ``epoch``: ``on_train_epoch_start`` puts them in eval mode in odd epochs;
     - ``train_start``: ``on_train_start`` puts the BatchNorm in eval mode (a frozen
       BatchNorm), the training puts it back in train mode at ``CHANGE_STEP``;
-    - ``finetuning``: :class:`Unfreezing` (a callback) changes them.
+    - ``finetuning``: :class:`Unfreezing` (a callback) changes them;
+    - ``validation``: each validation's end freezes or unfreezes the last layer (as a
+      metric-driven schedule does), also the validation a pause leaves pending.
     """
 
     def __init__(self, how: str, record: list[Any]) -> None:
@@ -64,6 +66,11 @@ class Moded(child.Regressor):
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
         self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
+    def on_validation_epoch_end(self) -> None:
+        if self.how == "validation" and not self.trainer.sanity_checking:
+            weight = self.net[4].weight
+            weight.requires_grad_(not weight.requires_grad)
 
     def on_train_start(self) -> None:
         if self.how == "train_start":
@@ -161,7 +168,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 # Batch 6: mid-epoch, after the change; batch 8: an epoch's last batch (validation due).
 @pytest.mark.parametrize("pause_at", [6, 8])
-@pytest.mark.parametrize("how", ["step", "epoch", "train_start", "finetuning"])
+@pytest.mark.parametrize("how", ["step", "epoch", "train_start", "finetuning", "validation"])
 def test_a_resumed_fit_trains_with_the_modes_the_paused_one_had(
     how: str, pause_at: int, tmp_path: Path, uninterrupted: Any
 ) -> None:

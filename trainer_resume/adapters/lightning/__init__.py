@@ -45,6 +45,7 @@ INTERNALS = (
     Function(f"{_CALLBACK}.on_sanity_check_start", positional=2),
     Function(f"{_CALLBACK}.on_train_start", positional=2),
     Function(f"{_CALLBACK}.on_train_epoch_end", positional=2),
+    Function(f"{_CALLBACK}.on_validation_start", positional=2),
     Function(f"{_CALLBACK}.on_validation_end", positional=2),
     Function(f"{_CALLBACK}.on_load_checkpoint", positional=3),
     Function(f"{_CALLBACK}.on_save_checkpoint", positional=3),
@@ -99,6 +100,9 @@ INTERNALS = (
     Refers(f"{_FIT}.run", "on_advance_end"),
     Attribute(f"{_EPOCH}.val_loop"),
     Attribute(f"{_EVALUATION}._has_run", settable=True),
+    # callback.py: the modes a pending validation gives back (Lightning's capture).
+    Attribute(f"{_EVALUATION}._module_mode"),
+    Attribute("pytorch_lightning.utilities.model_helpers:_ModuleMode.mode"),
     Attribute(f"{_EPOCH}.restarting", settable=True),
     Attribute(f"{_FIT}._restarting", settable=True),
     Attribute(f"{_EPOCH}.batch_progress"),

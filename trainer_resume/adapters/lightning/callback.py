@@ -456,6 +456,22 @@ class ResumeCallback(Callback):
             self._in_resumed_epoch = False
             end_restart(trainer)
 
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The validation left pending by the pause: it gives back the modes it found, now
+        the paused ones (its hooks may change them, as in the uninterrupted fit)."""
+        if trainer.sanity_checking or self._modes_again is None:
+            return
+        modes, self._modes_again = self._modes_again, None
+        module_mode = trainer.fit_loop.epoch_loop.val_loop._module_mode
+        evaluating = {name: module.training for name, module in pl_module.named_modules()}
+        restore_object_modes(modes, {_MODULE: pl_module})  # frozen, untracked: kept as set
+        for name, module in pl_module.named_modules():  # Lightning's capture, as paused
+            module_mode.mode[name] = module.training
+            module.training = evaluating[name]  # the validation's own eval mode meanwhile
+        accumulation, self._pending_accumulation = self._pending_accumulation, None
+        if accumulation is not None:
+            trainer.accumulate_grad_batches = accumulation
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """After the validation left pending by the pause: put its counters back in step."""
         if self._undo_validation_mark and not trainer.sanity_checking:
@@ -593,12 +609,13 @@ class ResumeCallback(Callback):
 
     def _set_modes_again(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """At the first training batch or epoch end of the resumed fit (this callback's
-        hook runs before the module's): the paused modes again, and the paused fit's
+        hook runs before the module's), unless a pending validation came first (see
+        :meth:`on_validation_start`): the paused modes again, and the paused fit's
         ``accumulate_grad_batches``. Between the pause and here the uninterrupted fit ran
-        only the pending validation, which gives back the modes it found; the resumed fit
-        also ran the ``on_train_start`` hooks after this callback's, which may set modes
-        the training changed since, and skipped (mid-epoch) the ``on_train_epoch_start``
-        in which a ``GradientAccumulationScheduler`` sets the epoch's accumulation."""
+        nothing; the resumed fit also ran the ``on_train_start`` hooks after this
+        callback's, which may set modes the training changed since, and skipped
+        (mid-epoch) the ``on_train_epoch_start`` in which a
+        ``GradientAccumulationScheduler`` sets the epoch's accumulation."""
         modes, self._modes_again = self._modes_again, None
         if modes is not None:
             restore_object_modes(modes, {_MODULE: pl_module})
