@@ -5,10 +5,10 @@ Which submodules are in eval mode (``module.training``), which parameters are fr
 (``track_running_stats=False``, as Lightning's ``BaseFinetuning`` freezes a BatchNorm).
 A loop that freezes a layer or puts a BatchNorm in eval mode at some step (fine-tuning
 schedules) resumed with every layer trainable and in train mode, from a fresh module, and
-trained differently. A pause (of the mixin, or of the
-Lightning adapter) saves them under canonical names (see
-:mod:`trainer_resume._module_names`), a resume checks them against the live module before
-anything is loaded and sets them back; files of earlier releases leave them as they are.
+trained differently. A pause (of the mixin, or of the Lightning adapter) saves them under
+canonical names (see :mod:`trainer_resume._module_names`), a resume checks them against
+the live module before anything is loaded and sets them back; files of earlier releases
+leave them as they are.
 """
 
 from __future__ import annotations
@@ -60,11 +60,13 @@ def object_modes(objects: Mapping[str, Any]) -> dict[str, ModuleModes]:
 
 
 def check_object_modes(checkpoint: Any, objects: Mapping[str, Any], location: str) -> None:
-    """Refuse saved modes that name a submodule or parameter the live module lacks.
+    """Refuse saved modes that name a submodule, parameter or normalization layer the live
+    module lacks.
 
     Raises:
         CheckpointFormatError: the entry is malformed (321).
-        ResumeStateMismatchError: a named submodule or parameter is not in the module (330).
+        ResumeStateMismatchError: a named submodule, parameter or normalization layer is
+            not in the module (330).
     """
     for name, entry in optional_entry(checkpoint, MODES_KEY, location).items():
         obj = objects.get(name)

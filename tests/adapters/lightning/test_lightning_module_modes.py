@@ -18,6 +18,7 @@ from support import lightning_trace as trace
 from torch import nn
 
 from trainer_resume.adapters.lightning import ResumeCallback
+from trainer_resume.durable import load_checkpoint, save_checkpoint
 from trainer_resume.errors import ResumeStateMismatchError
 from trainer_resume.testing import first_difference
 
@@ -202,3 +203,16 @@ def test_saved_modes_naming_a_submodule_the_module_lacks_are_refused_before_the_
     with pytest.raises(ResumeStateMismatchError, match="submodule 'net.3' was in eval mode"):
         _run(trainer, model, tmp_path / "pause.ckpt")
     assert first_difference(before, model.state_dict()) is None
+
+
+def test_a_pause_file_of_an_earlier_release_resumes_with_a_warning_that_it_holds_no_modes(
+    tmp_path: Path,
+) -> None:
+    _fit(tmp_path, "none", [], pause_at_batch=3)
+    content = load_checkpoint(tmp_path / "pause.ckpt")
+    for key in ("module_modes", "accumulate_grad_batches"):
+        del content["trainer_resume"][key]
+    save_checkpoint(content, tmp_path / "pause.ckpt")  # as an earlier release wrote it
+    with pytest.warns(UserWarning, match="written by an earlier release"):
+        _, _, resumed = _fit(tmp_path, "none", [], ckpt_path=tmp_path / "pause.ckpt")
+    assert not resumed.paused

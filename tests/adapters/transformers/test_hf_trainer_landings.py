@@ -175,12 +175,21 @@ def test_stateful_callbacks_continue_from_their_state_at_the_pause(
     _assert_continues(reference, paused, resumed)
 
 
+@pytest.fixture(scope="module")
+def unfreezing_reference(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[_FreezeThenUnfreeze, dict[str, Any]]:
+    """The uninterrupted run with the fine-tuning schedule, and its schedule."""
+    schedule = _FreezeThenUnfreeze()
+    trainer = _train(tmp_path_factory.mktemp("unfreezing"), schedule)
+    return schedule, run_record(trainer, final=True)
+
+
 @pytest.mark.parametrize("step", [3, 6, 8], ids=["mid-epoch", "epoch-end", "next-epoch"])
 def test_a_layer_frozen_when_training_begins_and_made_trainable_since_stays_trainable(
-    tmp_path: Path, step: int
+    tmp_path: Path, step: int, unfreezing_reference: tuple[_FreezeThenUnfreeze, dict[str, Any]]
 ) -> None:
-    schedule = _FreezeThenUnfreeze()
-    expected = run_record(_train(tmp_path / "reference", schedule), final=True)
+    schedule, expected = unfreezing_reference
     paused = _train(tmp_path / "run", _FreezeThenUnfreeze(), _PauseAt(step))
     resumed_schedule = _FreezeThenUnfreeze()
     resumed = _train(tmp_path / "run", resumed_schedule)

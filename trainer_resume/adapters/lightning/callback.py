@@ -523,6 +523,13 @@ class ResumeCallback(Callback):
         self._pending_rng = self._pause_entry(entry, trainer, source)
         check_object_modes(entry, {_MODULE: pl_module}, source)
         self._pending_modes = entry.get(MODES_KEY)  # absent in earlier releases' files
+        if self._pending_modes is None:
+            rank_zero_warn(
+                f"ResumeCallback: {source} was written by an earlier release: it holds neither "
+                "the module's modes (submodules in eval mode, frozen parameters) nor the "
+                "gradient accumulation, so the fit goes on with those this process set up, "
+                "which is exact only where they are the ones the paused fit had"
+            )
         self._pending_accumulation = _accumulation(entry, trainer, source)
         self._pending_point = PausePoint(
             validation=bool(entry.get("pending_validation", False)),
