@@ -40,19 +40,30 @@ def _modes(module: nn.Module) -> tuple[list[bool], list[bool]]:
     return [m.training for m in module.modules()], [p.requires_grad for p in module.parameters()]
 
 
-def test_a_layer_frozen_and_a_batchnorm_in_eval_mode_before_the_pause_stay_so(tmp_path):
-    reference = FineTuning()
+def _resumed_as_uninterrupted(kind: type[FineTuning], tmp_path: Path) -> FineTuning:
+    """Paused at ``PAUSE_AT``, resumed in a fresh trainer: its modes right after the resume,
+    its losses and its final weights are the uninterrupted run's."""
+    reference = kind()
     expected = _run(reference, STEPS)
-    paused = FineTuning()
+    paused = kind()
     _run(paused, PAUSE_AT)
     paused.pause(tmp_path / "pause.ckpt")
-    resumed = FineTuning()
+    resumed = kind()
     resumed.resume(tmp_path / "pause.ckpt")
     assert _modes(resumed.model) == _modes(reference.model)
+    norms = [m.track_running_stats for m in resumed.model.modules() if hasattr(m, "running_mean")]
     losses = _run(resumed, STEPS)
     assert all(torch.equal(a, b) for a, b in zip(expected[PAUSE_AT:], losses, strict=True))
     for name, value in reference.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
+    assert norms == [
+        m.track_running_stats for m in reference.model.modules() if hasattr(m, "running_mean")
+    ]
+    return resumed
+
+
+def test_a_layer_frozen_and_a_batchnorm_in_eval_mode_before_the_pause_stay_so(tmp_path):
+    _resumed_as_uninterrupted(FineTuning, tmp_path)
 
 
 def test_a_pause_before_the_freeze_resumes_everything_trainable_and_in_train_mode(tmp_path):
@@ -110,18 +121,7 @@ class FrozenStatistics(FineTuning):
 
 
 def test_a_batchnorm_that_stopped_tracking_running_statistics_resumes_so(tmp_path):
-    reference = FrozenStatistics()
-    expected = _run(reference, STEPS)
-    paused = FrozenStatistics()
-    _run(paused, PAUSE_AT)
-    paused.pause(tmp_path / "pause.ckpt")
-    resumed = FrozenStatistics()
-    resumed.resume(tmp_path / "pause.ckpt")
-    assert resumed.model[1].track_running_stats is False
-    losses = _run(resumed, STEPS)
-    assert all(torch.equal(a, b) for a, b in zip(expected[PAUSE_AT:], losses, strict=True))
-    for name, value in reference.model.state_dict().items():
-        assert torch.equal(value, resumed.model.state_dict()[name]), name
+    _resumed_as_uninterrupted(FrozenStatistics, tmp_path)
 
 
 def test_untracked_statistics_naming_a_layer_that_is_no_normalization_are_refused(tmp_path):
@@ -155,16 +155,5 @@ class Tied(FineTuning):
 
 
 def test_a_tied_weight_frozen_and_a_shared_batchnorm_in_eval_mode_resume_so(tmp_path):
-    reference = Tied()
-    expected = _run(reference, STEPS)
-    paused = Tied()
-    _run(paused, PAUSE_AT)
-    paused.pause(tmp_path / "pause.ckpt")
-    resumed = Tied()
-    resumed.resume(tmp_path / "pause.ckpt")
-    assert _modes(resumed.model) == _modes(reference.model)
+    resumed = _resumed_as_uninterrupted(Tied, tmp_path)
     assert not resumed.model[1].training and not resumed.model[3].weight.requires_grad
-    losses = _run(resumed, STEPS)
-    assert all(torch.equal(a, b) for a, b in zip(expected[PAUSE_AT:], losses, strict=True))
-    for name, value in reference.model.state_dict().items():
-        assert torch.equal(value, resumed.model.state_dict()[name]), name
