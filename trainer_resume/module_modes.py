@@ -113,6 +113,7 @@ def restore_object_modes(saved: Any, objects: Mapping[str, Any]) -> None:
             continue
         evaluating, frozen = set(entry["eval"]), set(entry["frozen"])
         untracked = entry.get("untracked")
+        stopping = set(untracked or ())
         names = ModuleNames(obj)
         modules = obj.named_modules(remove_duplicate=False)
         parameters = list(obj.named_parameters(remove_duplicate=False))
@@ -120,7 +121,7 @@ def restore_object_modes(saved: Any, objects: Mapping[str, Any]) -> None:
         # its first one: it keeps its mode if any of its names has it.
         named = [(names.prefixes.get(path, path), module) for path, module in modules]
         in_eval = {id(module) for path, module in named if path in evaluating}
-        stopped = {id(module) for path, module in named if untracked and path in untracked}
+        stopped = {id(module) for path, module in named if path in stopping}
         held = {id(param) for key, param in parameters if names.canonical(key) in frozen}
         # Set directly, as the flags were: a module's own train() may do more than that.
         for _, module in named:

@@ -35,6 +35,7 @@ __all__ = [
     "derive_seeds",
     "seed_cpu_generators",
     "validate_random_state",
+    "numpy_global_state",
     "RNG_FORMAT",
 ]
 
@@ -214,9 +215,7 @@ def rng_scope(seed: int) -> Iterator[None]:
         raise TypeError(f"rng_scope takes an int seed, got {type(seed).__name__}: {seed!r}")
     with _GENERATORS_LOCK:
         python_state = random.getstate()
-        bit_generator = np.random.mtrand._rand._bit_generator
-        # Another kind's state as its dictionary (NumPy warns when the legacy form is asked).
-        numpy_state = np.random.get_state(legacy=type(bit_generator) is np.random.MT19937)
+        bit_generator, numpy_state = np.random.mtrand._rand._bit_generator, numpy_global_state()
         torch_state = torch.get_rng_state()
         try:
             seed_cpu_generators(seed)
@@ -227,6 +226,14 @@ def rng_scope(seed: int) -> Iterator[None]:
                 np.random.set_bit_generator(bit_generator)
             np.random.set_state(numpy_state)
             torch.set_rng_state(torch_state)
+
+
+def numpy_global_state() -> Any:
+    """NumPy's global state for ``np.random.set_state``: the legacy tuple of an MT19937, the
+    dictionary of another kind (asked for as such: NumPy warns when the legacy form is
+    asked of one)."""
+    legacy = type(np.random.mtrand._rand._bit_generator) is np.random.MT19937
+    return np.random.get_state(legacy=legacy)
 
 
 def _cuda_index(device: torch.device | str | int) -> int | None:

@@ -15,10 +15,11 @@ copied as raw bytes through memoryviews:
   pos``), and the cached second Gaussian that the legacy ``RandomState`` keeps in its
   own object (``int has_gauss; double gauss``). Its place is found once per process, on
   a private ``RandomState``, by writing a marker through ``set_state`` and checked by
-  writing through the view and reading back with ``get_state``. If ``np.random.set_bit_generator`` replaces the
-  bit generator, the next access finds the new one; :func:`seed_global` makes
-  ``_Layout.seeding`` (the MT19937 found first, or one of its own) global again before
-  it seeds, so every batch draws from an MT19937 whatever was global.
+  writing through the view and reading back with ``get_state``. If
+  ``np.random.set_bit_generator`` replaces the bit generator, the next access finds the
+  new one; :func:`seed_global` makes ``_Layout.seeding`` (the MT19937 found first, or
+  one of its own) global again before it seeds, so every batch draws from an MT19937
+  whatever was global.
 * torch: ``get_state`` / ``set_state`` (a 5 KB tensor; no faster public route) for the
   states a :class:`Snapshot` holds; the per-batch hand-back of the caller's state
   (:func:`torch_accessors`) and the seeding copy the state in place where its layout is
@@ -54,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..rng import RNG_FORMAT
+from ..rng import RNG_FORMAT, numpy_global_state
 from ..state import RandomState
 from ._torch_generator_memory import (
     STATE_WORDS,
@@ -320,16 +321,10 @@ def capture() -> Snapshot:
     return Snapshot(
         python.tobytes() if python is not None else random.getstate(),
         place.python_instance.gauss_next,
-        key.tobytes() if key is not None else _numpy_state(place.numpy_state),
+        key.tobytes() if key is not None else numpy_global_state(),
         place.gauss.tobytes() if key is not None else None,  # type: ignore[union-attr]
         torch.default_generator.get_state(),
     )
-
-
-def _numpy_state(state: np.random.RandomState) -> Any:
-    # The legacy tuple of an MT19937; the dictionary of another kind (asked for as such:
-    # NumPy warns when a legacy state is asked of one).
-    return state.get_state(legacy=type(state._bit_generator) is np.random.MT19937)
 
 
 def install(snapshot: Snapshot) -> None:

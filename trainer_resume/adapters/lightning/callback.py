@@ -468,9 +468,7 @@ class ResumeCallback(Callback):
         for name, module in pl_module.named_modules():  # Lightning's capture, as paused
             module_mode.mode[name] = module.training
             module.training = evaluating[name]  # the validation's own eval mode meanwhile
-        accumulation, self._pending_accumulation = self._pending_accumulation, None
-        if accumulation is not None:
-            trainer.accumulate_grad_batches = accumulation
+        self._set_accumulation(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """After the validation left pending by the pause: put its counters back in step."""
@@ -626,6 +624,10 @@ class ResumeCallback(Callback):
         modes, self._modes_again = self._modes_again, None
         if modes is not None:
             restore_object_modes(modes, {_MODULE: pl_module})
+        self._set_accumulation(trainer)
+
+    def _set_accumulation(self, trainer: pl.Trainer) -> None:
+        """The paused fit's ``accumulate_grad_batches``, once, where the modes are set again."""
         accumulation, self._pending_accumulation = self._pending_accumulation, None
         if accumulation is not None:
             trainer.accumulate_grad_batches = accumulation
