@@ -167,6 +167,16 @@ def test_loader_workers_block_the_signals_a_terminal_or_launcher_sends_to_the_gr
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
 def test_arming_a_signal_that_running_workers_do_not_block_is_warned_about(tmp_path):
+    # Workers inherit this process's ignored signals, and one that ignores SIGQUIT does
+    # not die of it: a shell starts a background job with SIGINT and SIGQUIT ignored.
+    previous = signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    try:
+        _assert_arming_sigquit_is_warned_about(tmp_path)
+    finally:
+        signal.signal(signal.SIGQUIT, previous)
+
+
+def _assert_arming_sigquit_is_warned_about(tmp_path):
     loader, workers = _started_workers()
     trainer = _Requests()
     try:
