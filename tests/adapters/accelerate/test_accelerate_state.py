@@ -111,3 +111,73 @@ def test_a_pause_at_a_window_boundary_resumes_exactly_in_this_process(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(expected["losses"][8:], rest["losses"]))
     for name, value in reference.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+
+class _Counter:
+    """State only the Accelerator holds: registered for checkpointing, in no attribute."""
+
+    def __init__(self) -> None:
+        self.optimizer_steps = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"optimizer_steps": self.optimizer_steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.optimizer_steps = state["optimizer_steps"]
+
+
+class _RegisteringLoop(AccelerateLoop):
+    def __init__(self) -> None:
+        super().__init__(workers=0)
+        self.accelerator.register_for_checkpointing(_Counter())
+
+    def step(self, batch):
+        loss = super().step(batch)
+        if self.accelerator.sync_gradients:
+            self.accelerator._custom_objects[0].optimizer_steps += 1
+        return loss
+
+
+def test_an_object_registered_for_checkpointing_and_held_nowhere_else_resumes_with_its_state(
+    tmp_path,
+):
+    # Accelerate's save_state saves it; the pause lost it silently (the count restarted).
+    reference = _RegisteringLoop()
+    expected = train(reference)
+    fresh_accelerate_state()
+    paused = _RegisteringLoop()
+    _step_through(paused, 6)
+    assert "custom_object_0" in paused._resume_objects()
+    paused.pause(tmp_path / "pause.ckpt")
+    fresh_accelerate_state()
+    resumed = _RegisteringLoop()
+    resumed.resume(tmp_path / "pause.ckpt")
+    rest = train(resumed)
+    assert all(torch.equal(a, b) for a, b in zip(expected["losses"][6:], rest["losses"]))
+    counted = resumed.accelerator._custom_objects[0].optimizer_steps
+    assert counted == reference.accelerator._custom_objects[0].optimizer_steps > 0
+
+
+def test_a_registered_object_passed_by_name_is_saved_once_under_that_name():
+    trainer = _RegisteringLoop()
+    counter = trainer.accelerator._custom_objects[0]
+    objects = resume_objects(trainer.accelerator, model=trainer.model, counter=counter)
+    assert list(objects) == ["model", "counter", "accelerator"]
+    with pytest.raises(ValueError) as caught:
+        resume_objects(trainer.accelerator, custom_object_0=counter)
+    assert str(caught.value) == (
+        "resume_objects adds 'custom_object_0' itself; name your object otherwise"
+    )
+
+
+def test_a_resume_without_the_registered_object_is_refused_before_anything_changes(tmp_path):
+    paused = _RegisteringLoop()
+    _step_through(paused, 6)
+    paused.pause(tmp_path / "pause.ckpt")
+    fresh_accelerate_state()
+    other = AccelerateLoop(workers=0)
+    with pytest.raises(ResumeStateMismatchError) as caught:
+        other.resume(tmp_path / "pause.ckpt")
+    assert caught.value.code == 330
+    assert "custom_object_0" in caught.value.detail
+    assert not other.locked and other.accelerator.step == 0

@@ -198,6 +198,43 @@ def test_a_layer_frozen_when_training_begins_and_made_trainable_since_stays_trai
     _assert_continues(expected, paused, resumed)
 
 
+# Evaluations every 3 steps whose loader keeps its 2 workers from one to the next (the
+# collator masks in them, from torch's global generator).
+PERSISTENT_EVALUATION = {
+    "settings": variant(batches=6, workers=2),
+    "eval_strategy": "steps",
+    "eval_steps": 3,
+    "dataloader_persistent_workers": True,
+}
+
+
+def _evaluated_at(trainer: Any) -> list[int]:
+    return [entry["step"] for entry in trainer.state.log_history if "eval_loss" in entry]
+
+
+@pytest.fixture(scope="module")
+def persistent_evaluation_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("persistent_evaluation")
+    return run_record(_train(folder, **PERSISTENT_EVALUATION), final=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", [3, 4], ids=["at-an-evaluation", "after-it"])
+def test_evaluation_workers_kept_between_evaluations_resume_as_the_run_evaluated(
+    tmp_path: Path, step: int, persistent_evaluation_reference: dict[str, Any]
+) -> None:
+    # The Trainer keeps the evaluation loader with persistent workers: their generators
+    # carried on, and the main generator was drawn from at the first evaluation only,
+    # where the resumed process started them again (every later evaluation and step
+    # differed). They start afresh at every evaluation now, resumed or not.
+    paused = _train(tmp_path, _PauseAt(step), **PERSISTENT_EVALUATION)
+    assert paused.paused and _evaluated_at(paused) == [3]
+    resumed = _train(tmp_path, **PERSISTENT_EVALUATION)
+    assert _evaluated_at(resumed) == [3, 6, 9, 12]
+    assert not getattr(resumed, "_eval_dataloaders", None)  # no evaluation workers left
+    _assert_continues(persistent_evaluation_reference, paused, resumed)
+
+
 def test_a_resume_with_other_stateful_callbacks_is_refused(tmp_path: Path) -> None:
     _train(tmp_path, _Counter(), _PauseAt(3))
     with pytest.raises(ResumeStateMismatchError) as caught:

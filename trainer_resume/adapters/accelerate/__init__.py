@@ -69,6 +69,7 @@ INTERNALS = (
     ),
     # objects.py
     Function(f"{_ACCELERATOR}.unwrap_model", positional=1),
+    Attribute(f"{_ACCELERATOR}._custom_objects"),  # what register_for_checkpointing added
     Attribute(f"{_ACCELERATOR}.scaler"),
     # wrappers.py: Accelerate's loader wrappers, refused with the fix.
     Name("accelerate.data_loader:DataLoaderShard"),

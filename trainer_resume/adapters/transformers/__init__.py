@@ -50,6 +50,9 @@ INTERNALS = (
     Refers(f"{_TRAINER}._run_epoch", "_maybe_log_save_evaluate", "on_step_end", "on_epoch_end"),
     Function(f"{_TRAINER}._maybe_log_save_evaluate"),
     Function(f"{_TRAINER}.evaluate"),
+    # The evaluation loaders kept with persistent workers, which evaluate() stops.
+    Refers(f"{_TRAINER}.get_eval_dataloader", "_eval_dataloaders"),
+    Refers(f"{_TRAINER}._get_dataloader", "_eval_dataloaders"),
     Function(f"{_TRAINER}.get_train_dataloader"),
     Attribute(f"{_TRAINER}.args"),
     Attribute(f"{_TRAINER}.callback_handler"),

@@ -448,10 +448,34 @@ class ResumableTrainer(TrainingResumeMixin, Trainer):
 
     # ------------------------------------------------------------ evaluation
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """``Trainer.evaluate``, with the pause signals kept from its loader's workers.
+        """``Trainer.evaluate``, with the pause signals kept from its loader's workers,
+        which stop when it ends.
 
         A signal arriving meanwhile is delivered when the evaluation ends and pauses at
         the next landing; the workers started for the evaluation ignore it.
+
+        With ``dataloader_persistent_workers`` the Trainer keeps the evaluation loader and
+        its workers for the next evaluation: their generators carry on, and the main
+        process's generator is drawn from (for their seed) at the first evaluation only,
+        while a resumed process starts them again. So every evaluation starts its
+        workers, resumed or not, as without persistent workers (the training loader's
+        workers persist).
         """
-        with pause_signals_blocked():
-            return super().evaluate(*args, **kwargs)
+        try:
+            with pause_signals_blocked():
+                return super().evaluate(*args, **kwargs)
+        finally:
+            _stop_kept_evaluation_loaders(self)
+
+
+def _stop_kept_evaluation_loaders(trainer: Trainer) -> None:
+    """Stop the workers of the evaluation loaders the Trainer keeps, and forget the loaders."""
+    kept = getattr(trainer, "_eval_dataloaders", None)  # with persistent workers only
+    if not kept:
+        return
+    for loader in kept.values():
+        iterator, loader._iterator = getattr(loader, "_iterator", None), None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+    kept.clear()
