@@ -112,6 +112,30 @@ def test_a_torch_dataloader_that_shuffles_or_streams_and_no_hook_returns_is_warn
     ]
 
 
+def test_a_loader_that_keeps_its_workers_between_passes_and_no_hook_returns_is_warned_about():
+    # An evaluation loader with persistent workers: the resumed run starts them again,
+    # drawing their seed from the main generator, and their generators start over.
+    class Evaluating(TinyTrainer):
+        def __init__(self):
+            super().__init__()
+            data = TensorDataset(torch.randn(8, 4))
+            self.val_loader = torch.utils.data.DataLoader(
+                data, batch_size=2, num_workers=2, persistent_workers=True
+            )
+            # Without workers, or without persistent ones, each pass starts alike.
+            self.test_loader = torch.utils.data.DataLoader(data, batch_size=2, num_workers=2)
+            self.other_loader = torch.utils.data.DataLoader(data, batch_size=2)
+
+    assert unsaved_warnings(Evaluating()) == [
+        "Evaluating.val_loader (DataLoader) is a loader with persistent workers that no hook "
+        "returns: their generators carry on from one pass to the next, and the main process's "
+        "torch generator is drawn from (for their seed) only when they start, which a resumed "
+        "run does again, so a resumed run would differ; build it with persistent_workers=False "
+        "(an evaluation loader), or name it in _initialize_training_resume(..., "
+        "excluded_attributes=...) if leaving it out is intended"
+    ]
+
+
 def test_a_framework_wrapper_around_a_returned_loader_is_not_reported():
     class Wrapped(TinyTrainer):
         def __init__(self):

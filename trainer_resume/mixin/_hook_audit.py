@@ -6,7 +6,8 @@ differently or never pauses. These checks look at the trainer itself:
 
 - :func:`audit_trainer` (once, at the first step or pause): stateful attributes no
   hook returns (and torch ``DataLoader`` attributes that shuffle or stream, which a
-  resume would start over), and extra state without the hook that loads it; at the next step
+  resume would start over, or keep persistent workers, which a resume would start
+  again), and extra state without the hook that loads it; at the next step
   boundary, tensors held in attributes (directly or in dicts and lists) that changed
   and that no hook returns (:func:`warn_changed_tensors`);
 - :func:`warn_if_no_step` (a watcher armed by ``pause_on_signal``): no
@@ -94,6 +95,13 @@ def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> Audit | 
                 "build it as trainer_resume.loaders.ResumableDataLoader(..., resumable=True) "
                 "and return it from _resume_loaders()"
             )
+        elif _keeps_workers(value, covered):
+            what = (
+                "is a loader with persistent workers that no hook returns: their generators "
+                "carry on from one pass to the next, and the main process's torch generator is "
+                "drawn from (for their seed) only when they start, which a resumed run does again"
+            )
+            fix = "build it with persistent_workers=False (an evaluation loader)"
         else:
             continue
         covered.add(id(value))  # the same object under two names is reported once
@@ -322,6 +330,18 @@ def _restarts(value: Any, covered: set[int]) -> bool:
     batch_sampler = getattr(value, "batch_sampler", None)
     samplers = (getattr(value, "sampler", None), getattr(batch_sampler, "sampler", None))
     return any(_shuffles(sampler) for sampler in samplers)
+
+
+def _keeps_workers(value: Any, covered: set[int]) -> bool:
+    """A loader without a state of its own that keeps its workers between passes: a torch
+    ``DataLoader``, or a framework's wrapper with its attributes (Fabric's)."""
+    return (
+        getattr(value, "persistent_workers", False) is True
+        and isinstance(getattr(value, "num_workers", 0), int)
+        and value.num_workers > 0
+        and id(getattr(value, "dataset", None)) not in covered
+        and not isinstance(value, type)
+    )
 
 
 def _shuffles(sampler: Any) -> bool:
