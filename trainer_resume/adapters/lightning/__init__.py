@@ -98,6 +98,12 @@ INTERNALS = (
     Attribute(f"{_EPOCH}._skip_next_val", settable=True),
     Function(f"{_FIT}.on_advance_end", positional=0),
     Refers(f"{_FIT}.run", "on_advance_end"),
+    # at_batch_end: a pause is written in the epoch loop's on_advance_end, after the batch's
+    # on_train_batch_end hooks, before its validation and plateau schedulers.
+    Function(f"{_EPOCH}.on_advance_end", positional=1),
+    Refers(f"{_EPOCH}.run", "on_advance_end"),
+    Refers(f"{_EPOCH}.advance", "on_train_batch_end", "increment_completed"),
+    Refers(f"{_EPOCH}.on_advance_end", "val_loop", "update_lr_schedulers", "_batches_that_stepped"),
     Attribute(f"{_EPOCH}.val_loop"),
     Attribute(f"{_EVALUATION}._has_run", settable=True),
     # callback.py: the modes a pending validation gives back (Lightning's capture).

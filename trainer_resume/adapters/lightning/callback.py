@@ -68,10 +68,10 @@ from .metrics import (
 )
 from .pause_point import (
     PausePoint,
+    at_batch_end,
     end_epoch_on_resume,
     end_restart,
     finish_batch_in_checkpoint,
-    pause_point,
     restore_fit_loop,
     stop_after_batch,
     undo_pending_validation_mark,
@@ -565,7 +565,12 @@ class ResumeCallback(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        """Write the pause checkpoint when any rank asked for a pause."""
+        """Pause after this batch when any rank asked for a pause.
+
+        The pause file is written once the batch's other ``on_train_batch_end`` hooks
+        (the callbacks after this one, ``ModelCheckpoint``'s save, the module's) have run
+        (see ``pause_point.at_batch_end``).
+        """
         # Every rank takes part in the reduction each batch, so all pause at the same step.
         if not _any_rank(trainer, self._request is not None):
             return
@@ -573,13 +578,16 @@ class ResumeCallback(Callback):
             # Mid-accumulation: the gradients of this batch wait for the next ones. Pausing
             # at the batch that completes the accumulation keeps gradients out of the pause.
             return
+        at_batch_end(trainer, lambda point: self._pause_after_batch(trainer, point))
+
+    def _pause_after_batch(self, trainer: pl.Trainer, point: PausePoint) -> None:
         # Before should_stop is set: Lightning validates whenever should_stop is set.
-        self._pause_point = pause_point(trainer)
-        self._write_pause(trainer)
+        self._pause_point = point
+        self._write_pause(trainer, point)
         self._request = None
         self._paused_at = trainer.global_step
         trainer.should_stop = True
-        stop_after_batch(trainer)
+        stop_after_batch(trainer, point)
         rank_zero_info(
             f"ResumeCallback: paused at step {trainer.global_step}; pause file {self.path}"
         )
@@ -649,14 +657,14 @@ class ResumeCallback(Callback):
         if states is not None:
             fit_state["combined_loader"] = states
 
-    def pause_checkpoint(self, trainer: pl.Trainer) -> dict[str, Any]:
+    def pause_checkpoint(self, trainer: pl.Trainer, point: PausePoint) -> dict[str, Any]:
         """The checkpoint a pause writes after the current batch (every rank calls it).
 
-        Call it in ``on_train_batch_end``, before ``should_stop`` is set, at a batch that
-        completes its gradient accumulation. Resume points (``ResumePointsCallback``)
-        write the same content while the fit goes on.
+        Call it where ``pause_point.at_batch_end`` runs its actions, before
+        ``should_stop`` is set, at a batch that completes its gradient accumulation.
+        Resume points (``ResumePointsCallback``) write the same content while the fit
+        goes on.
         """
-        point = pause_point(trainer)
         saved, self._pause_point = self._pause_point, point
         self._writing_pause = True
         try:
@@ -672,11 +680,11 @@ class ResumeCallback(Callback):
         )
         return checkpoint
 
-    def _write_pause(self, trainer: pl.Trainer) -> None:
+    def _write_pause(self, trainer: pl.Trainer, point: PausePoint) -> None:
         # Not trainer.save_checkpoint: the pause file must be durable whatever IO the
         # trainer uses, and a failed write must be known to every rank, not leave
         # the others waiting in a barrier.
-        checkpoint = self.pause_checkpoint(trainer)
+        checkpoint = self.pause_checkpoint(trainer, point)
         writer = self._writer(trainer)
         self._on_rank_zero(
             trainer,

@@ -1,12 +1,18 @@
 """Where in Lightning's fit loop a pause happens, and how the resumed fit picks up from there.
 
-The pause file is written in ``on_train_batch_end``. In an uninterrupted ``fit`` the
-rest of that batch's loop iteration would still run: the validation due after
-this batch (per epoch, or every ``val_check_interval``), and at an epoch's last
-batch the epoch end (``on_train_epoch_end`` hooks, epoch-interval schedulers).
+A pause (or resume point) asked for in ``on_train_batch_end`` is written once every
+``on_train_batch_end`` hook of the batch has run (the callbacks listed after this
+one, ``ModelCheckpoint``'s save, then the ``LightningModule``'s own) and its metrics
+are logged: in the epoch loop's ``on_advance_end`` (:func:`at_batch_end`), before the
+validation due after the batch, or, with none due, after the rest of it (the
+step-interval ``ReduceLROnPlateau`` schedulers, the loggers' step count). In an
+uninterrupted ``fit`` the rest of that batch's loop iteration would still run: the
+validation due after this batch (per epoch, or every ``val_check_interval``), and
+at an epoch's last batch the epoch end (``on_train_epoch_end`` hooks, epoch-interval
+schedulers).
 
-Lightning restarts from a checkpoint taken at ``on_train_batch_end`` by *skipping*
-the validation due at that batch (it assumes it ran) and, at an epoch's last batch,
+Lightning restarts from a checkpoint taken there by *skipping* the validation due
+at that batch (it assumes it ran) and, at an epoch's last batch,
 by skipping the epoch end. So the paused process stops right after the batch: it
 skips that validation and the epoch end Lightning runs when ``should_stop`` is set
 (preemption leaves little time, and their effects, such as a ``ModelCheckpoint``
@@ -25,12 +31,14 @@ Everything here reads and writes Lightning's loop internals (``_TrainingEpochLoo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pytorch_lightning as pl
 
 __all__ = [
     "PausePoint",
+    "at_batch_end",
     "end_epoch_on_resume",
     "end_restart",
     "finish_batch_in_checkpoint",
@@ -51,7 +59,7 @@ class PausePoint(NamedTuple):
 def pause_point(trainer: pl.Trainer) -> PausePoint:
     """Return what follows the current batch.
 
-    Call in ``on_train_batch_end``, before ``should_stop`` is set.
+    Call after the batch's ``on_train_batch_end`` hooks, before ``should_stop`` is set.
     """
     epoch_loop = trainer.fit_loop.epoch_loop
     fetcher = trainer.fit_loop._data_fetcher
@@ -61,13 +69,54 @@ def pause_point(trainer: pl.Trainer) -> PausePoint:
     )
 
 
-def stop_after_batch(trainer: pl.Trainer) -> None:
+class _AtBatchEnd:
+    """The epoch loop's ``on_advance_end`` for one batch, with actions run at its pause point."""
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        self.trainer = trainer
+        self.actions: list[Callable[[PausePoint], None]] = []
+
+    def __call__(self, data_fetcher: Any) -> None:
+        epoch_loop = self.trainer.fit_loop.epoch_loop
+        del epoch_loop.on_advance_end  # this batch only: Lightning's own from now on
+        point = pause_point(self.trainer)
+        if point.validation:  # left pending: the actions describe the batch before it
+            for action in self.actions:
+                action(point)
+            epoch_loop.on_advance_end(data_fetcher)
+        else:
+            epoch_loop.on_advance_end(data_fetcher)
+            for action in self.actions:
+                action(point)
+
+
+def at_batch_end(trainer: pl.Trainer, action: Callable[[PausePoint], None]) -> None:
+    """Run ``action(point)`` where a pause of the current batch is taken.
+
+    Call in ``on_train_batch_end``. ``action`` runs in the epoch loop's ``on_advance_end``
+    of this batch: after every ``on_train_batch_end`` hook (those of the callbacks after
+    the caller, then the module's) and the batch's logging; before the validation due
+    after the batch (``point.validation``), else after the rest of that iteration
+    (step-interval ``ReduceLROnPlateau`` schedulers, the loggers' step count). Actions
+    asked for at the same batch run in the order asked.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    armed = vars(epoch_loop).get("on_advance_end")
+    if not isinstance(armed, _AtBatchEnd):
+        armed = _AtBatchEnd(trainer)
+        epoch_loop.on_advance_end = armed  # type: ignore[method-assign]
+    armed.actions.append(action)
+
+
+def stop_after_batch(trainer: pl.Trainer, point: PausePoint) -> None:
     """In the paused process: skip the validation and the epoch end that follow the current batch.
 
-    Call with ``trainer.should_stop`` set; undo with :func:`restore_fit_loop` when
-    ``fit`` ends (also on errors), so the trainer's next ``fit`` is unaffected.
+    Call with ``trainer.should_stop`` set, where :func:`at_batch_end` runs its actions;
+    undo with :func:`restore_fit_loop` when ``fit`` ends (also on errors), so the
+    trainer's next ``fit`` is unaffected.
     """
-    trainer.fit_loop.epoch_loop._skip_next_val = True
+    if point.validation:
+        trainer.fit_loop.epoch_loop._skip_next_val = True
     fit_loop = trainer.fit_loop
 
     def skip_epoch_end_once() -> None:
@@ -78,33 +127,25 @@ def stop_after_batch(trainer: pl.Trainer) -> None:
 
 
 def restore_fit_loop(trainer: pl.Trainer) -> None:
-    """Undo :func:`stop_after_batch`'s change to the fit loop, if still in place."""
+    """Undo :func:`stop_after_batch`'s change to the fit loop (and an :func:`at_batch_end`
+    left armed by an error), if still in place."""
     vars(trainer.fit_loop).pop("on_advance_end", None)
+    vars(trainer.fit_loop.epoch_loop).pop("on_advance_end", None)
 
 
 def finish_batch_in_checkpoint(checkpoint: dict[str, Any], point: PausePoint) -> None:
-    """Describe the paused batch as finished, and the validation after it as pending.
+    """Describe the validation after the paused batch as pending, where one is due.
 
-    Lightning counts a batch ``completed`` only after ``on_train_batch_end``; a
-    restart from a batch that is not completed skips the validation due after
-    it. Completing it here makes the resumed epoch loop treat the batch as done;
-    marking the validation loop as started with no batch processed makes it run
-    that validation from its first batch. Without a pending validation, the
-    ``_batches_that_stepped`` increment that follows the validation slot is applied
-    here, as Lightning's restart no longer adds it for a completed batch.
+    Taken where :func:`at_batch_end` runs, the batch is ``completed``; marking the
+    validation loop as started with no batch processed makes the resumed fit run
+    that validation from its first batch, and then the rest of the batch's iteration.
     """
-    loops = checkpoint["loops"]["fit_loop"]
-    batches = loops["epoch_loop.batch_progress"]
-    for scope in ("total", "current"):
-        batches[scope]["completed"] = batches[scope]["processed"]
     if point.validation:
-        validation = loops["epoch_loop.val_loop.batch_progress"]
+        validation = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
         total = validation["total"]
         total["ready"] = total["started"] = total["completed"] + 1
         # The current run's counters restart from zero: one batch started, none processed.
         validation["current"].update(ready=1, started=1, processed=0, completed=0)
-    else:
-        loops["epoch_loop.state_dict"]["_batches_that_stepped"] += 1
 
 
 def end_epoch_on_resume(trainer: pl.Trainer) -> None:

@@ -23,6 +23,7 @@ from ...finished import run_finished
 from ...resume_points import ResumePoints, WhenBusy
 from ...resume_points.files import Found, newest_checkpoint
 from .callback import ResumeCallback
+from .pause_point import PausePoint, at_batch_end
 
 __all__ = ["ResumePointsCallback"]
 
@@ -136,14 +137,18 @@ class ResumePointsCallback(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        """Take a point when one is due (every rank at the same batch under DDP)."""
+        """Take a point when one is due (every rank at the same batch under DDP), where a
+        pause of this batch would be taken (``pause_point.at_batch_end``)."""
         if trainer.fit_loop.epoch_loop._should_accumulate():
             # Mid-accumulation (the same on every rank): a point waits for the batch that
             # completes it, as a pause does, so no gradients are in flight.
             return
+        at_batch_end(trainer, lambda point: self._take_point(trainer, point))
+
+    def _take_point(self, trainer: pl.Trainer, point: PausePoint) -> None:
         failure = self.points.at_step_boundary(
             trainer.global_step,
-            lambda copy: copy(self.resume.pause_checkpoint(trainer), {}),
+            lambda copy: copy(self.resume.pause_checkpoint(trainer, point), {}),
             key=self.key,
             # ResumeCallback's entry already holds every rank's RNG: rank 0 writes its checkpoint.
             combine=lambda checkpoint: checkpoint if trainer.is_global_zero else None,
