@@ -139,6 +139,42 @@ def test_one_unsaveable_loader_among_several_is_refused_by_its_name(tmp_path: Pa
         _fit(tmp_path, loaders)
 
 
+def _combined(mode: str, *sizes: int) -> Any:
+    from pytorch_lightning.utilities.combined_loader import CombinedLoader
+
+    loaders = {
+        f"l{index}": ResumableDataLoader(
+            child.AugmentedDataset(size), batch_size=4, shuffle=True, resumable=True
+        )
+        for index, size in enumerate(sizes)
+    }
+    return CombinedLoader(loaders, mode=mode)
+
+
+def test_a_max_size_combined_loader_over_loaders_of_different_lengths_is_refused(
+    tmp_path: Path,
+) -> None:
+    # It gives None for a loader once exhausted, which no checkpoint records: resumed
+    # after that, the loader's next epoch was read instead, silently.
+    model = child.LoopsRegressor()
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        _fit(tmp_path, _combined("max_size", 16, 8), model=model)
+    assert caught.value.detail.startswith(
+        'CombinedLoader(mode="max_size") over training loaders of different lengths gives None '
+        "for a loader once it is exhausted"
+    )
+    assert 'use mode="max_size_cycle" (the default) or "min_size"' in caught.value.detail
+    assert model.training_steps == 0
+
+
+@pytest.mark.parametrize(("mode", "sizes"), [("max_size", (16, 16)), ("min_size", (16, 8))])
+def test_combined_loaders_that_never_give_none_are_taken(
+    tmp_path: Path, mode: str, sizes: tuple[int, int]
+) -> None:
+    _, trainer, _ = _fit(tmp_path, _combined(mode, *sizes), model=child.LoopsRegressor())
+    assert trainer.global_step == 3
+
+
 class _Opaque:
     """Outside torch's weights-only set."""
 

@@ -86,6 +86,7 @@ INTERNALS = (
     Attribute(f"{_FIT}._data_fetcher"),
     Attribute(f"{_FIT}._combined_loader"),
     Attribute(f"{_COMBINED}.flattened"),
+    Attribute(f"{_COMBINED}._mode"),  # "max_size" over loaders of different lengths is refused
     Attribute(f"{_COMBINED}._iterator"),
     Refers(f"{_COMBINED}._state_dicts", "flattened", "state_dict"),
     Refers(f"{_FIT}.on_save_checkpoint", "combined_loader", "_state_dicts"),

@@ -59,7 +59,7 @@ from ...signature import sign_config, warn_if_ignoring_nothing
 from ...state import LightningPauseState, RandomState
 from ...storage import paths
 from ...storage.urls import set_storage_options
-from .fit_loaders import check_train_loaders, end_loader_epochs
+from .fit_loaders import check_combined_mode, check_train_loaders, end_loader_epochs
 from .io import DurableCheckpointIO, PauseFileReader, RunFiles, check_loadable
 from .metrics import (
     epoch_metrics_in_progress,
@@ -420,6 +420,9 @@ class ResumeCallback(Callback):
         combined_loader = trainer.fit_loop._combined_loader
         if combined_loader is not None:
             check_train_loaders(combined_loader.flattened, strict=self.strict)
+            check_combined_mode(
+                combined_loader._mode, combined_loader.flattened, strict=self.strict
+            )
         # What would make the pause file unloadable is refused now, not after a preemption.
         check_loadable(
             plain_hyperparameters(hyperparameter_entries(pl_module, trainer.datamodule)),

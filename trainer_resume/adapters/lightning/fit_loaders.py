@@ -21,7 +21,7 @@ from ..._declarations import declared_no_random_draws
 from ...errors import UnsupportedResumeConfigurationError
 from ...loaders import ResumableDataLoader
 
-__all__ = ["check_train_loaders", "end_loader_epochs"]
+__all__ = ["check_combined_mode", "check_train_loaders", "end_loader_epochs"]
 
 _FIX = (
     "use trainer_resume.loaders.ResumableDataLoader(dataset, ..., resumable=True), "
@@ -82,6 +82,39 @@ def check_train_loaders(loaders: Iterable[Any], *, strict: bool) -> None:
                 "inexact resume"
             )
         rank_zero_warn(f"ResumeCallback(strict=False): {problem}; the resume will not be exact")
+
+
+def check_combined_mode(mode: str, loaders: list[Any], *, strict: bool) -> None:
+    """Refuse ``CombinedLoader(mode="max_size")`` over training loaders of unequal lengths.
+
+    That mode gives ``None`` for a loader once its iterator is exhausted, until the
+    longest one ends: no checkpoint holds which iterators are exhausted, so a fit
+    resumed after one ran out would read that loader's next epoch instead (Lightning's
+    own restart does the same). With equal lengths no iterator runs out early.
+
+    Raises:
+        UnsupportedResumeConfigurationError: ``strict``, the mode is ``"max_size"`` and
+            the loaders' lengths differ or are unknown (332); without ``strict`` a warning.
+    """
+    if mode != "max_size" or len(loaders) < 2:
+        return
+    try:
+        lengths = {len(loader) for loader in loaders}
+    except TypeError:  # a stream: where it ends is known only when it does
+        lengths = set()
+    if len(lengths) == 1:
+        return
+    problem = (
+        'CombinedLoader(mode="max_size") over training loaders of different lengths gives None '
+        "for a loader once it is exhausted, which no checkpoint records: a fit resumed after "
+        "that would read the loader's next epoch instead"
+    )
+    if strict:
+        raise UnsupportedResumeConfigurationError(
+            f'{problem}; use mode="max_size_cycle" (the default) or "min_size", or loaders of '
+            "one length, or pass ResumeCallback(..., strict=False) to accept an inexact resume"
+        )
+    rank_zero_warn(f"ResumeCallback(strict=False): {problem}; the resume will not be exact")
 
 
 def end_loader_epochs(loaders: Iterable[Any]) -> None:
