@@ -562,6 +562,9 @@ class LightningPauseState(TypedDict):
     # The LightningModule's modes, under "module" (absent in earlier releases' files).
     module_modes: NotRequired[dict[str, ModuleModes]]
     accumulate_grad_batches: NotRequired[int]  # trainer's at the pause (absent: earlier files)
+    # Manual optimization: the gradients each rank's parameters held, by canonical name
+    # (a window the loop accumulates by hand may be in progress); absent otherwise.
+    gradients: NotRequired[list[dict[str, Any]]]
 
 
 class AcceleratorStepSettings(TypedDict):

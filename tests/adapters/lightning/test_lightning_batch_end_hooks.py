@@ -172,3 +172,71 @@ def test_what_the_paused_batchs_later_hooks_did_is_in_the_pause(
         assert difference is None, f"{name}: {difference.describe()}"
     assert _relative(resumed["checkpoints"], tmp_path) == _relative(expected["checkpoints"], folder)
     assert resumed["files"] == expected["files"]
+
+
+class HandAccumulating(pl.LightningModule):
+    """Manual optimization accumulating over 2 batches by hand, as Lightning's docs show."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.automatic_optimization = False
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1)
+        )
+        self.losses: list[torch.Tensor] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        optimizer = self.optimizers()
+        loss = torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+        self.manual_backward(loss / 2)
+        self.losses.append(loss.detach().clone())
+        if (batch_idx + 1) % 2 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def _fit_by_hand(folder: Path, pause_at: int | None = None) -> dict[str, Any]:
+    torch.manual_seed(1)
+    data = TensorDataset(torch.randn(BATCHES * 4, 4), torch.randn(BATCHES * 4, 1))
+    train = ResumableDataLoader(data, batch_size=4, shuffle=True, resumable=True)
+    resume = ResumeCallback(folder / "pause.ckpt", config={"batches": BATCHES})
+    module = HandAccumulating()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[*([PauseAt(pause_at, resume)] if pause_at else []), resume],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, train, ckpt_path=resume.ckpt_path)
+    optimizer = trainer.optimizers[0]
+    return {
+        "losses": module.losses,
+        "state": module.state_dict(),
+        "optimizer": optimizer.state_dict(),
+    }
+
+
+# Batch 3: inside a window (its gradients held); batch 4: at a window's end.
+@pytest.mark.parametrize("batch", [3, 4])
+def test_a_window_accumulated_by_hand_under_manual_optimization_resumes_with_its_gradients(
+    tmp_path: Path, batch: int
+) -> None:
+    # No pause can wait for a window the loop keeps itself: its gradients were lost.
+    expected = _fit_by_hand(tmp_path / "reference")
+    paused = _fit_by_hand(tmp_path / "run", pause_at=batch)
+    assert len(paused["losses"]) == batch
+    resumed = _fit_by_hand(tmp_path / "run")
+    difference = first_difference(expected["losses"], paused["losses"] + resumed["losses"])
+    assert difference is None, f"losses: {difference.describe()}"
+    for name in ("state", "optimizer"):
+        difference = first_difference(expected[name], resumed[name])
+        assert difference is None, f"{name}: {difference.describe()}"

@@ -60,6 +60,7 @@ from ...state import LightningPauseState, RandomState
 from ...storage import paths
 from ...storage.urls import set_storage_options
 from .fit_loaders import check_combined_mode, check_train_loaders, end_loader_epochs
+from .gradients import held_gradients, restore_gradients
 from .io import DurableCheckpointIO, PauseFileReader, RunFiles, check_loadable
 from .metrics import (
     epoch_metrics_in_progress,
@@ -104,7 +105,9 @@ class ResumeCallback(Callback):
 
     A pause requested in the middle of a gradient accumulation
     (``accumulate_grad_batches > 1``) is deferred to the batch that completes it, so
-    a pause never holds accumulated gradients. When ``fit`` completes (not paused),
+    a pause never holds accumulated gradients; under manual optimization, whose
+    windows it cannot see, it saves the gradients the module holds and the resumed fit
+    puts them back. When ``fit`` completes (not paused),
     the run is marked finished (``trainer_resume.finished``): the pause file is
     retired (unless the fit did not resume from it: an unused pause file is kept),
     :attr:`ckpt_path` is ``None``, :attr:`finished` is true, and a new ``fit`` with
@@ -176,6 +179,8 @@ class ResumeCallback(Callback):
         self._modes_again: Any = None
         # The paused fit's trainer.accumulate_grad_batches, set with the modes again.
         self._pending_accumulation: int | None = None
+        # Manual optimization: the gradients this rank's parameters held at the pause.
+        self._pending_gradients: dict[str, Any] | None = None
         self._pause_point: PausePoint | None = None
         self._undo_validation_mark = False
         self._in_resumed_epoch = False
@@ -358,6 +363,7 @@ class ResumeCallback(Callback):
         self._pending_modes = None
         self._modes_again = None
         self._pending_accumulation = None
+        self._pending_gradients = None
         self._pause_point = None
         self._undo_validation_mark = False
         self._in_resumed_epoch = False
@@ -440,6 +446,11 @@ class ResumeCallback(Callback):
             # After setup(), configure_model() and on_fit_start(), which ran again.
             restore_object_modes(modes, {_MODULE: pl_module})
             self._modes_again = modes
+        gradients, self._pending_gradients = self._pending_gradients, None
+        if gradients is not None:
+            restore_gradients(
+                pl_module, gradients, os.fspath(trainer.ckpt_path or "the checkpoint")
+            )
         metrics, self._pending_metrics = self._pending_metrics, None
         if metrics is not None:
             restore_logged_metrics(trainer, metrics, pl_module.device)
@@ -532,6 +543,9 @@ class ResumeCallback(Callback):
                 "which is exact only where they are the ones the paused fit had"
             )
         self._pending_accumulation = _accumulation(entry, trainer, source)
+        gradients = entry.get("gradients")
+        if gradients is not None:
+            self._pending_gradients = gradients[trainer.global_rank]
         self._pending_point = PausePoint(
             validation=bool(entry.get("pending_validation", False)),
             epoch_end=bool(entry.get("pending_epoch_end", False)),
@@ -619,6 +633,10 @@ class ResumeCallback(Callback):
                 # Set by a GradientAccumulationScheduler when the epoch started.
                 "accumulate_grad_batches": int(trainer.accumulate_grad_batches),
             }
+            if not pl_module.automatic_optimization:
+                # A window the loop accumulates by hand may be in progress: no pause can
+                # wait for its end, so its gradients are saved (those of a step taken too).
+                entry["gradients"] = _gather_by_rank(trainer, held_gradients(pl_module))
             checkpoint[PAUSE_KEY] = entry
 
     # ------------------------------------------------------------------ helpers
