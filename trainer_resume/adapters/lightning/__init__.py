@@ -106,6 +106,7 @@ INTERNALS = (
     Refers(f"{_EPOCH}.advance", "on_train_batch_end", "increment_completed"),
     Refers(f"{_EPOCH}.on_advance_end", "val_loop", "update_lr_schedulers", "_batches_that_stepped"),
     Attribute(f"{_EPOCH}.val_loop"),
+    Attribute(f"{_EVALUATION}._combined_loader"),  # its loaders' kept workers stopped
     Attribute(f"{_EVALUATION}._has_run", settable=True),
     # callback.py: the modes a pending validation gives back (Lightning's capture).
     Attribute(f"{_EVALUATION}._module_mode"),

@@ -59,6 +59,7 @@ from ...signature import sign_config, warn_if_ignoring_nothing
 from ...state import LightningPauseState, RandomState
 from ...storage import paths
 from ...storage.urls import set_storage_options
+from .._kept_workers import stop_kept_workers
 from .fit_loaders import check_combined_mode, check_train_loaders, end_loader_epochs
 from .gradients import held_gradients, restore_gradients
 from .io import DurableCheckpointIO, PauseFileReader, RunFiles, check_loadable
@@ -485,10 +486,17 @@ class ResumeCallback(Callback):
         self._set_accumulation(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """After the validation left pending by the pause: put its counters back in step."""
+        """After the validation left pending by the pause: put its counters back in step.
+
+        After every validation: the workers its loaders keep with ``persistent_workers``
+        stop, so each validation starts them, resumed or not (see ``adapters._kept_workers``).
+        """
         if self._undo_validation_mark and not trainer.sanity_checking:
             self._undo_validation_mark = False
             undo_pending_validation_mark(trainer)
+        combined_loader = getattr(trainer.fit_loop.epoch_loop.val_loop, "_combined_loader", None)
+        if combined_loader is not None:
+            stop_kept_workers(combined_loader.flattened)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Mark the run finished when ``fit`` completed without a pause."""

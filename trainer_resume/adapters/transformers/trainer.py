@@ -47,6 +47,7 @@ from ...rng import restore_random_state
 from ...state import PauseCheckpoint, StrPath
 from ...storage import paths
 from ...storage.urls import set_storage_options
+from .._kept_workers import stop_kept_workers
 from . import loop_state
 from .loader import TrainLoader, build_train_loader
 from .refusals import check_trainer, refuse_train_arguments
@@ -473,9 +474,5 @@ def _stop_kept_evaluation_loaders(trainer: Trainer) -> None:
     kept = getattr(trainer, "_eval_dataloaders", None)  # with persistent workers only
     if not kept:
         return
-    for loader in kept.values():
-        iterator, loader._iterator = getattr(loader, "_iterator", None), None
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+    stop_kept_workers(kept.values())
     kept.clear()
