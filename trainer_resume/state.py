@@ -315,6 +315,10 @@ class EpochSamplerState(TypedDict):
     delivered: int  # batches delivered since the start, over all epochs (global ones too)
     generator: torch.Tensor | None  # uint8 generator state, None without a generator
     sampler_epoch: int | None  # DistributedSampler.epoch the epoch was ordered with
+    # The generator's state at the position, within an epoch begun before it: the
+    # generator is set to it and the epoch's order recomputed on a copy, so draws made
+    # from it since the epoch began (another loader's, the loop's) are kept.
+    generator_now: NotRequired[torch.Tensor]
 
 
 class StatefulSamplerState(TypedDict):

@@ -180,6 +180,9 @@ class EpochSource:
         self._delivered = 0
         self._computed: _Epoch | None = None
         self._expected_sampler_epoch: int | None = None  # a loaded mid-epoch position's
+        # A loaded position inside a begun epoch: (epoch, the generator's state when it
+        # began), its order recomputed on a copy (the generator was set to the position's).
+        self._loaded_order: tuple[int, Any] | None = None
 
     @property
     def stride(self) -> int:
@@ -212,11 +215,18 @@ class EpochSource:
                     f"call set_epoch({expected}) (the epoch the state was saved in) before iterating"
                 )
         self._expected_sampler_epoch = None
-        generator_state = self.generator.get_state() if self.generator is not None else None
+        loaded, self._loaded_order = self._loaded_order, None
+        copy = None
+        if loaded is not None and loaded[0] == self._epoch and self.generator is not None:
+            generator_state = loaded[1]
+            copy = torch.Generator(device=self.generator.device)
+            copy.set_state(generator_state)
+        else:
+            generator_state = self.generator.get_state() if self.generator is not None else None
         batch_sampler = self.batch_sampler
         computed = _Epoch(
             self._epoch,
-            self._order(augmentation_seed),
+            self._order(augmentation_seed, copy),
             batch_sampler.batch_size if batch_sampler is not None else None,
             bool(batch_sampler.drop_last) if batch_sampler is not None else False,
             generator_state,
@@ -229,10 +239,11 @@ class EpochSource:
             )
         self._computed = computed
 
-    def _order(self, augmentation_seed: int) -> list[Any]:
-        """The sampler's indices for the cursor's epoch (its whole pass, in order)."""
+    def _order(self, augmentation_seed: int, copy: torch.Generator | None = None) -> list[Any]:
+        """The sampler's indices for the cursor's epoch (its whole pass, in order), drawn
+        from ``copy`` of the sampler's generator when given (a loaded epoch's)."""
         sampler = self.sampler
-        generator = self.generator
+        generator = self.generator if copy is None else copy
         if generator is None and isinstance(sampler, _GENERATOR_SAMPLERS):
             generator = torch.Generator()
             generator.manual_seed(derive_seed(augmentation_seed, _ORDER_SALT, self._epoch))
@@ -245,11 +256,12 @@ class EpochSource:
             )
         if generator is self.generator:
             return list(sampler)
-        sampler.generator = generator  # only for this computation: no global generator is drawn
+        # Only for this computation: no global generator, nor the sampler's own, is drawn.
+        sampler.generator = generator
         try:
             return list(sampler)
         finally:
-            sampler.generator = None
+            sampler.generator = self.generator
 
     def abandon(self, number: int) -> None:
         """Epoch ``number`` was left part-way (its iterator replaced after delivering, or
@@ -335,23 +347,33 @@ class EpochSource:
     def state(self) -> EpochSamplerState:
         computed = self._computed
         if computed is not None and computed.number == self._epoch:
-            generator_state, sampler_epoch = (
+            return self._state(
+                self._epoch,
+                self._offset,
+                self._delivered,
                 computed.generator_state,
                 computed.sampler_epoch,
+                self._generator_now(),
             )
-        else:
-            generator_state = self.generator.get_state() if self.generator is not None else None
-            sampler_epoch = (
-                self.sampler.epoch if isinstance(self.sampler, DistributedSampler) else None
-            )
+        generator_state = self.generator.get_state() if self.generator is not None else None
+        sampler_epoch = self.sampler.epoch if isinstance(self.sampler, DistributedSampler) else None
         return self._state(
             self._epoch, self._offset, self._delivered, generator_state, sampler_epoch
         )
 
+    def _generator_now(self) -> torch.Tensor | None:
+        return self.generator.get_state() if self.generator is not None else None
+
     def _state(
-        self, epoch: int, offset: int, delivered: int, generator_state: Any, sampler_epoch: Any
+        self,
+        epoch: int,
+        offset: int,
+        delivered: int,
+        generator_state: Any,
+        sampler_epoch: Any,
+        generator_now: torch.Tensor | None = None,
     ) -> EpochSamplerState:
-        return {
+        state = {
             keys.FORMAT: keys.EPOCH_SAMPLER_FORMAT,
             keys.SETTINGS: dict(self._settings),
             keys.EPOCH: epoch,
@@ -359,26 +381,44 @@ class EpochSource:
             keys.DELIVERED: delivered,
             keys.GENERATOR: generator_state,
             keys.SAMPLER_EPOCH: sampler_epoch,
-        }  # type: ignore[return-value]
+        }
+        if generator_now is not None:  # inside a begun epoch
+            state[keys.GENERATOR_NOW] = generator_now
+        return state  # type: ignore[return-value]
 
     def position(self) -> Deferred:
         """The delivered position now, its state built later: the state holds only
-        integers, a copy of the settings (never changed) and a generator state nothing
-        changes in place. Within a computed epoch only the integers are taken now; if
-        the epoch is left part-way before the state is built, it is the next epoch's
-        start (what :meth:`state` says then: the leaving delivered nothing)."""
+        integers, a copy of the settings (never changed) and generator states nothing
+        changes in place. Within a computed epoch only the integers (and, with a
+        generator of the sampler's, its state now) are taken now; if the epoch is left
+        part-way before the state is built, it is the next epoch's start (what
+        :meth:`state` says then: the leaving delivered nothing)."""
         computed = self._computed
         epoch = self._epoch
         if computed is None or computed.number != epoch:
             return now(self.state())
-        return (type(self)._position_state, self, computed, self._offset, self._delivered)
+        return (
+            type(self)._position_state,
+            self,
+            computed,
+            self._offset,
+            self._delivered,
+            self._generator_now(),
+        )
 
-    def _position_state(self, computed: _Epoch, offset: int, delivered: int) -> EpochSamplerState:
+    def _position_state(
+        self, computed: _Epoch, offset: int, delivered: int, generator_now: torch.Tensor | None
+    ) -> EpochSamplerState:
         left = computed.left
         if left is not None:
             return self._state(computed.number + 1, 0, delivered, *left)
         return self._state(
-            computed.number, offset, delivered, computed.generator_state, computed.sampler_epoch
+            computed.number,
+            offset,
+            delivered,
+            computed.generator_state,
+            computed.sampler_epoch,
+            generator_now,
         )
 
     def validate(self, state: Mapping[str, Any]) -> None:
@@ -390,6 +430,7 @@ class EpochSource:
             self._settings,
             (keys.GENERATOR, keys.SAMPLER_EPOCH),
             fix="build the loader with the arguments the state was saved with",
+            optional_keys=(keys.GENERATOR_NOW,),
         )
         length = self._length()
         if offset >= max(length, 1):
@@ -397,6 +438,12 @@ class EpochSource:
                 f"{what}[{keys.OFFSET!r}] = {offset} but an epoch has {length} batch(es)"
             )
         self._check_generator(state[keys.GENERATOR], what)
+        if keys.GENERATOR_NOW in state:
+            if self.generator is None:
+                raise LoaderStateError(
+                    f"{what} has {keys.GENERATOR_NOW!r}, but this sampler has no generator"
+                )
+            self._check_generator(state[keys.GENERATOR_NOW], what, keys.GENERATOR_NOW)
         sampler_epoch = state[keys.SAMPLER_EPOCH]
         if isinstance(self.sampler, DistributedSampler):
             if not keys.is_int(sampler_epoch):
@@ -408,17 +455,17 @@ class EpochSource:
                 f"{what}[{keys.SAMPLER_EPOCH!r}] must be None for a {self._settings['sampler']}"
             )
 
-    def _check_generator(self, value: Any, what: str) -> None:
+    def _check_generator(self, value: Any, what: str, key: str = keys.GENERATOR) -> None:
         generator = self.generator
         if generator is None:
             if value is not None:
                 raise LoaderStateError(
-                    f"{what}[{keys.GENERATOR!r}] must be None: this sampler has no generator"
+                    f"{what}[{key!r}] must be None: this sampler has no generator"
                 )
             return
         if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
             raise LoaderStateError(
-                f"{what}[{keys.GENERATOR!r}] must be a 1-D uint8 tensor (a generator state)"
+                f"{what}[{key!r}] must be a 1-D uint8 tensor (a generator state)"
             )
         try:
             torch.Generator(device=generator.device).set_state(
@@ -426,15 +473,24 @@ class EpochSource:
             )  # trial on a scratch generator
         except (RuntimeError, ValueError) as exc:
             raise LoaderStateError(
-                f"{what}[{keys.GENERATOR!r}] is not a state of this generator: {exc}"
+                f"{what}[{key!r}] is not a state of this generator: {exc}"
             ) from exc
 
     def apply(self, state: Mapping[str, Any]) -> None:
         self._epoch, self._offset = state[keys.EPOCH], state[keys.OFFSET]
         self._delivered = state[keys.DELIVERED]
         self._computed = None
+        self._loaded_order = None
         if self.generator is not None:
-            self.generator.set_state(state[keys.GENERATOR])
+            current = state.get(keys.GENERATOR_NOW)
+            if current is not None:
+                # Where the generator was at the position: another loader sharing it, or
+                # the loop, drew from it since this epoch began. The epoch's order is
+                # recomputed on a copy set to where it began.
+                self.generator.set_state(current)
+                self._loaded_order = (state[keys.EPOCH], state[keys.GENERATOR])
+            else:
+                self.generator.set_state(state[keys.GENERATOR])
         sampler_epoch = state[keys.SAMPLER_EPOCH]
         self._expected_sampler_epoch = sampler_epoch
         if sampler_epoch is not None:

@@ -52,6 +52,9 @@ NUM_REPLICAS = "num_replicas"  # world size the state was written with (absent i
 EPOCH = "epoch"
 DELIVERED = "delivered"
 GENERATOR = "generator"
+# The sampler generator's state at the saved position, within an epoch begun before it
+# (absent in older states, and at an epoch's start: the generator is set to "generator").
+GENERATOR_NOW = "generator_now"
 SAMPLER_EPOCH = "sampler_epoch"
 SAMPLES = "samples"
 SAMPLER_STATE = "sampler_state"
@@ -115,17 +118,20 @@ def check_epoch_state(
     settings: Mapping[str, Any],
     more_keys: Iterable[str],
     fix: str,
+    optional_keys: Iterable[str] = (),
 ) -> tuple[int, int, int]:
     """The start every per-epoch loader state shares (torch's own samplers, an
     ``IterableDataset``): a dict of ``format``, ``settings``, ``epoch``, ``offset``,
-    ``delivered`` and ``more_keys``; the format; the settings the loader was built with;
+    ``delivered`` and ``more_keys`` (and any of ``optional_keys``); the format; the settings the loader was built with;
     the three counts. ``fix`` ends the refusal of another setting (``{name}`` and
     ``{saved}`` are filled in).
 
     Returns:
         ``(epoch, offset, delivered)``.
     """
-    check_mapping(state, what, (FORMAT, SETTINGS, EPOCH, OFFSET, DELIVERED, *more_keys))
+    check_mapping(
+        state, what, (FORMAT, SETTINGS, EPOCH, OFFSET, DELIVERED, *more_keys), optional_keys
+    )
     check_format(state, what, expected_format)
     mismatch = mismatched_setting(state, what, settings)
     if mismatch is not None:
