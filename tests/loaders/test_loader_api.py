@@ -171,8 +171,12 @@ class _Unordered(torch.utils.data.Sampler):
             id="batch-sampler-over-custom",
         ),
         pytest.param(
-            lambda ds: {"sampler": InfiniteRandomSampler(ds, resumable=True), "in_order": False},
-            id="in-order-false",
+            lambda ds: {
+                "sampler": InfiniteRandomSampler(ds, resumable=True),
+                "in_order": False,
+                "num_workers": 2,
+            },
+            id="in-order-false-with-workers",
         ),
     ],
 )
@@ -185,6 +189,25 @@ def test_configurations_that_cannot_resume_exactly_are_refused_with_the_fix_name
     assert re.search(
         r"give it state_dict|use a map-style|leave in_order=True|itself", str(caught.value)
     )
+
+
+def test_in_order_false_without_workers_is_taken_and_resumes_exactly():
+    # Without workers batches come in order whatever in_order says: nothing to refuse.
+    def loader() -> ResumableDataLoader:
+        torch.manual_seed(0)
+        return ResumableDataLoader(
+            streams.AugmentedDataset(), batch_size=2, shuffle=True, in_order=False, resumable=True
+        )
+
+    expected = list(loader())
+    first = loader()
+    batches = iter(first)
+    head = [next(batches) for _ in range(3)]
+    resumed = loader()
+    resumed.load_state_dict(first.state_dict())
+    got = head + list(resumed)
+    assert len(got) == len(expected)
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
 
 
 def test_a_sampler_built_for_another_dataset_size_is_an_argument_error():

@@ -72,14 +72,14 @@ def check_resumable_configuration(
     """Refuse, before anything is built, what a resumable loader cannot resume exactly.
 
     Raises:
-        UnsupportedResumeConfigurationError: ``in_order=False``, an IterableDataset that
+        UnsupportedResumeConfigurationError: ``in_order=False`` with workers, an IterableDataset that
             has no state (its ``__iter__`` a generator), a Hugging Face streaming dataset
             shuffled with a buffer (unless ``allow_inexact_shuffle_buffer``, and then
             not with workers: they cannot load its state), or a sampler /
             batch sampler whose order cannot be recomputed.
         ResumableModeRequiredError: a sampler of this package built with ``resumable=False``.
     """
-    if in_order is not True:
+    if in_order is not True and num_workers > 0:  # without workers, batches come in order
         raise UnsupportedResumeConfigurationError(
             "in_order=False delivers batches in completion order, which a resume cannot repeat; "
             "leave in_order=True (the default) with resumable=True"

@@ -20,7 +20,7 @@ the fix, raised before the model is touched. Refused:
 - ``train(resume_from_checkpoint=...)`` (the Trainer's own resume, not exact) and a
   hyper-parameter search ``trial``.
 
-A stateless ``IterableDataset``, ``dataloader_in_order=False`` and samplers that
+A stateless ``IterableDataset``, ``dataloader_in_order=False`` with workers and samplers that
 cannot be repositioned are refused by ``ResumableDataLoader`` itself when the
 training loader is built, at the start of ``train()`` too.
 """
