@@ -21,6 +21,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
+from support.lightning_trace import RequestPauseAt
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_resume.adapters.lightning import ResumeCallback
@@ -83,18 +84,6 @@ class Counting(pl.Callback):
         self.batches = state["batches"]
 
 
-class PauseAt(pl.Callback):
-    """Asks for a pause during the ``batch``-th training batch (listed before ``ResumeCallback``)."""
-
-    def __init__(self, batch: int, resume: ResumeCallback) -> None:
-        self.batch, self.resume, self.seen = batch, resume, 0
-
-    def on_train_batch_end(self, *args: Any) -> None:
-        self.seen += 1
-        if self.seen == self.batch:
-            self.resume.request_pause()
-
-
 def _fit(folder: Path, pause_at: int | None = None) -> dict[str, Any]:
     torch.manual_seed(1)
     data = TensorDataset(torch.randn(BATCHES * 4, 4), torch.randn(BATCHES * 4, 1))
@@ -109,7 +98,12 @@ def _fit(folder: Path, pause_at: int | None = None) -> dict[str, Any]:
         filename="{step}",
     )
     counting = Counting()
-    callbacks = [*([PauseAt(pause_at, resume)] if pause_at else []), resume, counting, checkpoints]
+    callbacks = [
+        *([RequestPauseAt(pause_at, resume)] if pause_at else []),
+        resume,
+        counting,
+        checkpoints,
+    ]
     module = Averaged()
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -212,7 +206,7 @@ def _fit_by_hand(folder: Path, pause_at: int | None = None) -> dict[str, Any]:
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
-        callbacks=[*([PauseAt(pause_at, resume)] if pause_at else []), resume],
+        callbacks=[*([RequestPauseAt(pause_at, resume)] if pause_at else []), resume],
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
+from support.lightning_trace import RequestPauseAt
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from trainer_resume.adapters.lightning import ResumeCallback
@@ -57,16 +58,6 @@ class Regression(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-class PauseAt(pl.Callback):
-    def __init__(self, batch: int, resume: ResumeCallback) -> None:
-        self.batch, self.resume, self.seen = batch, resume, 0
-
-    def on_train_batch_end(self, *args: Any) -> None:
-        self.seen += 1
-        if self.seen == self.batch:
-            self.resume.request_pause()
-
-
 def _fit(folder: Path, pause_at: int | None = None) -> Regression:
     torch.manual_seed(1)
     data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
@@ -81,7 +72,7 @@ def _fit(folder: Path, pause_at: int | None = None) -> Regression:
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
-        callbacks=[*([PauseAt(pause_at, resume)] if pause_at else []), resume],
+        callbacks=[*([RequestPauseAt(pause_at, resume)] if pause_at else []), resume],
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
