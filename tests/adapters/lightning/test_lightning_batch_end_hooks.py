@@ -84,7 +84,21 @@ class Counting(pl.Callback):
         self.batches = state["batches"]
 
 
-def _fit(folder: Path, pause_at: int | None = None) -> dict[str, Any]:
+class StopAt(pl.Callback):
+    """Stops the fit after training batch ``batch`` (listed after ``ResumeCallback``)."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch, self.seen = batch, 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.seen += 1
+        if self.seen == self.batch:
+            trainer.should_stop = True
+
+
+def _fit(
+    folder: Path, pause_at: int | None = None, stop_at: int | None = None, **options: Any
+) -> dict[str, Any]:
     torch.manual_seed(1)
     data = TensorDataset(torch.randn(BATCHES * 4, 4), torch.randn(BATCHES * 4, 1))
     train = ResumableDataLoader(data, batch_size=4, shuffle=True, resumable=True)
@@ -102,6 +116,7 @@ def _fit(folder: Path, pause_at: int | None = None) -> dict[str, Any]:
         *([RequestPauseAt(pause_at, resume)] if pause_at else []),
         resume,
         counting,
+        *([StopAt(stop_at)] if stop_at else []),
         checkpoints,
     ]
     module = Averaged()
@@ -112,12 +127,14 @@ def _fit(folder: Path, pause_at: int | None = None) -> dict[str, Any]:
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=callbacks,
+        **options,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, train, DataLoader(data, batch_size=8), ckpt_path=resume.ckpt_path)
     return {
         "paused": resume.paused,
+        "finished": resume.finished,
         "losses": module.losses,
         "state": module.state_dict(),
         "optimizer": trainer.optimizers[0].state_dict(),
@@ -129,7 +146,7 @@ def _fit(folder: Path, pause_at: int | None = None) -> dict[str, Any]:
             # Lightning's load_state_dict restores neither (the folder is the run's own).
             if key not in ("dirpath", "current_score")
         },
-        "files": sorted(os.listdir(folder / "ckpts")),
+        "files": sorted(os.listdir(folder / "ckpts")) if (folder / "ckpts").exists() else [],
     }
 
 
@@ -147,10 +164,12 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return folder, _fit(folder)
 
 
+# Batch 2: before ModelCheckpoint's first save (its last.ckpt was saved when the paused
+# fit ended, and the resumed one, not knowing it, saved last-v1.ckpt).
 # Batch 6: mid-epoch, a plateau step and a ModelCheckpoint save due, no validation.
 # Batch 8: the epoch's last, a validation due (left pending by the pause).
 # Batch 9: the next epoch's first, a plateau step due.
-@pytest.mark.parametrize("batch", [6, 8, 9])
+@pytest.mark.parametrize("batch", [2, 6, 8, 9])
 def test_what_the_paused_batchs_later_hooks_did_is_in_the_pause(
     tmp_path: Path, reference: tuple[Path, dict[str, Any]], batch: int
 ) -> None:
@@ -166,6 +185,23 @@ def test_what_the_paused_batchs_later_hooks_did_is_in_the_pause(
         assert difference is None, f"{name}: {difference.describe()}"
     assert _relative(resumed["checkpoints"], tmp_path) == _relative(expected["checkpoints"], folder)
     assert resumed["files"] == expected["files"]
+
+
+@pytest.mark.parametrize(
+    ("ending", "options"),
+    [("max_steps", {"max_steps": 6, "val_check_interval": 3}), ("should_stop", {"stop_at": 6})],
+)
+def test_a_pause_asked_for_at_the_batch_that_ends_the_fit_lets_it_finish(
+    tmp_path: Path, ending: str, options: dict[str, Any]
+) -> None:
+    # There the fit ends after the validation due; a fit resumed from a pause there
+    # ended at once without it (max_steps), or went on training (should_stop).
+    expected = _fit(tmp_path / "reference", **options)
+    run = _fit(tmp_path / "run", pause_at=6, **options)
+    assert not run["paused"] and run["finished"]
+    for name in ("losses", "state", "optimizer", "plateau", "counted", "files"):
+        difference = first_difference(expected[name], run[name])
+        assert difference is None, f"{name}: {difference.describe()}"
 
 
 class HandAccumulating(pl.LightningModule):

@@ -97,6 +97,7 @@ INTERNALS = (
     Function(f"{_EPOCH}._num_ready_batches_reached", positional=0),
     Function(f"{_EPOCH}._should_accumulate", positional=0),
     Attribute(f"{_EPOCH}._skip_next_val", settable=True),
+    Attribute(f"{_FIT}._can_stop_early"),  # no pause where fit ends after the batch anyway
     Function(f"{_FIT}.on_advance_end", positional=0),
     Refers(f"{_FIT}.run", "on_advance_end"),
     # at_batch_end: a pause is written in the epoch loop's on_advance_end, after the batch's

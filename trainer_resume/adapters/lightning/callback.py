@@ -74,7 +74,9 @@ from .pause_point import (
     end_epoch_on_resume,
     end_restart,
     finish_batch_in_checkpoint,
+    fit_ends_after_batch,
     restore_fit_loop,
+    skip_last_save_at_train_end,
     stop_after_batch,
     undo_pending_validation_mark,
 )
@@ -606,6 +608,11 @@ class ResumeCallback(Callback):
         at_batch_end(trainer, lambda point: self._pause_after_batch(trainer, point))
 
     def _pause_after_batch(self, trainer: pl.Trainer, point: PausePoint) -> None:
+        if fit_ends_after_batch(trainer):
+            # The fit ends here as the uninterrupted one does (max_steps, or a callback
+            # stopped it), its validation due first; the run is then marked finished.
+            self._request = None
+            return
         # Before should_stop is set: Lightning validates whenever should_stop is set.
         self._pause_point = point
         self._write_pause(trainer, point)
@@ -613,6 +620,7 @@ class ResumeCallback(Callback):
         self._paused_at = trainer.global_step
         trainer.should_stop = True
         stop_after_batch(trainer, point)
+        skip_last_save_at_train_end(trainer)
         rank_zero_info(
             f"ResumeCallback: paused at step {trainer.global_step}; pause file {self.path}"
         )

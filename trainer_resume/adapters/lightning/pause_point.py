@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
 
 __all__ = [
     "PausePoint",
@@ -42,8 +43,10 @@ __all__ = [
     "end_epoch_on_resume",
     "end_restart",
     "finish_batch_in_checkpoint",
+    "fit_ends_after_batch",
     "pause_point",
     "restore_fit_loop",
+    "skip_last_save_at_train_end",
     "stop_after_batch",
     "undo_pending_validation_mark",
 ]
@@ -108,6 +111,18 @@ def at_batch_end(trainer: pl.Trainer, action: Callable[[PausePoint], None]) -> N
     armed.actions.append(action)
 
 
+def fit_ends_after_batch(trainer: pl.Trainer) -> bool:
+    """Whether ``fit`` ends after the current batch whatever a pause does: ``max_steps``
+    reached, or ``should_stop`` set (by another callback) with the minimum trained.
+
+    A fit restarted there would end at once, without the validation due after the
+    batch; no pause (or resume point) is taken at it.
+    """
+    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        return True
+    return bool(trainer.should_stop) and bool(trainer.fit_loop._can_stop_early)
+
+
 def stop_after_batch(trainer: pl.Trainer, point: PausePoint) -> None:
     """In the paused process: skip the validation and the epoch end that follow the current batch.
 
@@ -121,16 +136,38 @@ def stop_after_batch(trainer: pl.Trainer, point: PausePoint) -> None:
 
     def skip_epoch_end_once() -> None:
         # The epoch end (hooks, epoch counters) of the interrupted epoch runs in the resumed fit.
-        restore_fit_loop(trainer)
+        vars(fit_loop).pop("on_advance_end", None)
 
     fit_loop.on_advance_end = skip_epoch_end_once  # type: ignore[method-assign]
 
 
+def skip_last_save_at_train_end(trainer: pl.Trainer) -> None:
+    """In the paused process: no ``last.ckpt`` from ``ModelCheckpoint.on_train_end``.
+
+    ``ModelCheckpoint(save_last=True)`` saves ``last.ckpt`` when training ends if it has
+    saved none yet (Lightning 2.6); at a pause the resumed fit would find a file its
+    restored state does not know, and save ``last-v1.ckpt`` instead. Undone by
+    :func:`restore_fit_loop`.
+    """
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint) or not callback.save_last:
+            continue
+        if getattr(callback, "_last_checkpoint_saved", True):
+            continue  # saved already, or a release that saves none at the end
+
+        def skip(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            del trainer, pl_module
+
+        callback.on_train_end = skip  # type: ignore[method-assign]
+
+
 def restore_fit_loop(trainer: pl.Trainer) -> None:
     """Undo :func:`stop_after_batch`'s change to the fit loop (and an :func:`at_batch_end`
-    left armed by an error), if still in place."""
+    left armed by an error, and :func:`skip_last_save_at_train_end`), if still in place."""
     vars(trainer.fit_loop).pop("on_advance_end", None)
     vars(trainer.fit_loop.epoch_loop).pop("on_advance_end", None)
+    for callback in trainer.checkpoint_callbacks:
+        vars(callback).pop("on_train_end", None)
 
 
 def finish_batch_in_checkpoint(checkpoint: dict[str, Any], point: PausePoint) -> None:

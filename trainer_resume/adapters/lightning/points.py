@@ -23,7 +23,7 @@ from ...finished import run_finished
 from ...resume_points import ResumePoints, WhenBusy
 from ...resume_points.files import Found, newest_checkpoint
 from .callback import ResumeCallback
-from .pause_point import PausePoint, at_batch_end
+from .pause_point import PausePoint, at_batch_end, fit_ends_after_batch
 
 __all__ = ["ResumePointsCallback"]
 
@@ -146,6 +146,8 @@ class ResumePointsCallback(Callback):
         at_batch_end(trainer, lambda point: self._take_point(trainer, point))
 
     def _take_point(self, trainer: pl.Trainer, point: PausePoint) -> None:
+        if fit_ends_after_batch(trainer):
+            return  # its pending validation would not run in a fit resumed from the point
         failure = self.points.at_step_boundary(
             trainer.global_step,
             lambda copy: copy(self.resume.pause_checkpoint(trainer, point), {}),
