@@ -116,11 +116,12 @@ def fit_ends_after_batch(trainer: pl.Trainer) -> bool:
     reached, or ``should_stop`` set (by another callback) with the minimum trained.
 
     A fit restarted there would end at once, without the validation due after the
-    batch; no pause (or resume point) is taken at it.
+    batch; no pause (or resume point) is taken at it. Every rank gets the same answer
+    (a callback may have stopped one rank only), so all of them write or none.
     """
-    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
-        return True
-    return bool(trainer.should_stop) and bool(trainer.fit_loop._can_stop_early)
+    ends = trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
+    ends = ends or (bool(trainer.should_stop) and bool(trainer.fit_loop._can_stop_early))
+    return bool(trainer.strategy.reduce_boolean_decision(ends, all=False))
 
 
 def stop_after_batch(trainer: pl.Trainer, point: PausePoint) -> None:
