@@ -117,3 +117,22 @@ def test_a_generator_shared_with_another_loader_or_the_loop_resumes_where_it_was
         assert torch.equal(a, b), f"step {number + 1}: {a.tolist()} != {b.tolist()}"
     assert torch.equal(resumed.model.weight, reference.model.weight)
     assert torch.equal(resumed.generator.get_state(), reference.generator.get_state())
+
+
+def test_a_position_resumed_and_paused_again_before_it_is_read_keeps_its_epochs_order(
+    tmp_path: Path,
+) -> None:
+    # Its generator now holds where it was at the position, not where its epoch began.
+    reference = SharingLoaders(loop_draws=True)
+    expected = _run(reference)
+    first = _run(SharingLoaders(loop_draws=True), (5, tmp_path / "first.ckpt"))
+    again = SharingLoaders(loop_draws=True)
+    again.resume(tmp_path / "first.ckpt")
+    again.pause(tmp_path / "again.ckpt")
+    resumed = SharingLoaders(loop_draws=True)
+    resumed.resume(tmp_path / "again.ckpt")
+    got = first + _run(resumed)
+    assert len(got) == len(expected)
+    for number, (a, b) in enumerate(zip(expected, got)):
+        assert torch.equal(a, b), f"step {number + 1}: {a.tolist()} != {b.tolist()}"
+    assert torch.equal(resumed.model.weight, reference.model.weight)

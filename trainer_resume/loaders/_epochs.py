@@ -355,8 +355,19 @@ class EpochSource:
                 computed.sampler_epoch,
                 self._generator_now(),
             )
-        generator_state = self.generator.get_state() if self.generator is not None else None
         sampler_epoch = self.sampler.epoch if isinstance(self.sampler, DistributedSampler) else None
+        loaded = self._loaded_order
+        if loaded is not None and loaded[0] == self._epoch and self.generator is not None:
+            # A loaded position not read on yet: its epoch began where the state said.
+            return self._state(
+                self._epoch,
+                self._offset,
+                self._delivered,
+                loaded[1],
+                sampler_epoch,
+                self._generator_now(),
+            )
+        generator_state = self.generator.get_state() if self.generator is not None else None
         return self._state(
             self._epoch, self._offset, self._delivered, generator_state, sampler_epoch
         )
