@@ -21,6 +21,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
+from support import lightning_child as child
 from support.lightning_trace import RequestPauseAt
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -120,13 +121,13 @@ def _fit(
         checkpoints,
     ]
     module = Averaged()
-    trainer = pl.Trainer(
-        accelerator="cpu",
+    steps = options.pop("max_steps", -1)
+    trainer = child.build_trainer(
+        steps=steps,
+        epoch_batches=0,
         max_epochs=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=callbacks,
+        checkpointing=True,
         **options,
     )
     with warnings.catch_warnings():
@@ -235,13 +236,10 @@ def _fit_by_hand(folder: Path, pause_at: int | None = None) -> dict[str, Any]:
     train = ResumableDataLoader(data, batch_size=4, shuffle=True, resumable=True)
     resume = ResumeCallback(folder / "pause.ckpt", config={"batches": BATCHES})
     module = HandAccumulating()
-    trainer = pl.Trainer(
-        accelerator="cpu",
+    trainer = child.build_trainer(
+        steps=-1,
+        epoch_batches=0,
         max_epochs=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         callbacks=[*([RequestPauseAt(pause_at, resume)] if pause_at else []), resume],
     )
     with warnings.catch_warnings():

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
+from support import lightning_child as child
 from support.lightning_trace import RequestPauseAt
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -65,13 +66,10 @@ def _fit(folder: Path, pause_at: int | None = None) -> Regression:
     validation = DataLoader(Drawn(), batch_size=4, num_workers=2, persistent_workers=True)
     resume = ResumeCallback(folder / "pause.ckpt", config={"workers": 2})
     module = Regression()
-    trainer = pl.Trainer(
-        accelerator="cpu",
+    trainer = child.build_trainer(
+        steps=-1,
+        epoch_batches=0,
         max_epochs=3,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         callbacks=[*([RequestPauseAt(pause_at, resume)] if pause_at else []), resume],
     )
     with warnings.catch_warnings():
