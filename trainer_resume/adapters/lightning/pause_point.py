@@ -44,6 +44,7 @@ __all__ = [
     "end_restart",
     "finish_batch_in_checkpoint",
     "fit_ends_after_batch",
+    "fit_ends_here",
     "pause_point",
     "restore_fit_loop",
     "skip_last_save_at_train_end",
@@ -111,17 +112,24 @@ def at_batch_end(trainer: pl.Trainer, action: Callable[[PausePoint], None]) -> N
     armed.actions.append(action)
 
 
-def fit_ends_after_batch(trainer: pl.Trainer) -> bool:
-    """Whether ``fit`` ends after the current batch whatever a pause does: ``max_steps``
-    reached, or ``should_stop`` set (by another callback) with the minimum trained.
+def fit_ends_here(trainer: pl.Trainer) -> bool:
+    """Whether ``fit`` ends after the current batch whatever a pause does, on this rank:
+    ``max_steps`` reached, or ``should_stop`` set (by another callback) with the minimum
+    trained.
 
     A fit restarted there would end at once, without the validation due after the
-    batch; no pause (or resume point) is taken at it. Every rank gets the same answer
-    (a callback may have stopped one rank only), so all of them write or none.
+    batch; no pause (or resume point) is taken at it. A callback may stop one rank
+    only: the ranks must agree (:func:`fit_ends_after_batch`; resume points agree on
+    it in their own collective, as a deferred point).
     """
-    ends = trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
-    ends = ends or (bool(trainer.should_stop) and bool(trainer.fit_loop._can_stop_early))
-    return bool(trainer.strategy.reduce_boolean_decision(ends, all=False))
+    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        return True
+    return bool(trainer.should_stop) and bool(trainer.fit_loop._can_stop_early)
+
+
+def fit_ends_after_batch(trainer: pl.Trainer) -> bool:
+    """:func:`fit_ends_here` on any rank (every rank gets the answer: all write or none)."""
+    return bool(trainer.strategy.reduce_boolean_decision(fit_ends_here(trainer), all=False))
 
 
 def stop_after_batch(trainer: pl.Trainer, point: PausePoint) -> None:

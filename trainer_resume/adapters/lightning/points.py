@@ -23,7 +23,7 @@ from ...finished import run_finished
 from ...resume_points import ResumePoints, WhenBusy
 from ...resume_points.files import Found, newest_checkpoint
 from .callback import ResumeCallback
-from .pause_point import PausePoint, at_batch_end, fit_ends_after_batch
+from .pause_point import PausePoint, at_batch_end, fit_ends_here
 
 __all__ = ["ResumePointsCallback"]
 
@@ -146,12 +146,14 @@ class ResumePointsCallback(Callback):
         at_batch_end(trainer, lambda point: self._take_point(trainer, point))
 
     def _take_point(self, trainer: pl.Trainer, point: PausePoint) -> None:
-        if fit_ends_after_batch(trainer):
-            return  # its pending validation would not run in a fit resumed from the point
         failure = self.points.at_step_boundary(
             trainer.global_step,
             lambda copy: copy(self.resume.pause_checkpoint(trainer, point), {}),
             key=self.key,
+            # Where the fit ends after this batch, a fit resumed from a point there would
+            # skip the validation due: the point moves on, past the end (the ranks agree
+            # in the boundary's own collective).
+            defer=fit_ends_here(trainer),
             # ResumeCallback's entry already holds every rank's RNG: rank 0 writes its checkpoint.
             combine=lambda checkpoint: checkpoint if trainer.is_global_zero else None,
         )
