@@ -43,6 +43,7 @@ __all__ = [
     "describe_key_difference",
     "is_module_state",
     "live_state",
+    "loading_module",
     "match_names",
     "non_persistent_buffers",
     "recorded_parameter_name",
@@ -91,11 +92,15 @@ class ModuleNames:
 
     def __init__(self, module: nn.Module) -> None:
         # Live path of every submodule -> its canonical path, walked as state_dict()
-        # walks (every path of a shared submodule, not only the first).
+        # walks (every path of a shared submodule, not only the first). A key's path is
+        # a live path, or the path state_dict() gives it where a wrapper leaves its own
+        # part out of the keys below it (checkpoint_wrapper's hook; a _FabricModule's
+        # state_dict(), which is its original module's, also under a compiled module).
         prefixes = {"": ""}
-        stack = [(module, "", "")]
+        keyed: dict[str, str] = {}
+        stack = [(module, "", "", "")]
         while stack:
-            parent, live, canonical = stack.pop()
+            parent, live, canonical, key = stack.pop()
             for name, child in parent._modules.items():
                 if child is None:
                     continue
@@ -104,14 +109,15 @@ class ModuleNames:
                     child_canonical = canonical
                 else:
                     child_canonical = f"{canonical}.{name}" if canonical else name
+                if name == _CHECKPOINTED or (name == _FABRIC_ORIGINAL and _is_fabric_module(parent)):
+                    child_key = key
+                else:
+                    child_key = f"{key}.{name}" if key else name
                 prefixes[child_live] = child_canonical
-                stack.append((child, child_live, child_canonical))
-        # checkpoint_wrapper's state_dict() hook already leaves its own part out of the
-        # keys below it, so those keys' paths are the live paths without it.
-        for live, canonical in list(prefixes.items()):
-            if _CHECKPOINTED in live.split("."):
-                shortened = ".".join(p for p in live.split(".") if p != _CHECKPOINTED)
-                prefixes.setdefault(shortened, canonical)
+                keyed.setdefault(child_key, child_canonical)
+                stack.append((child, child_live, child_canonical, child_key))
+        for key, canonical in keyed.items():
+            prefixes.setdefault(key, canonical)
         self.prefixes = prefixes
         self.wrapped = any(live != canonical for live, canonical in prefixes.items())
 
@@ -124,6 +130,28 @@ class ModuleNames:
         if prefix is None:
             return name
         return f"{prefix}.{leaf}" if prefix else leaf
+
+
+def loading_module(module: nn.Module) -> nn.Module:
+    """The module a saved state is loaded into: ``module`` without the wrappers at its root
+    (compiled, DDP or DataParallel, Fabric's), which hold the same parameters and buffers.
+
+    ``load_state_dict`` of a compiled ``_FabricModule`` fails on its own state (it walks the
+    wrapper's submodules, where ``state_dict()`` gave the original module's names); the
+    unwrapped module loads the same state under fewer names in every case.
+    """
+    while True:
+        if _is_compiled(module):
+            inner = module._orig_mod
+        elif isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            inner = module.module
+        elif _is_fabric_module(module):
+            inner = module._original_module
+        else:
+            return module
+        if not isinstance(inner, nn.Module):
+            return module
+        module = inner
 
 
 def canonical_state(module: nn.Module, state: Mapping[str, Any] | None = None) -> Mapping[str, Any]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import distributed as _distributed
-from .._module_names import live_state
+from .._module_names import live_state, loading_module
 from ..amp import restore_grad_scaler_state
 from ..checks.hook_results import is_library_loader, resume_loaders
 from ..errors import TrainerLockedError
@@ -142,6 +142,7 @@ def _restore(
                 stage = f"object {name!r}"
                 state = states[name]
                 if isinstance(obj, torch.nn.Module):  # saved under canonical names
+                    obj = loading_module(obj)
                     state = live_state(state, obj)
                 obj.load_state_dict(state)
         # Scalers after the optimizers: their per-optimizer bookkeeping refers to them.

@@ -44,12 +44,16 @@ def test_a_fabric_module_names_its_parameters_as_the_model_does_also_around_a_pa
 class Trainer(TrainingResumeMixin):
     """One micro-step of a window of two: the pause holds the model's gradients."""
 
-    def __init__(self, fabric: Fabric | None, *, with_scaler: bool = True) -> None:
+    def __init__(
+        self, fabric: Fabric | None, *, with_scaler: bool = True, compiled: bool = False
+    ) -> None:
         self.fabric = fabric
         network = model()
         optimizer = torch.optim.SGD(network.parameters(), lr=0.1)
         if fabric is not None:
             network, optimizer = fabric.setup(network, optimizer)
+        if compiled:  # compiled after fabric.setup: an OptimizedModule around the _FabricModule
+            network = torch.compile(network, backend="eager")
         self.model, self.optimizer = network, optimizer
         self.with_scaler = with_scaler
         self._initialize_training_resume({"fabric": "objects"}, version="1")
@@ -84,6 +88,44 @@ def test_the_gradients_of_a_fabric_module_resume_into_the_plain_model(tmp_path):
         canonical_parameters(paused.model), plain.model.named_parameters()
     ):
         assert torch.equal(expected.grad, got.grad), name
+
+
+def _windows(trainer: Trainer, inputs: list[torch.Tensor]) -> None:
+    # Windows of two micro-steps: an optimizer step after every second one.
+    for batch in inputs:
+        trainer.step(batch)
+        if trainer.completed_steps % 2 == 0:
+            trainer.optimizer.step()
+            trainer.optimizer.zero_grad()
+
+
+@pytest.mark.parametrize(
+    ("paused_compiled", "resumed_compiled"), [(True, True), (False, True), (True, False)]
+)
+def test_a_model_compiled_after_fabric_setup_pauses_under_the_models_names_and_resumes_exactly(
+    tmp_path, paused_compiled, resumed_compiled
+):
+    inputs = [torch.full((2, 3), float(i)) for i in range(1, 6)]
+    reference = Trainer(Fabric(accelerator="cpu", devices=1), compiled=resumed_compiled)
+    _windows(reference, inputs)
+
+    paused = Trainer(Fabric(accelerator="cpu", devices=1), compiled=paused_compiled)
+    _windows(paused, inputs[:3])  # inside the second window: the pause holds gradients
+    paused.pause(tmp_path / "pause.ckpt")
+    saved = load_checkpoint(tmp_path / "pause.ckpt")
+    assert list(saved["objects"]["model"]) == NAMES and list(saved["gradients"]["model"]) == NAMES
+
+    resumed = Trainer(Fabric(accelerator="cpu", devices=1), compiled=resumed_compiled)
+    resumed.resume(tmp_path / "pause.ckpt")
+    _windows(resumed, inputs[3:])
+    expected, got = reference.model.state_dict(), resumed.model.state_dict()
+    assert list(expected) == list(got)
+    for name, value in expected.items():
+        assert torch.equal(value, got[name]), name
+    for (name, want), (_, have) in zip(
+        reference.model.named_parameters(), resumed.model.named_parameters()
+    ):
+        assert want.grad is not None and torch.equal(want.grad, have.grad), name
 
 
 def fp16() -> Fabric:
