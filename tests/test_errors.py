@@ -83,8 +83,10 @@ FROZEN_CODES = {
     ),
     353: (
         "StorageURLError",
-        "no installed fsspec implementation reads this URL's scheme; install the package "
-        "named (pip install 'trainer-resume[s3]' for s3://) or give a local path",
+        "this path reads as a URL that cannot be used: no installed fsspec implementation "
+        "reads its scheme, or it is misspelt (a slash missing); the detail names the fix "
+        "(the package to install, pip install 'trainer-resume[s3]' for s3://, the spelling, "
+        "or a local path)",
     ),
     354: (
         "PauseNotResumableError",

@@ -189,13 +189,16 @@ class FrameworkReleaseError(ResumeError, ImportError):
 
 class StorageURLError(ResumeError):
     """A path that names a place through a URL scheme (``s3://...``) with no fsspec
-    implementation installed for it, or one fsspec does not know. Refused where the path
-    is given, so it never becomes a local folder named after the scheme."""
+    implementation installed for it, one fsspec does not know, or one misspelt
+    (``s3:/bucket``). Refused where the path is given, so it never becomes a local folder
+    named after the scheme."""
 
     code = 353
     message = (
-        "no installed fsspec implementation reads this URL's scheme; install the package "
-        "named (pip install 'trainer-resume[s3]' for s3://) or give a local path"
+        "this path reads as a URL that cannot be used: no installed fsspec implementation "
+        "reads its scheme, or it is misspelt (a slash missing); the detail names the fix "
+        "(the package to install, pip install 'trainer-resume[s3]' for s3://, the spelling, "
+        "or a local path)"
     )
 
 

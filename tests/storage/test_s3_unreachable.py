@@ -1,6 +1,6 @@
-"""A bucket that does not answer (its endpoint unreachable) is never taken for an empty
-one: every question about it raises 355, the command line says so in one line, and the
-pause there is intact once the bucket answers again."""
+"""A bucket that does not answer (its endpoint unreachable) or does not exist is never
+taken for an empty one: every question about it raises 355, the command line says so in
+one line, and the pause there is intact once the bucket answers again."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from trainer_resume import run_finished
 from trainer_resume.adapters.lightning import ResumeCallback
 from trainer_resume.cli import main
 from trainer_resume.errors import StorageUnavailableError
-from trainer_resume.storage import paths, set_storage_options
+from trainer_resume.storage import exists, paths, set_storage_options
 
 
 @contextlib.contextmanager
@@ -92,3 +92,32 @@ def test_the_pause_resumes_once_the_bucket_answers_again(
     resumed.resume(url)
     for want in expected:
         assert torch.equal(resumed.train_step(), want)
+
+
+def test_a_bucket_that_does_not_exist_raises_355_naming_it_instead_of_no_pause_yet(
+    s3_endpoint: str,
+) -> None:
+    directory = "s3://no-such-bucket-anywhere/run"
+    url = f"{directory}/pause.ckpt"
+    for ask in (
+        lambda: exists(url),
+        lambda: paths.is_dir(directory),
+        lambda: paths.list_names(directory),
+        lambda: run_finished(url),
+        lambda: ResumeCallback(url).ckpt_path,
+        lambda: TinyTrainer().resume(url),
+        lambda: TinyTrainer().resume_latest(directory),
+    ):
+        with pytest.raises(
+            StorageUnavailableError, match=r"\[355\].*'no-such-bucket-anywhere' does not exist"
+        ):
+            ask()
+
+
+def test_storage_exists_sees_a_pause_in_a_bucket_and_on_a_disk(bucket: str, tmp_path) -> None:
+    for url in (f"{bucket}/run/pause.ckpt", str(tmp_path / "pause.ckpt")):
+        assert not exists(url)
+        trainer = TinyTrainer()
+        trainer.train_step()
+        trainer.pause(url)
+        assert exists(url)

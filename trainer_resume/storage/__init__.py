@@ -9,6 +9,24 @@ says what the promises of a local disk mean on an object store.
 
 from __future__ import annotations
 
+import os
+
+from . import paths
 from .urls import is_url, set_storage_options
 
-__all__ = ["is_url", "set_storage_options"]
+__all__ = ["exists", "is_url", "set_storage_options"]
+
+
+def exists(path: str | os.PathLike[str]) -> bool:
+    """Whether a pause file (or anything) is at ``path``, a local path or a URL.
+
+    What a launch script asks before ``resume(path)``: ``os.path.exists`` answers
+    ``False`` for every URL, so a requeued job would start over.
+
+    Raises:
+        StorageUnavailableError: the store did not answer, or the URL's bucket does not
+            exist (355): never taken for "nothing there".
+        StorageURLError: no installed fsspec implementation reads the URL's scheme, or the
+            URL is misspelt (353).
+    """
+    return paths.exists(path)

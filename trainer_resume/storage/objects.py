@@ -251,7 +251,44 @@ def _info(url: str) -> dict[str, Any] | None:
         try:
             return dict(fs.info(path))
         except FileNotFoundError:
-            return None
+            pass
+    _check_bucket(fs, path, url)
+    return None
+
+
+# Stores whose paths begin with a bucket (a container) that must exist before any object.
+_BUCKETED = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+# Buckets seen to exist: asked once per process.
+_buckets_seen: set[tuple[str, str]] = set()
+
+
+def _check_bucket(fs: Any, path: str, url: str) -> None:
+    """After "nothing at ``path``": refuse a bucket that does not exist (355).
+
+    A mistyped or deleted bucket answers "not found" for every key in it; taken for an
+    empty run, a requeued job would start over (or find no resume point) instead of
+    being told.
+
+    Raises:
+        StorageUnavailableError: the bucket does not exist, or the store did not answer.
+    """
+    protocols = _protocols(fs)
+    if not protocols & _BUCKETED:
+        return
+    bucket = path.strip("/").split("/", 1)[0]
+    seen = (min(protocols), bucket)
+    if not bucket or seen in _buckets_seen:
+        return
+    fs.invalidate_cache(bucket)
+    try:
+        with _answered(url):
+            fs.info(bucket)
+    except FileNotFoundError:
+        raise StorageUnavailableError(
+            f"{url}: the bucket {bucket!r} does not exist (a mistyped or deleted bucket is "
+            "not an empty run): fix the URL or create the bucket"
+        ) from None
+    _buckets_seen.add(seen)
 
 
 @contextlib.contextmanager
@@ -292,6 +329,7 @@ def list_names(url: str) -> list[str]:
         with _answered(url):
             entries = fs.ls(path, detail=True, refresh=True)
     except FileNotFoundError:
+        _check_bucket(fs, path, url)
         return []
     names = []
     for entry in entries:
