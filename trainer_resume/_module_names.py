@@ -109,7 +109,9 @@ class ModuleNames:
                     child_canonical = canonical
                 else:
                     child_canonical = f"{canonical}.{name}" if canonical else name
-                if name == _CHECKPOINTED or (name == _FABRIC_ORIGINAL and _is_fabric_module(parent)):
+                if name == _CHECKPOINTED or (
+                    name == _FABRIC_ORIGINAL and _is_fabric_module(parent)
+                ):
                     child_key = key
                 else:
                     child_key = f"{key}.{name}" if key else name
