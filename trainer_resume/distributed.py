@@ -49,6 +49,7 @@ from .state import (
     DDP_WINDOW_KEY,
     GRADIENTS_KEY,
     RANK_BUFFERS_KEY,
+    SHARDED_WINDOW_KEY,
     DistributedPauseState,
     PauseCheckpoint,
     RandomState,
@@ -477,6 +478,13 @@ def rank_view(
         )
         _set_gradients(view, mine)
         return view
+    if checkpoint.get(SHARDED_WINDOW_KEY):
+        raise ResumeStateMismatchError(
+            f"{location} was paused with {saved_world} rank(s) and cannot be redistributed over "
+            f"{world_size}: it was paused inside a gradient-accumulation window of a sharded "
+            f"model, whose gradients are the window's partial sums averaged over "
+            f"{saved_world} rank(s); resume with {saved_world} rank(s)"
+        )
     _check_redistributable(ranks, saved_world, world_size, location)
     _set_gradients(view, ranks[0])
     steps = checkpoint["completed_steps"]

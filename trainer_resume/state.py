@@ -51,6 +51,7 @@ __all__ = [
     "GRADIENTS_KEY",
     "DDP_WINDOW_KEY",
     "DDPWindowState",
+    "SHARDED_WINDOW_KEY",
     "SAMPLER_FORMAT",
     "BATCH_SAMPLER_FORMAT",
     "EPOCH_SAMPLER_FORMAT",
@@ -74,6 +75,9 @@ DDP_WINDOW_KEY = "ddp_window"
 # The pause-file entry of each rank's own buffers of its sharded models (see
 # sharded/buffers.py).
 RANK_BUFFERS_KEY = "rank_buffers"
+# The pause-file entry saying a sharded model's gradients were an open accumulation
+# window's partial sums (see mixin/_sharded_window.py).
+SHARDED_WINDOW_KEY = "sharded_window"
 SHARDED_FORMAT = "trainer_resume.sharded/1"
 # The "format" entries of the loader states below.
 SAMPLER_FORMAT = "trainer_resume.sampler/1"
@@ -532,6 +536,9 @@ class PauseCheckpoint(TypedDict):
     # sharded model name -> this rank's persistent plain buffers (canonical names): FSDP2
     # leaves buffers unsharded, one per rank (see sharded/buffers.py).
     rank_buffers: NotRequired[dict[str, dict[str, Any]]]
+    # True when a sharded model's gradients were an open window's partial sums (absent
+    # otherwise; see mixin/_sharded_window.py): refused on another number of ranks.
+    sharded_window: NotRequired[bool]
     distributed: NotRequired[DistributedPauseState]
 
 

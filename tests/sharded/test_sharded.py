@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from support.fsdp_workers import FSDPTrainer
-from torch import nn
+from support.fsdp_workers import FSDPTrainer, WindowFSDPTrainer
 
 from trainer_resume import run_finished
 from trainer_resume.durable import load_checkpoint, save_checkpoint
@@ -29,7 +28,6 @@ from trainer_resume.errors import (
     UnsafeCheckpointError,
     UnsupportedResumeConfigurationError,
 )
-from trainer_resume.mixin import training_step
 from trainer_resume.rng import random_state, restore_random_state
 from trainer_resume.sharded import WeightsOnlyLoadPlanner
 from trainer_resume.testing import first_difference
@@ -284,24 +282,6 @@ def test_dcp_metadata_globals_outside_the_allowlist_are_refused_before_their_mod
         load_metadata(pickle.dumps({"a": 1}), "m")
 
 
-class WindowFSDPTrainer(FSDPTrainer):
-    """Two micro-batches per optimizer step; gradients None at window ends. With
-    ``sync=False`` the first micro-batch keeps FSDP2 from reduce-scattering."""
-
-    sync = True
-
-    @training_step
-    def step(self) -> None:
-        x, y, _ = next(self.iterator)
-        last = self.completed_steps % 2 == 1
-        self.model.set_requires_gradient_sync(self.sync or last)
-        (nn.functional.mse_loss(self.model(x), y) / 2).backward()
-        if last:
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-
-
 def _gradients(trainer: FSDPTrainer) -> dict[str, Any]:
     return {name: _local(p.grad) for name, p in trainer.model.named_parameters()}
 
@@ -373,3 +353,34 @@ def test_gradients_fsdp2_has_not_reduced_are_refused_when_training_starts(one_ra
         "every micro-batch (the sharded gradients then add up in each parameter's .grad, which "
         "a pause saves)"
     )
+
+
+def _pause_file(directory: Any) -> dict[str, Any]:
+    [rank_file] = directory.glob("gen-*/rank-0.ckpt")
+    return load_checkpoint(rank_file)
+
+
+def test_a_pause_marks_a_sharded_window_open_between_optimizer_steps_and_a_resume_carries_it(
+    one_rank, tmp_path
+):
+    window = WindowFSDPTrainer()
+    one_rank.append(window)
+    marked = {}
+    for step in range(1, 5):
+        window.step()
+        window.pause(tmp_path / f"window{step}")
+        marked[step] = _pause_file(tmp_path / f"window{step}").get("sharded_window", False)
+        window.resume(tmp_path / f"window{step}")
+    assert marked == {1: True, 2: False, 3: True, 4: False}
+    # Paused again before any step of the resumed run: the window is as it was.
+    for step in (3, 4):
+        again = WindowFSDPTrainer()
+        one_rank.append(again)
+        again.resume(tmp_path / f"window{step}")
+        again.pause(tmp_path / f"again{step}")
+        assert _pause_file(tmp_path / f"again{step}").get("sharded_window", False) == marked[step]
+    # zero_grad() first, as torchtitan's step: the gradients held at the boundary are spent.
+    spent = _trainer(one_rank, 2)
+    assert all(param.grad is not None for param in spent.model.parameters())
+    spent.pause(tmp_path / "spent")
+    assert "sharded_window" not in _pause_file(tmp_path / "spent")

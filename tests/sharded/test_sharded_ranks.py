@@ -126,3 +126,15 @@ def test_a_tampered_shard_is_refused_on_every_rank_before_any_state_changes(runs
     assert len(others) == 1, errors
     assert all("__1_0.distcp: BLAKE3 digest differs" in error for error in errors), errors
     assert all(result["unchanged"] and not result["locked"] for result in results)
+
+
+def test_a_pause_inside_a_sharded_window_is_refused_on_one_rank_and_changes_nothing(runs):
+    # Two micro-batches per optimizer step; the pause after step 3 is inside a window.
+    out, pause = runs["out"], runs["out"] / "window_pause"
+    job = {"tag": "window", "trainer": "window", "steps": 3, "requests": {3: [str(pause), 0]}}
+    codes = _launch(WORLD, job, out)
+    assert codes == [0, 0], describe_exits(codes, "window", out)
+    [refused] = _resume(runs, 1, "window_one", trainer="window", resume=str(pause), refusal=True)
+    assert refused["error"].startswith("ResumeStateMismatchError: [330]"), refused["error"]
+    assert "inside a gradient-accumulation window of a sharded model" in refused["error"]
+    assert refused["unchanged"] and not refused["locked"]

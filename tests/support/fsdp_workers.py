@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from support.ddp_workers import RankTrainer, _capture_stderr, join_group
 from trainer_resume.distributed import WorldSizeChangeWarning
 from trainer_resume.errors import ResumeError
+from trainer_resume.mixin import training_step
 from trainer_resume.rng import random_state
 from trainer_resume.testing import first_difference
 
@@ -49,6 +50,24 @@ class FSDPTrainer(RankTrainer):
             "steps": self.completed_steps,
             "rng": random_state(),
         }
+
+
+class WindowFSDPTrainer(FSDPTrainer):
+    """Two micro-batches per optimizer step; gradients None at window ends. With
+    ``sync=False`` the first micro-batch keeps FSDP2 from reduce-scattering."""
+
+    sync = True
+
+    @training_step
+    def step(self) -> None:
+        x, y, _ = next(self.iterator)
+        last = self.completed_steps % 2 == 1
+        self.model.set_requires_gradient_sync(self.sync or last)
+        (nn.functional.mse_loss(self.model(x), y) / 2).backward()
+        if last:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
 
 
 class CheckpointedTrainer(FSDPTrainer):
@@ -139,13 +158,14 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
     the pause in-process and go on); ``kill`` ([rank, step]: that rank dies writing
     its rank file in the pause at that step); ``snapshot_at`` (a step after which the
     gathered full state is recorded); ``refusal`` (the resume is expected to raise:
-    record the error and whether any local state changed).
+    record the error and whether any local state changed); ``trainer`` (``"window"``:
+    two micro-batches per optimizer step).
     """
     tag = job["tag"]
     _capture_stderr(Path(out, f"stderr_{tag}_rank{rank}.txt"))
     try:
         join_group(rank, world, init_file)
-        trainer = FSDPTrainer()
+        trainer = WindowFSDPTrainer() if job.get("trainer") == "window" else FSDPTrainer()
         kill = job.get("kill")
         if kill is not None and kill[0] == rank:
             _kill_at_replace(trainer, kill[1])

@@ -60,7 +60,7 @@ from torch.utils.hooks import unserializable_hook
 
 from ..sharded.detect import first_dtensor
 
-__all__ = ["forget_parameters", "spent_parameters", "track_gradients"]
+__all__ = ["forget_parameters", "spent_parameters", "stepping_optimizer", "track_gradients"]
 
 
 class _Record:
@@ -264,7 +264,7 @@ def track_gradients() -> bool:
     return True
 
 
-def _stepping_optimizer(optimizer: Any) -> Any:
+def stepping_optimizer(optimizer: Any) -> Any:
     # A wrapper (Accelerate's AcceleratedOptimizer) steps the torch optimizer it holds.
     inner = getattr(optimizer, "optimizer", None)
     while isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
@@ -287,7 +287,7 @@ def spent_parameters(
         return frozenset()
     with tracker.lock:
         candidates = [entry[0]() for entry in tracker.optimizers.values()]
-        candidates += [_stepping_optimizer(o) for o in optimizers]
+        candidates += [stepping_optimizer(o) for o in optimizers]
         owners: dict[int, set[int]] = {}
         for optimizer in {id(o): o for o in candidates if o is not None}.values():
             stepper = tracker.serial(optimizer)

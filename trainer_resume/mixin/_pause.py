@@ -37,6 +37,7 @@ from ..state import (
     GRADIENTS_KEY,
     PAUSE_FORMAT,
     RANK_BUFFERS_KEY,
+    SHARDED_WINDOW_KEY,
     PauseCheckpoint,
     StrPath,
 )
@@ -47,6 +48,7 @@ from ._gradients import collect_gradients
 from ._object_setup import object_classes
 from ._resume_checks import prove_written_pause
 from ._settings import settings_of
+from ._sharded_window import watch_optimizer_steps, window_open
 from ._step_guard import StepGuard
 from ._training_start import check_hook_results
 
@@ -82,6 +84,8 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, b
         if guard.start_check is not None:  # before the first step, as that step would
             check_hook_results(trainer)
             watch_windows(trainer)
+            objects = trainer._resume_objects()
+            watch_optimizer_steps(trainer, guard, objects, sharded_objects(objects))
             guard.start_check = None
         guard.check_pause_allowed()
         sharded = sharded_objects(trainer._resume_objects())
@@ -232,6 +236,8 @@ def pause_checkpoint(
         checkpoint[RANK_BUFFERS_KEY] = rank_buffers(
             objects, sharded.models, lambda b: copy(b, memo)
         )
+        if window_open(trainer, guard, objects, sharded):
+            checkpoint[SHARDED_WINDOW_KEY] = True
     refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)
     return checkpoint

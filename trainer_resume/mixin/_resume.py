@@ -26,13 +26,21 @@ from ..module_modes import MODES_KEY, restore_object_modes
 from ..rng import restore_random_state
 from ..sharded.buffers import restore_rank_buffers
 from ..sharded.manifest import is_pause_directory
-from ..state import DDP_WINDOW_KEY, GRADIENTS_KEY, RANK_BUFFERS_KEY, PauseCheckpoint, StrPath
+from ..state import (
+    DDP_WINDOW_KEY,
+    GRADIENTS_KEY,
+    RANK_BUFFERS_KEY,
+    SHARDED_WINDOW_KEY,
+    PauseCheckpoint,
+    StrPath,
+)
 from ._boundary import record_boundary, rng_device
 from ._ddp_window import restore_windows
 from ._gradients import restore_gradients
 from ._hook_audit import name_stale_iterators, stale_iterators
 from ._resume_checks import GRAD_SCALERS, check_pause_checkpoint, check_sharded, rank_checkpoint
 from ._settings import settings_of
+from ._sharded_window import restore_window
 from ._step_guard import StepGuard
 from ._training_start import restore_foreign_loaders
 
@@ -198,3 +206,4 @@ def _restore(
     guard.failed = False
     guard.paused = False
     guard.completed_steps = checkpoint["completed_steps"]
+    restore_window(trainer, guard.completed_steps, bool(checkpoint.get(SHARDED_WINDOW_KEY)))

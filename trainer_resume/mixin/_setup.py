@@ -23,6 +23,7 @@ from ._hook_audit import audit_trainer
 from ._landing import pause_at_step_boundary
 from ._pause import refuse_sharded_url
 from ._settings import SETTINGS_ATTRIBUTE, Settings
+from ._sharded_window import watch_optimizer_steps
 from ._step_guard import GUARD_ATTRIBUTE, StepGuard
 from ._training_start import check_at_training_start
 
@@ -92,8 +93,11 @@ def initialize(
         check_at_training_start(trainer)
         if guard.points is not None:  # sharded points are directories every rank writes to
             refuse_sharded_url(guard.points.directory, sharded_objects(trainer._resume_objects()))
-        # Before the first backward: DDP's record of a window is seen from its start.
+        # Before the first backward: DDP's record of a window is seen from its start,
+        # and a sharded model's optimizer steps, which close its windows.
         watch_windows(trainer)
+        objects = trainer._resume_objects()
+        watch_optimizer_steps(trainer, guard, objects, sharded_objects(objects))
 
     guard.audit = first_boundary
     guard.start_check = start
