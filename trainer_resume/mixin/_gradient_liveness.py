@@ -60,7 +60,13 @@ from torch.utils.hooks import unserializable_hook
 
 from ..sharded.detect import first_dtensor
 
-__all__ = ["forget_parameters", "spent_parameters", "stepping_optimizer", "track_gradients"]
+__all__ = [
+    "forget_parameters",
+    "run_uncompiled",
+    "spent_parameters",
+    "stepping_optimizer",
+    "track_gradients",
+]
 
 
 class _Record:
@@ -122,7 +128,7 @@ class _Tracker:
         # Runs at every optimizer step: one pass over the parameters, and for each the
         # fewest Python operations (no allocation but the weak reference to a new
         # gradient; the set of steppers is shared until a second owner steps).
-        if _compiling():  # traced by torch.compile: run apart, see _untraced
+        if _compiling():  # traced by torch.compile: run apart, see run_uncompiled
             return self.untraced_step_hook(optimizer, args, kwargs)  # type: ignore[no-any-return]
         with self.lock:
             entry = self.optimizers.get(id(optimizer))
@@ -180,7 +186,7 @@ _TRACKER = _Tracker()
 _INSTALL = threading.Lock()
 
 
-def _untraced(function: Any) -> Any:
+def run_uncompiled(function: Any) -> Any:
     """``function`` run as it is by torch.compile where it would trace it: a call from code
     being traced then breaks the graph there and runs it at every call, instead of tracing
     its reads (a lock, weak references, the record's flags) into the graph once."""
@@ -193,7 +199,8 @@ def _never_compiling() -> bool:
 
 
 # The hooks run at every step (the step hook) and every backward (a parameter's hook), so
-# they ask whether torch.compile is tracing them and go to their _untraced form only then:
+# they ask whether torch.compile is tracing them and go to their run_uncompiled
+# form only then:
 # a wrapper that leaves the compiler aside costs several times their own work per call.
 # A torch without the question has them wrapped always.
 _compiling: Any = getattr(getattr(torch, "compiler", None), "is_compiling", None)
@@ -222,7 +229,7 @@ def _before_accumulate_hook(param: torch.Tensor, record: _Record) -> Any:
     owner = weakref.ref(param)
 
     def hook(grad: torch.Tensor) -> None:
-        if compiling():  # traced by torch.compile: run apart, see _untraced
+        if compiling():  # traced by torch.compile: run apart, see run_uncompiled
             return untraced(grad)  # type: ignore[no-any-return]
         if not record.pending:
             return
@@ -237,7 +244,7 @@ def _before_accumulate_hook(param: torch.Tensor, record: _Record) -> Any:
             record.kept = True
 
     compiling = _compiling
-    untraced = _untraced(hook)
+    untraced = run_uncompiled(hook)
     # Pickling the parameter leaves the hook out, and torch need not warn about it.
     return unserializable_hook(untraced if _ALWAYS_WRAPPED else hook)
 
@@ -258,7 +265,7 @@ def track_gradients() -> bool:
             register = getattr(torch_optimizer, "register_optimizer_step_post_hook", None)
             if register is None:
                 return False
-            _TRACKER.untraced_step_hook = _untraced(_TRACKER.after_step)
+            _TRACKER.untraced_step_hook = run_uncompiled(_TRACKER.after_step)
             hook = _TRACKER.untraced_step_hook if _ALWAYS_WRAPPED else _TRACKER.after_step
             _TRACKER.handle = register(hook)
     return True

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..sharded.detect import ShardedObjects
-from ._gradient_liveness import stepping_optimizer
+from ._gradient_liveness import run_uncompiled, stepping_optimizer
 from ._step_guard import StepGuard
 
 __all__ = ["restore_window", "watch_optimizer_steps", "window_open"]
@@ -64,7 +64,9 @@ def watch_optimizer_steps(
         def stepped(*_: Any) -> None:
             record.last = guard.completed_steps + 1  # the step running now
 
-        record.handles.append(optimizer.register_step_post_hook(stepped))
+        # Not traced into a compiled optimizer step (its graph would guard on the count).
+        hook = run_uncompiled(stepped)
+        record.handles.append(optimizer.register_step_post_hook(hook))
         record.watched.add(id(optimizer))
 
 
