@@ -175,6 +175,34 @@ def test_combined_loaders_that_never_give_none_are_taken(
     assert trainer.global_step == 3
 
 
+def test_a_max_size_combined_loader_whose_epochs_end_before_the_shortest_loader_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    # Two batches per epoch (limit_train_batches) over loaders of 4 and 2 batches: no
+    # loader is ever exhausted inside an epoch, so no None is given and nothing is lost.
+    def fit(steps: int, directory: Path, pause_at: int | None = None) -> child.LoopsRegressor:
+        torch.manual_seed(child.SEED)
+        model = child.LoopsRegressor()
+        resume = ResumeCallback(directory / "pause.ckpt")
+        callbacks: list[pl.Callback] = [resume]
+        if pause_at is not None:
+            callbacks.insert(0, _RequestPauseAt(pause_at, resume))
+        trainer = child.build_trainer(steps=steps, epoch_batches=2, callbacks=callbacks)
+        trainer.fit(model, _combined("max_size", 16, 8), ckpt_path=resume.ckpt_path)
+        return model
+
+    reference = fit(6, tmp_path / "reference")
+    paused = fit(6, tmp_path, pause_at=3)  # in the middle of the second epoch
+    assert sorted(paused.batch_losses) == ["e0b0", "e0b1", "e1b0"]
+    resumed = fit(6, tmp_path)
+    losses = {**paused.batch_losses, **resumed.batch_losses}
+    assert sorted(losses) == sorted(reference.batch_losses)
+    for key, value in reference.batch_losses.items():
+        assert torch.equal(value, losses[key]), key
+    for (name, want), have in zip(reference.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(want, have), name
+
+
 class _Opaque:
     """Outside torch's weights-only set."""
 

@@ -59,6 +59,7 @@ INTERNALS = (
     Attribute(f"{_TRAINER}.state"),
     Attribute("pytorch_lightning.trainer.states:TrainerState.fn"),
     Attribute(f"{_TRAINER}.global_step"),
+    Attribute(f"{_TRAINER}.num_training_batches"),
     Attribute(f"{_TRAINER}.world_size"),
     Attribute(f"{_TRAINER}.global_rank"),
     Attribute(f"{_TRAINER}.is_global_zero"),

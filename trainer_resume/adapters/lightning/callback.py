@@ -430,7 +430,10 @@ class ResumeCallback(Callback):
         if combined_loader is not None:
             check_train_loaders(combined_loader.flattened, strict=self.strict)
             check_combined_mode(
-                combined_loader._mode, combined_loader.flattened, strict=self.strict
+                combined_loader._mode,
+                combined_loader.flattened,
+                strict=self.strict,
+                epoch_batches=trainer.num_training_batches,
             )
         # What would make the pause file unloadable is refused now, not after a preemption.
         check_loadable(

@@ -84,13 +84,17 @@ def check_train_loaders(loaders: Iterable[Any], *, strict: bool) -> None:
         rank_zero_warn(f"ResumeCallback(strict=False): {problem}; the resume will not be exact")
 
 
-def check_combined_mode(mode: str, loaders: list[Any], *, strict: bool) -> None:
+def check_combined_mode(
+    mode: str, loaders: list[Any], *, strict: bool, epoch_batches: float = float("inf")
+) -> None:
     """Refuse ``CombinedLoader(mode="max_size")`` over training loaders of unequal lengths.
 
     That mode gives ``None`` for a loader once its iterator is exhausted, until the
     longest one ends: no checkpoint holds which iterators are exhausted, so a fit
     resumed after one ran out would read that loader's next epoch instead (Lightning's
-    own restart does the same). With equal lengths no iterator runs out early.
+    own restart does the same). With equal lengths no iterator runs out early, nor
+    where the fit's epochs (``epoch_batches``, ``limit_train_batches``) end before the
+    shortest loader does.
 
     Raises:
         UnsupportedResumeConfigurationError: ``strict``, the mode is ``"max_size"`` and
@@ -102,7 +106,7 @@ def check_combined_mode(mode: str, loaders: list[Any], *, strict: bool) -> None:
         lengths = {len(loader) for loader in loaders}
     except TypeError:  # a stream: where it ends is known only when it does
         lengths = set()
-    if len(lengths) == 1:
+    if len(lengths) == 1 or (lengths and epoch_batches <= min(lengths)):
         return
     problem = (
         'CombinedLoader(mode="max_size") over training loaders of different lengths gives None '
