@@ -576,6 +576,9 @@ class LightningPauseState(TypedDict):
     # Manual optimization: the gradients each rank's parameters held, by canonical name
     # (a window the loop accumulates by hand may be in progress); absent otherwise.
     gradients: NotRequired[list[dict[str, Any]]]
+    # trainer.should_stop set by another callback while min_epochs/min_steps were not met
+    # (absent: not set).
+    stop_requested: NotRequired[bool]
 
 
 class AcceleratorStepSettings(TypedDict):

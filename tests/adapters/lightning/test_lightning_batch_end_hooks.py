@@ -205,6 +205,26 @@ def test_a_pause_asked_for_at_the_batch_that_ends_the_fit_lets_it_finish(
         assert difference is None, f"{name}: {difference.describe()}"
 
 
+# min_steps=10 over 2 epochs of 8 batches; StopAt sets should_stop after batch 3, which
+# Lightning ignores until step 10. Paused at batch 2 (before it) and 6 (after it).
+@pytest.mark.parametrize("batch", [2, 6])
+def test_a_pause_before_min_steps_stops_the_fit_and_carries_a_stop_another_callback_asked_for(
+    tmp_path: Path, batch: int
+) -> None:
+    options = {"stop_at": 3, "min_steps": 10}
+    expected = _fit(tmp_path / "reference", **options)
+    assert len(expected["losses"]) == 10  # stopped at min_steps, not at max_epochs
+    paused = _fit(tmp_path, pause_at=batch, **options)
+    assert paused["paused"] and len(paused["losses"]) == batch
+    resumed = _fit(tmp_path, **options)
+    assert resumed["finished"]
+    difference = first_difference(expected["losses"], paused["losses"] + resumed["losses"])
+    assert difference is None, f"losses: {difference.describe()}"
+    for name in ("state", "optimizer", "plateau", "counted", "files"):
+        difference = first_difference(expected[name], resumed[name])
+        assert difference is None, f"{name}: {difference.describe()}"
+
+
 class HandAccumulating(pl.LightningModule):
     """Manual optimization accumulating over 2 batches by hand, as Lightning's docs show."""
 

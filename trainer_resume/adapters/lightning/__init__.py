@@ -99,6 +99,9 @@ INTERNALS = (
     Function(f"{_EPOCH}._should_accumulate", positional=0),
     Attribute(f"{_EPOCH}._skip_next_val", settable=True),
     Attribute(f"{_FIT}._can_stop_early"),  # no pause where fit ends after the batch anyway
+    # stop_after_batch: the paused process stops before min_epochs / min_steps are met.
+    Attribute(f"{_FIT}.min_epochs", settable=True),
+    Attribute(f"{_EPOCH}.min_steps", settable=True),
     Function(f"{_FIT}.on_advance_end", positional=0),
     Refers(f"{_FIT}.run", "on_advance_end"),
     # at_batch_end: a pause is written in the epoch loop's on_advance_end, after the batch's

@@ -184,6 +184,9 @@ class ResumeCallback(Callback):
         self._pending_accumulation: int | None = None
         # Manual optimization: the gradients this rank's parameters held at the pause.
         self._pending_gradients: dict[str, Any] | None = None
+        # trainer.should_stop set at the pause by another callback (Lightning ignores it
+        # until min_epochs/min_steps are met): set again when the resumed fit starts.
+        self._pending_stop = False
         self._pause_point: PausePoint | None = None
         self._undo_validation_mark = False
         self._in_resumed_epoch = False
@@ -367,6 +370,7 @@ class ResumeCallback(Callback):
         self._modes_again = None
         self._pending_accumulation = None
         self._pending_gradients = None
+        self._pending_stop = False
         self._pause_point = None
         self._undo_validation_mark = False
         self._in_resumed_epoch = False
@@ -460,6 +464,9 @@ class ResumeCallback(Callback):
         metrics, self._pending_metrics = self._pending_metrics, None
         if metrics is not None:
             restore_logged_metrics(trainer, metrics, pl_module.device)
+        if self._pending_stop:
+            self._pending_stop = False
+            trainer.should_stop = True  # as in the uninterrupted fit, until its minimums
         point, self._pending_point = self._pending_point, None
         if point is not None:
             self._undo_validation_mark = point.validation
@@ -556,6 +563,7 @@ class ResumeCallback(Callback):
                 "which is exact only where they are the ones the paused fit had"
             )
         self._pending_accumulation = _accumulation(entry, trainer, source)
+        self._pending_stop = entry.get("stop_requested") is True
         gradients = entry.get("gradients")
         if gradients is not None:
             self._pending_gradients = gradients[trainer.global_rank]
@@ -579,8 +587,8 @@ class ResumeCallback(Callback):
         """Refuse a step after a pause; follow the loaders' delivered position."""
         if self._paused_at is not None:
             raise TrainingPausedError(
-                f"the trainer went on after the pause at step {self._paused_at} (Trainer min_epochs/min_steps "
-                f"not met, so trainer.should_stop was ignored); resume from {self.path}"
+                f"the trainer went on after the pause at step {self._paused_at} (something kept "
+                f"fit going after trainer.should_stop); resume from {self.path}"
             )
         # The pending validation ran before this batch, or had no batch to run.
         self._undo_validation_mark = False
@@ -652,6 +660,8 @@ class ResumeCallback(Callback):
                 # Set by a GradientAccumulationScheduler when the epoch started.
                 "accumulate_grad_batches": int(trainer.accumulate_grad_batches),
             }
+            if trainer.should_stop:  # set by another callback; the pause's comes after
+                entry["stop_requested"] = True
             if not pl_module.automatic_optimization:
                 # A window the loop accumulates by hand may be in progress: no pause can
                 # wait for its end, so its gradients are saved (those of a step taken too).

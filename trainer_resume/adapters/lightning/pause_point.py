@@ -132,6 +132,10 @@ def fit_ends_after_batch(trainer: pl.Trainer) -> bool:
     return bool(trainer.strategy.reduce_boolean_decision(fit_ends_here(trainer), all=False))
 
 
+# The fit loop's min_epochs and min_steps while stop_after_batch has them off.
+_MINIMUMS = "_trainer_resume_minimums"
+
+
 def stop_after_batch(trainer: pl.Trainer, point: PausePoint) -> None:
     """In the paused process: skip the validation and the epoch end that follow the current batch.
 
@@ -148,6 +152,10 @@ def stop_after_batch(trainer: pl.Trainer, point: PausePoint) -> None:
         vars(fit_loop).pop("on_advance_end", None)
 
     fit_loop.on_advance_end = skip_epoch_end_once  # type: ignore[method-assign]
+    # Lightning ignores should_stop until min_epochs and min_steps are met: the paused
+    # process stops anyway (its minimums are the resumed fit's to meet).
+    vars(fit_loop)[_MINIMUMS] = (fit_loop.min_epochs, fit_loop.epoch_loop.min_steps)
+    fit_loop.min_epochs = fit_loop.epoch_loop.min_steps = None
 
 
 def skip_last_save_at_train_end(trainer: pl.Trainer) -> None:
@@ -175,6 +183,9 @@ def restore_fit_loop(trainer: pl.Trainer) -> None:
     left armed by an error, and :func:`skip_last_save_at_train_end`), if still in place."""
     vars(trainer.fit_loop).pop("on_advance_end", None)
     vars(trainer.fit_loop.epoch_loop).pop("on_advance_end", None)
+    minimums = vars(trainer.fit_loop).pop(_MINIMUMS, None)
+    if minimums is not None:
+        trainer.fit_loop.min_epochs, trainer.fit_loop.epoch_loop.min_steps = minimums
     for callback in trainer.checkpoint_callbacks:
         vars(callback).pop("on_train_end", None)
 
