@@ -17,6 +17,7 @@ from trainer_resume._module_names import (
     canonical_state,
     describe_key_difference,
     live_state,
+    loading_module,
     match_names,
     strip_wrapper_names,
 )
@@ -154,3 +155,75 @@ def test_a_key_difference_names_the_first_keys_side_by_side_and_a_prefix_on_eith
         "first differing keys: 'a.weight' in the checkpoint, 'b.weight' in this model"
     )
     assert describe_key_difference(["a"] * 5, []) == ("not in this model: 'a', 'a', 'a' and 2 more")
+
+
+class _Scaled(nn.DataParallel):
+    """A wrapper with a parameter of its own, named as one of the model's."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(module)
+        self.scale = nn.Parameter(torch.full((1,), 2.0))
+
+
+class _WithScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _network()
+        self.scale = nn.Parameter(torch.full((1,), 3.0))
+
+
+def _loaded(saved: dict[str, torch.Tensor], module: nn.Module) -> nn.Module:
+    """``saved`` loaded as ``resume()`` loads a module's state (strictly)."""
+    target = loading_module(module)
+    target.load_state_dict(live_state(saved, target))
+    return module
+
+
+def _assert_same_state(expected: nn.Module, actual: nn.Module) -> None:
+    want, have = expected.state_dict(), actual.state_dict()
+    assert list(want) == list(have)
+    for key, value in want.items():
+        assert torch.equal(value, have[key]), key
+
+
+def test_a_wrapper_with_a_parameter_of_its_own_is_part_of_the_model_and_keeps_every_name():
+    # Both are named "scale": made canonical, one would be lost; loaded into the model
+    # inside, the wrapper's would be refused part-way.
+    saved = _Scaled(_WithScale())
+    keys = list(canonical_state(saved))
+    assert keys[:2] == ["scale", "module.scale"] and len(keys) == len(saved.state_dict())
+    fresh = _Scaled(_WithScale())
+    with torch.no_grad():
+        for param in fresh.parameters():
+            param.add_(1.0)
+    _assert_same_state(saved, _loaded(dict(canonical_state(saved)), fresh))
+    assert loading_module(torch.compile(fresh)) is fresh
+
+
+class _Renaming(nn.Module):
+    """A state_dict hook names ``head.*`` ``out_head.*`` (a load pre-hook maps them back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(3, 4)
+        self.head = nn.Linear(4, 1)
+
+        def renamed(module: nn.Module, state: dict, prefix: str, local: dict) -> None:
+            for key in [k for k in state if k.startswith(f"{prefix}head.")]:
+                state[f"{prefix}out_{key[len(prefix) :]}"] = state.pop(key)
+
+        def back(state: dict, prefix: str, *_: object) -> None:
+            for key in [k for k in state if k.startswith(f"{prefix}out_head.")]:
+                state[f"{prefix}{key[len(prefix) + 4 :]}"] = state.pop(key)
+
+        self._register_state_dict_hook(renamed)
+        self._register_load_state_dict_pre_hook(back)
+
+
+def test_a_key_a_state_dict_hook_renamed_loses_the_wrappers_names_and_loads_into_any_wrapping():
+    torch.manual_seed(0)
+    saved = _Renaming()
+    state = canonical_state(torch.compile(saved))
+    assert list(state) == ["body.weight", "body.bias", "out_head.weight", "out_head.bias"]
+    torch.manual_seed(1)
+    _assert_same_state(saved, _loaded(dict(state), nn.DataParallel(_Renaming())).module)

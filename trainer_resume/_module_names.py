@@ -76,10 +76,23 @@ def _is_fabric_module(module: nn.Module) -> bool:
     return isinstance(fabric_module, type) and isinstance(module, fabric_module)
 
 
+def _holds_state(module: nn.Module) -> bool:
+    """Whether ``module`` has parameters or buffers of its own (not its submodules')."""
+    return any(value is not None for value in module._parameters.values()) or any(
+        value is not None for value in module._buffers.values()
+    )
+
+
 def _wrapped_attribute(parent: nn.Module, child: str) -> bool:
-    """Whether ``parent``'s submodule ``child`` is a wrapper's wrapped module (no name of its own)."""
+    """Whether ``parent``'s submodule ``child`` is a wrapper's wrapped module (no name of its own).
+
+    A wrapper with state of its own (a subclass adding a parameter) is part of the model:
+    its names are kept, so its state neither collides with the model's nor goes missing.
+    """
     if child == _CHECKPOINTED:
         return True
+    if _holds_state(parent):
+        return False
     if child == _PARALLEL:
         return isinstance(parent, (nn.parallel.DistributedDataParallel, nn.DataParallel))
     if child in (_FABRIC_FORWARD, _FABRIC_ORIGINAL):
@@ -98,9 +111,11 @@ class ModuleNames:
         # state_dict(), which is its original module's, also under a compiled module).
         prefixes = {"": ""}
         keyed: dict[str, str] = {}
-        stack = [(module, "", "", "")]
+        # (module, live path, canonical path, key path: None where no state key is below)
+        stack: list[tuple[nn.Module, str, str, str | None]] = [(module, "", "", "")]
         while stack:
             parent, live, canonical, key = stack.pop()
+            fabric = _is_fabric_module(parent)
             for name, child in parent._modules.items():
                 if child is None:
                     continue
@@ -109,17 +124,21 @@ class ModuleNames:
                     child_canonical = canonical
                 else:
                     child_canonical = f"{canonical}.{name}" if canonical else name
-                if name == _CHECKPOINTED or (
-                    name == _FABRIC_ORIGINAL and _is_fabric_module(parent)
-                ):
+                child_key: str | None
+                if key is None or (fabric and name == _FABRIC_FORWARD):
+                    child_key = None  # a _FabricModule's state is its original module's
+                elif name == _CHECKPOINTED or (fabric and name == _FABRIC_ORIGINAL):
                     child_key = key
                 else:
                     child_key = f"{key}.{name}" if key else name
                 prefixes[child_live] = child_canonical
-                keyed.setdefault(child_key, child_canonical)
+                if child_key is not None:
+                    keyed.setdefault(child_key, child_canonical)
                 stack.append((child, child_live, child_canonical, child_key))
-        for key, canonical in keyed.items():
-            prefixes.setdefault(key, canonical)
+        # State keys carry key paths; a live path spelt the same (a Fabric module's own
+        # _original_module beside the model's submodule of that name) never names a
+        # parameter (named_parameters() lists each once, under _forward_module).
+        prefixes.update(keyed)
         self.prefixes = prefixes
         self.wrapped = any(live != canonical for live, canonical in prefixes.items())
 
@@ -129,20 +148,30 @@ class ModuleNames:
             return name
         head, _, leaf = name.rpartition(".")
         prefix = self.prefixes.get(head)
-        if prefix is None:
-            return name
-        return f"{prefix}.{leaf}" if prefix else leaf
+        if prefix is not None:
+            return f"{prefix}.{leaf}" if prefix else leaf
+        # A path no submodule has (a state_dict hook renamed it): its longest known start
+        # is renamed, the rest kept.
+        rest = [leaf]
+        while head:
+            head, _, part = head.rpartition(".")
+            rest.insert(0, part)
+            prefix = self.prefixes.get(head)
+            if prefix is not None:
+                return ".".join([prefix, *rest] if prefix else rest)
+        return name
 
 
 def loading_module(module: nn.Module) -> nn.Module:
     """The module a saved state is loaded into: ``module`` without the wrappers at its root
-    (compiled, DDP or DataParallel, Fabric's), which hold the same parameters and buffers.
+    (compiled, DDP or DataParallel, Fabric's), which hold the same parameters and buffers
+    (a wrapper with state of its own is kept: its state is part of the saved one).
 
     ``load_state_dict`` of a compiled ``_FabricModule`` fails on its own state (it walks the
     wrapper's submodules, where ``state_dict()`` gave the original module's names); the
     unwrapped module loads the same state under fewer names in every case.
     """
-    while True:
+    while not _holds_state(module):
         if _is_compiled(module):
             inner = module._orig_mod
         elif isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
@@ -154,6 +183,7 @@ def loading_module(module: nn.Module) -> nn.Module:
         if not isinstance(inner, nn.Module):
             return module
         module = inner
+    return module
 
 
 def canonical_state(module: nn.Module, state: Mapping[str, Any] | None = None) -> Mapping[str, Any]:

@@ -121,3 +121,24 @@ def test_storage_exists_sees_a_pause_in_a_bucket_and_on_a_disk(bucket: str, tmp_
         trainer.train_step()
         trainer.pause(url)
         assert exists(url)
+
+
+def test_a_bucket_deleted_during_the_run_raises_355_instead_of_no_pause(bucket: str) -> None:
+    from trainer_resume.storage.urls import filesystem
+
+    url = f"{bucket}/run/pause.ckpt"
+    trainer = TinyTrainer()
+    trainer.train_step()
+    trainer.pause(url)
+    assert exists(url) and run_finished(url) is None  # the bucket answered: seen to exist
+    fs, path = filesystem(bucket)
+    fs.rm(path, recursive=True)  # its objects, then the bucket
+    fs.invalidate_cache()
+    for ask in (
+        lambda: exists(url),
+        lambda: run_finished(url),
+        lambda: TinyTrainer().resume(url),
+        lambda: TinyTrainer().resume_latest(url.rsplit("/", 1)[0]),
+    ):
+        with pytest.raises(StorageUnavailableError, match=r"\[355\].*does not exist"):
+            ask()

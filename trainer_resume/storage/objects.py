@@ -258,8 +258,6 @@ def _info(url: str) -> dict[str, Any] | None:
 
 # Stores whose paths begin with a bucket (a container) that must exist before any object.
 _BUCKETED = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
-# Buckets seen to exist: asked once per process.
-_buckets_seen: set[tuple[str, str]] = set()
 
 
 def _check_bucket(fs: Any, path: str, url: str) -> None:
@@ -267,7 +265,8 @@ def _check_bucket(fs: Any, path: str, url: str) -> None:
 
     A mistyped or deleted bucket answers "not found" for every key in it; taken for an
     empty run, a requeued job would start over (or find no resume point) instead of
-    being told.
+    being told. Asked at every "not found" (one more request), so a bucket deleted
+    during the run is told too.
 
     Raises:
         StorageUnavailableError: the bucket does not exist, or the store did not answer.
@@ -276,8 +275,7 @@ def _check_bucket(fs: Any, path: str, url: str) -> None:
     if not protocols & _BUCKETED:
         return
     bucket = path.strip("/").split("/", 1)[0]
-    seen = (min(protocols), bucket)
-    if not bucket or seen in _buckets_seen:
+    if not bucket:
         return
     fs.invalidate_cache(bucket)
     try:
@@ -288,7 +286,6 @@ def _check_bucket(fs: Any, path: str, url: str) -> None:
             f"{url}: the bucket {bucket!r} does not exist (a mistyped or deleted bucket is "
             "not an empty run): fix the URL or create the bucket"
         ) from None
-    _buckets_seen.add(seen)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,13 @@ from lightning_fabric.wrappers import _FabricModule
 from torch import nn
 
 from trainer_resume import TrainingResumeMixin, load_checkpoint, training_step
-from trainer_resume._module_names import canonical_parameters, match_names
+from trainer_resume._module_names import (
+    canonical_parameters,
+    canonical_state,
+    live_state,
+    loading_module,
+    match_names,
+)
 from trainer_resume.adapters.fabric import resume_objects
 from trainer_resume.errors import UnsupportedResumeConfigurationError
 
@@ -126,6 +132,29 @@ def test_a_model_compiled_after_fabric_setup_pauses_under_the_models_names_and_r
         reference.model.named_parameters(), resumed.model.named_parameters()
     ):
         assert want.grad is not None and torch.equal(want.grad, have.grad), name
+
+
+class _Odd(nn.Module):
+    """A model with a parameter at its root and a submodule named as Fabric's attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3))
+        self._original_module = nn.Linear(3, 3)
+
+
+def test_a_models_submodule_named_as_fabrics_attribute_keeps_its_name_and_loads_back():
+    fabric = Fabric(accelerator="cpu", devices=1)
+    torch.manual_seed(0)
+    saved = torch.compile(fabric.setup(_Odd()), backend="eager")
+    state = canonical_state(saved)
+    assert list(state) == ["weight", "_original_module.weight", "_original_module.bias"]
+    torch.manual_seed(1)
+    fresh = _Odd()
+    target = loading_module(torch.compile(fabric.setup(fresh), backend="eager"))
+    target.load_state_dict(live_state(state, target))
+    for key, value in state.items():
+        assert torch.equal(value, fresh.state_dict()[key]), key
 
 
 def fp16() -> Fabric:
