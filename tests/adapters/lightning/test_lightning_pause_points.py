@@ -4,6 +4,7 @@ metrics and the RNG see the same sequence (in one process, fresh objects)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,39 @@ class _EpochLogged(trace.Traced):
         loss = super().training_step(batch, batch_idx)
         self.log("train_mean", loss, on_step=False, on_epoch=True)
         return loss
+
+
+class _PersistentMean(trace.Traced):
+    """An epoch-level mean kept by a torchmetrics metric of the module, made persistent."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        from torchmetrics import MeanMetric
+
+        self.mean = MeanMetric()
+        self.mean.persistent(True)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.mean(loss)
+        self.log("train_mean", self.mean, on_step=False, on_epoch=True)
+        return loss
+
+
+def test_an_epoch_level_metric_the_module_saves_resumes_its_accumulation_without_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trace, "Traced", _PersistentMean)
+    trace.seed_everything()
+    _, expected, *_ = trace.fit(tmp_path / "reference", [], resume=False)
+    trace.seed_everything()
+    trace.fit(tmp_path, [], pause_at_batch=2)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*epoch-level values")
+        _, resumed, *_ = trace.fit(tmp_path, [], ckpt_path=tmp_path / "pause.ckpt")
+    # The epoch's mean over every batch, the paused process's included.
+    value = expected.callback_metrics["train_mean"]
+    assert torch.equal(resumed.callback_metrics["train_mean"], value)
 
 
 def test_a_resume_warns_about_epoch_level_training_metrics_it_cannot_carry(

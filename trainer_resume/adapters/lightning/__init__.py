@@ -142,6 +142,8 @@ INTERNALS = (
     Attribute(f"{_EPOCH}._results"),
     Attribute(f"{_RESULT}:_ResultMetric.meta"),
     Attribute(f"{_RESULT}:_ResultMetric._update_count"),
+    Attribute(f"{_RESULT}:_ResultMetric.is_tensor"),
+    Attribute(f"{_RESULT}:_ResultMetric.value"),
     Attribute(f"{_RESULT}:_Metadata.on_epoch"),
     Attribute(f"{_RESULT}:_Metadata.name"),
     # io.py: the checkpoint IO plugin, as Lightning calls it.

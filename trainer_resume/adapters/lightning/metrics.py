@@ -11,7 +11,9 @@ What it does not carry are the running epoch-level accumulations of training
 metrics (``self.log(..., on_epoch=True)`` in ``training_step``): Lightning's
 metric objects have no saveable state. Their names are recorded, and the resumed
 fit warns that their values for the interrupted epoch cover only the batches
-after the resume.
+after the resume. A torchmetrics ``Metric`` of the module logged as itself, whose
+states are all persistent (``metric.persistent(True)``), accumulates in the module's
+own state, which the pause saves: it is exact, and not named.
 """
 
 from __future__ import annotations
@@ -63,5 +65,23 @@ def epoch_metrics_in_progress(trainer: pl.Trainer) -> list[str]:
     for metric in results.values():
         meta = getattr(metric, "meta", None)
         if meta is not None and meta.on_epoch and getattr(metric, "_update_count", 0):
-            names.add(str(meta.name))
+            if not _saved_with_module(trainer, metric):
+                names.add(str(meta.name))
     return sorted(names)
+
+
+def _saved_with_module(trainer: pl.Trainer, metric: Any) -> bool:
+    """Whether a logged result is a metric of the module whose every state its
+    ``state_dict()`` holds (a torchmetrics ``Metric`` made persistent)."""
+    if getattr(metric, "is_tensor", True):
+        return False
+    value = getattr(metric, "value", None)
+    persistent = getattr(value, "_persistent", None)
+    module = trainer.lightning_module
+    return (
+        isinstance(value, torch.nn.Module)
+        and isinstance(persistent, dict)
+        and bool(persistent)
+        and all(persistent.values())
+        and any(value is submodule for submodule in module.modules())
+    )
