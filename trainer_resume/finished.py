@@ -166,5 +166,7 @@ def refuse_if_finished(path: StrPath, *, key: bytes | None = None) -> None:
     finished = run_finished(path, key=key)
     if finished is not None:
         raise RunFinishedError(
-            f"{finished.marker} records the end of the run after step {finished.completed_steps}"
+            f"{finished.marker} records the end of the run after step {finished.completed_steps}; "
+            "to train the finished model further (a second fit, more epochs), give that "
+            "training a pause path of its own, or remove the marker"
         )
