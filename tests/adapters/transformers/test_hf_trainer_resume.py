@@ -142,6 +142,7 @@ def test_running_the_command_once_more_after_the_run_finished_says_it_is_finishe
         "[340] the run is finished: there is nothing to resume (trainer_resume.run_finished "
         "tells; a requeued job can exit 0): "
     )
-    assert resumed["finished"].endswith(
-        f"pause.ckpt.finished records the end of the run after step {resumed['global_step']}"
-    )
+    assert (
+        f"pause.ckpt.finished records the end of the run after step {resumed['global_step']}; "
+        "to train the finished model further"
+    ) in resumed["finished"]
