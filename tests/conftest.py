@@ -21,52 +21,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(cpus or 1, _MAX_TEST_PROCESSES))
 
 
-# The files that take longest (new processes: ranks, paused and resumed runs, apps), by
-# measured time, slowest first. They start first (pyproject's addopts keep the collection
-# order, --no-loadscope-reorder), so that no worker is left with one of them at the end
-# while the others are done; the other files follow in collection order.
-_SLOWEST_FILES = (
-    "adapters/lightning/test_lightning_resume.py",
-    "mixin/test_mixin_hydra_app.py",
-    "sharded/test_sharded_torchrun.py",
-    "adapters/lightning/test_lightning_hydra_app.py",
-    "adapters/transformers/test_hf_trainer_landings.py",
-    "test_example.py",
-    "compat/test_compat_files.py",
-    "adapters/lightning/test_lightning_ddp.py",
-    "mixin/test_mixin_spent_gradients.py",
-    "test_torchrun_elastic.py",
-    "adapters/lightning/test_lightning_example.py",
-    "loaders/test_worker_parent_death.py",
-    "mixin/test_mixin_compiled.py",
-    "cli/test_cli_inspect.py",
-    "adapters/fabric/test_fabric_ddp.py",
-    "adapters/transformers/test_hf_trainer_resume.py",
-    "adapters/fabric/test_fabric_example.py",
-    "loaders/test_iterable_loaders.py",
-    "durable/test_durable_faults.py",
-    "adapters/dali/test_dali_resume.py",
-    "resume_points/test_resume_points_kill.py",
-    "resume_points/test_writer_lock.py",
-    "test_process_group_signals.py",
-    "cli/test_cli_demo.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: index for index, name in enumerate(_SLOWEST_FILES)}
-    root = config.rootpath / "tests"
-
-    def slowness(item: pytest.Item) -> int:
-        try:
-            name = item.path.relative_to(root).as_posix()
-        except ValueError:
-            return len(rank)
-        return rank.get(name, len(rank))
-
-    items.sort(key=slowness)  # stable: a file's tests keep their order
-
-
 # The frameworks the adapters read, as installed: CI installs their newest releases, and the
 # log of every run says which ones its tests ran against.
 _FRAMEWORKS = (
