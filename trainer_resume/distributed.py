@@ -482,8 +482,8 @@ def rank_view(
         raise ResumeStateMismatchError(
             f"{location} was paused with {saved_world} rank(s) and cannot be redistributed over "
             f"{world_size}: it was paused inside a gradient-accumulation window of a sharded "
-            f"model, whose gradients are the window's partial sums averaged over "
-            f"{saved_world} rank(s); resume with {saved_world} rank(s)"
+            "model (it held gradients no optimizer step had applied), which are the window's "
+            f"partial sums averaged over {saved_world} rank(s); resume with {saved_world} rank(s)"
         )
     _check_redistributable(ranks, saved_world, world_size, location)
     _set_gradients(view, ranks[0])

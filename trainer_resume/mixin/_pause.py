@@ -84,8 +84,7 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, b
         if guard.start_check is not None:  # before the first step, as that step would
             check_hook_results(trainer)
             watch_windows(trainer)
-            objects = trainer._resume_objects()
-            watch_optimizer_steps(trainer, guard, objects, sharded_objects(objects))
+            watch_optimizer_steps(sharded_objects(trainer._resume_objects()))
             guard.start_check = None
         guard.check_pause_allowed()
         sharded = sharded_objects(trainer._resume_objects())
@@ -236,7 +235,7 @@ def pause_checkpoint(
         checkpoint[RANK_BUFFERS_KEY] = rank_buffers(
             objects, sharded.models, lambda b: copy(b, memo)
         )
-        if window_open(trainer, guard, objects, sharded):
+        if window_open(objects, sharded):
             checkpoint[SHARDED_WINDOW_KEY] = True
     refuse_dtensors(checkpoint, "checkpoint")
     check_saveable(checkpoint)

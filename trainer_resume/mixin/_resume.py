@@ -184,6 +184,7 @@ def _restore(
         restore_object_modes(checkpoint.get(MODES_KEY), objects)
         stage = "gradients"
         restore_gradients(checkpoint.get(GRADIENTS_KEY), objects, set(sharded))
+        restore_window(objects, sharded, bool(checkpoint.get(SHARDED_WINDOW_KEY)))
         # After the gradients: DDP's reducer marks a parameter used only where one is set.
         stage = "DistributedDataParallel window"
         restore_windows(checkpoint.get(DDP_WINDOW_KEY), trainer, objects, location)
@@ -206,4 +207,3 @@ def _restore(
     guard.failed = False
     guard.paused = False
     guard.completed_steps = checkpoint["completed_steps"]
-    restore_window(trainer, guard.completed_steps, bool(checkpoint.get(SHARDED_WINDOW_KEY)))

@@ -96,8 +96,7 @@ def initialize(
         # Before the first backward: DDP's record of a window is seen from its start,
         # and a sharded model's optimizer steps, which close its windows.
         watch_windows(trainer)
-        objects = trainer._resume_objects()
-        watch_optimizer_steps(trainer, guard, objects, sharded_objects(objects))
+        watch_optimizer_steps(sharded_objects(trainer._resume_objects()))
 
     guard.audit = first_boundary
     guard.start_check = start

@@ -54,6 +54,7 @@ from ..errors import (
 from ..state import (
     GRADIENTS_KEY,
     RANK_BUFFERS_KEY,
+    SHARDED_WINDOW_KEY,
     PauseCheckpoint,
     ShardedFileEntry,
     ShardedManifest,
@@ -441,6 +442,9 @@ def open_pause(path: str | os.PathLike[str], *, key: bytes | None) -> ShardedPau
                 for s in ranks
             ],
         )
+    if any(state.get(SHARDED_WINDOW_KEY) for state in ranks):  # any rank's marks them all
+        checkpoint = checkpoint.copy()
+        checkpoint[SHARDED_WINDOW_KEY] = True
     return ShardedPause(
         location, directory, manifest, checkpoint, _read_metadata(directory, manifest)
     )

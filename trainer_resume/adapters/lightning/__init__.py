@@ -119,6 +119,7 @@ INTERNALS = (
     Attribute(f"{_EPOCH}.restarting", settable=True),
     Attribute(f"{_FIT}._restarting", settable=True),
     Attribute(f"{_EPOCH}.batch_progress"),
+    Attribute("pytorch_lightning.loops.progress:_BatchProgress.is_last_batch"),
     Attribute(f"{_EVALUATION}.batch_progress"),
     Attribute(f"{_PROGRESS}:_BatchProgress.total"),
     Attribute(f"{_PROGRESS}:_BatchProgress.current"),

@@ -616,6 +616,10 @@ class ResumeCallback(Callback):
             # Mid-accumulation: the gradients of this batch wait for the next ones. Pausing
             # at the batch that completes the accumulation keeps gradients out of the pause.
             return
+        if trainer.world_size > 1 and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            # Under DDP a fit resumed from its epoch's last batch trained the next epoch on
+            # other batches: the pause waits for the next epoch's first batch.
+            return
         at_batch_end(trainer, lambda point: self._pause_after_batch(trainer, point))
 
     def _pause_after_batch(self, trainer: pl.Trainer, point: PausePoint) -> None:
@@ -654,7 +658,9 @@ class ResumeCallback(Callback):
                 "pending_validation": point.validation,
                 "pending_epoch_end": point.epoch_end,
                 "metrics": logged_metrics_state(trainer),
-                "epoch_metrics_in_progress": epoch_metrics_in_progress(trainer),
+                "epoch_metrics_in_progress": epoch_metrics_in_progress(
+                    trainer, epoch_end=point.epoch_end
+                ),
                 # What the module's state_dict() leaves out (eval mode, frozen parameters).
                 "module_modes": object_modes({_MODULE: pl_module}),
                 # Set by a GradientAccumulationScheduler when the epoch started.

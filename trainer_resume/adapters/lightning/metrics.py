@@ -13,7 +13,8 @@ metric objects have no saveable state. Their names are recorded, and the resumed
 fit warns that their values for the interrupted epoch cover only the batches
 after the resume. A torchmetrics ``Metric`` of the module logged as itself, whose
 states are all persistent (``metric.persistent(True)``), accumulates in the module's
-own state, which the pause saves: it is exact, and not named.
+own state, which the pause saves: it is exact, and not named, unless the pause leaves
+its epoch's end to the resumed fit.
 """
 
 from __future__ import annotations
@@ -58,14 +59,19 @@ def restore_logged_metrics(trainer: pl.Trainer, state: Any, device: torch.device
     connector._progress_bar_metrics = on_device(state.get("progress_bar"))
 
 
-def epoch_metrics_in_progress(trainer: pl.Trainer) -> list[str]:
-    """Names of the training metrics whose epoch-level value is being accumulated."""
+def epoch_metrics_in_progress(trainer: pl.Trainer, *, epoch_end: bool = False) -> list[str]:
+    """Names of the training metrics whose epoch-level value is being accumulated.
+
+    With the epoch's end left to the resumed fit (``epoch_end``), a metric the module
+    saves is named too: the resumed fit, which logs nothing before that end, neither
+    computes nor resets it there.
+    """
     results = getattr(trainer.fit_loop.epoch_loop, "_results", None) or {}
     names = set()
     for metric in results.values():
         meta = getattr(metric, "meta", None)
         if meta is not None and meta.on_epoch and getattr(metric, "_update_count", 0):
-            if not _saved_with_module(trainer, metric):
+            if epoch_end or not _saved_with_module(trainer, metric):
                 names.add(str(meta.name))
     return sorted(names)
 
