@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from support.fsdp_workers import FSDPTrainer, WindowFSDPTrainer
+from torch import nn
 
 from trainer_resume import run_finished
 from trainer_resume.durable import load_checkpoint, save_checkpoint
@@ -28,6 +29,7 @@ from trainer_resume.errors import (
     UnsafeCheckpointError,
     UnsupportedResumeConfigurationError,
 )
+from trainer_resume.mixin import training_step
 from trainer_resume.rng import random_state, restore_random_state
 from trainer_resume.sharded import WeightsOnlyLoadPlanner
 from trainer_resume.testing import first_difference
@@ -384,3 +386,40 @@ def test_a_pause_marks_a_sharded_window_open_between_optimizer_steps_and_a_resum
     assert all(param.grad is not None for param in spent.model.parameters())
     spent.pause(tmp_path / "spent")
     assert "sharded_window" not in _pause_file(tmp_path / "spent")
+
+
+class _StepFirstTrainer(FSDPTrainer):
+    """Windows of two micro-batches whose optimizer step opens the next window's first
+    micro-step (zeroing with ``set_to_none``), or closes each window zeroing in place."""
+
+    step_first = True
+
+    @training_step
+    def step(self) -> None:
+        x, y, _ = next(self.iterator)
+        steps = self.completed_steps
+        if self.step_first and steps % 2 == 0 and steps:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        (nn.functional.mse_loss(self.model(x), y) / 2).backward()
+        if not self.step_first and steps % 2 == 1:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=False)  # zeros, no window
+
+
+@pytest.mark.parametrize(
+    ("step_first", "marked"), [(True, [True, True, True]), (False, [True, False, True])]
+)
+def test_a_window_is_marked_by_its_gradients_not_by_whether_the_step_ran_an_optimizer_step(
+    one_rank, tmp_path, step_first, marked
+):
+    trainer = _StepFirstTrainer()
+    trainer.step_first = step_first
+    one_rank.append(trainer)
+    seen = []
+    for step in range(1, 4):
+        trainer.step()
+        trainer.pause(tmp_path / f"pause{step}")
+        seen.append(_pause_file(tmp_path / f"pause{step}").get("sharded_window", False))
+        trainer.resume(tmp_path / f"pause{step}")
+    assert seen == marked
