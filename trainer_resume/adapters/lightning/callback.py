@@ -79,6 +79,7 @@ from .pause_point import (
     skip_last_save_at_train_end,
     stop_after_batch,
     undo_pending_validation_mark,
+    waits_for_next_epoch,
 )
 from .positions import DeliveredLoaderStates, LoaderPositionUnknown
 from .restore_checks import ModuleSnapshot, check_module_fits, check_optimizers_fit
@@ -616,9 +617,7 @@ class ResumeCallback(Callback):
             # Mid-accumulation: the gradients of this batch wait for the next ones. Pausing
             # at the batch that completes the accumulation keeps gradients out of the pause.
             return
-        if trainer.world_size > 1 and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
-            # Under DDP a fit resumed from its epoch's last batch trained the next epoch on
-            # other batches: the pause waits for the next epoch's first batch.
+        if waits_for_next_epoch(trainer):
             return
         at_batch_end(trainer, lambda point: self._pause_after_batch(trainer, point))
 
