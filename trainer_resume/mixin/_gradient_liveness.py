@@ -199,9 +199,8 @@ def _never_compiling() -> bool:
 
 
 # The hooks run at every step (the step hook) and every backward (a parameter's hook), so
-# they ask whether torch.compile is tracing them and go to their run_uncompiled
-# form only then:
-# a wrapper that leaves the compiler aside costs several times their own work per call.
+# they ask whether torch.compile is tracing them and go to their run_uncompiled form only
+# then: a wrapper that leaves the compiler aside costs several times their own work per call.
 # A torch without the question has them wrapped always.
 _compiling: Any = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 _ALWAYS_WRAPPED = _compiling is None

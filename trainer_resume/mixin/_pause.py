@@ -84,10 +84,10 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, b
         if guard.start_check is not None:  # before the first step, as that step would
             check_hook_results(trainer)
             watch_windows(trainer)
-            watch_optimizer_steps(sharded_objects(trainer._resume_objects()))
             guard.start_check = None
         guard.check_pause_allowed()
         sharded = sharded_objects(trainer._resume_objects())
+        watch_optimizer_steps(sharded)  # once a sharded model trains, if not yet
         refuse_unreduced_gradients(trainer._resume_objects(), sharded)
         refuse_sharded_url(path, sharded)
         checkpoint = pause_checkpoint(trainer, guard, sharded=sharded)

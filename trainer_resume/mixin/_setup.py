@@ -91,12 +91,13 @@ def initialize(
 
     def start(trainer: TrainingResumeMixin) -> None:
         check_at_training_start(trainer)
+        sharded = sharded_objects(trainer._resume_objects())
         if guard.points is not None:  # sharded points are directories every rank writes to
-            refuse_sharded_url(guard.points.directory, sharded_objects(trainer._resume_objects()))
+            refuse_sharded_url(guard.points.directory, sharded)
         # Before the first backward: DDP's record of a window is seen from its start,
         # and a sharded model's optimizer steps, which close its windows.
         watch_windows(trainer)
-        watch_optimizer_steps(sharded_objects(trainer._resume_objects()))
+        watch_optimizer_steps(sharded)
 
     guard.audit = first_boundary
     guard.start_check = start
