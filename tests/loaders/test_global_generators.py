@@ -255,3 +255,36 @@ def test_a_copys_torch_state_kept_in_place_is_saved_and_pickled_as_get_states_te
     torch.manual_seed(0)
     generators.install(kept)
     assert torch.equal(torch.get_rng_state(), expected)
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda: random.random(),
+        lambda: random.gauss(0.0, 1.0),  # the second of a pair: only the cached value goes
+        lambda: np.random.rand(),
+        lambda: np.random.randn(),  # likewise NumPy's cached Gaussian
+        lambda: torch.rand(1),
+        lambda: torch.randn(1, dtype=torch.float64),  # likewise torch's cached normal sample
+        lambda: torch.manual_seed(torch.initial_seed() + 1),  # a reseed, nothing drawn
+    ],
+    ids=["random", "gauss", "numpy", "numpy-gauss", "torch", "torch-normal", "torch-reseed"],
+)
+def test_a_worker_sends_its_generators_again_after_any_change_even_of_a_cached_gaussian_alone(
+    draw,
+):
+    from trainer_resume.loaders._iterable import UNCHANGED, _WorkerGenerators
+
+    _with_cached_gaussians(5)
+    assert generators.fingerprint() is not None  # the in-place check is what runs here
+    streams = _WorkerGenerators()
+    assert streams.after() is not UNCHANGED
+    assert streams.after() is UNCHANGED
+    for _ in range(2):  # the pair's first draw, then its second (a cached value consumed)
+        before = _public()
+        draw()
+        assert not _same(before, _public())
+        sent = streams.after()
+        assert sent is not UNCHANGED
+        assert generators.same(sent, generators.capture())
+        assert streams.after() is UNCHANGED

@@ -69,6 +69,7 @@ from ._torch_generator_memory import (
 __all__ = [
     "Snapshot",
     "capture",
+    "fingerprint",
     "global_seeder",
     "install",
     "seed_global",
@@ -311,6 +312,24 @@ def same(first: Snapshot, second: Snapshot) -> bool:
 def _float_bytes(value: float | None) -> bytes | None:
     # Bit for bit: 0.0 == -0.0, yet the generators would go on differently.
     return None if value is None else struct.pack("d", value)
+
+
+def fingerprint() -> tuple[bytes, ...] | None:
+    """The three global generators' states as raw bytes, copied in place (this process
+    only; never saved or sent), or ``None`` where a layout is not proven: equal
+    fingerprints are equal states, for a check cheaper than :func:`capture` and
+    :func:`same` (about a microsecond)."""
+    place = _LAYOUT[0] if _LAYOUT else layout()
+    python, key, generator = place.python, place.numpy_key(), place.torch_default
+    if python is None or key is None or generator is None:
+        return None
+    return (
+        python.tobytes(),
+        _float_bytes(place.python_instance.gauss_next) or b"",
+        key.tobytes(),
+        place.gauss.tobytes(),  # type: ignore[union-attr]  # found where key is
+        generator.tobytes(),
+    )
 
 
 def capture() -> Snapshot:

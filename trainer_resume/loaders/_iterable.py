@@ -57,7 +57,7 @@ from ..difference import first_difference
 from ..rng import derive_seed
 from ._driver import StreamingDriver
 from ._fetch import FetchFailure
-from ._global_generators import Snapshot, capture, install, layout, same
+from ._global_generators import Snapshot, capture, fingerprint, install, layout, same
 from ._seeding import NumPyGeneratorReplacedError, OwnGenerators, replaced_in_worker, seed_batch
 from ._stateful import is_stateful
 
@@ -153,13 +153,16 @@ class _WorkerGenerators:
 
     A batch carries them only when they changed since the last batch of the pass that
     carried them (``UNCHANGED`` otherwise): a dataset that draws no random numbers
-    sends about 10 KB less per batch through the worker's queue.
+    sends about 10 KB less per batch through the worker's queue. Where the layouts are
+    proven, whether they changed is told from their raw bytes (:func:`fingerprint`),
+    and they are captured only when they did.
     """
 
-    __slots__ = ("_sent",)
+    __slots__ = ("_mark", "_sent")
 
     def __init__(self) -> None:
         self._sent: Snapshot | None = None
+        self._mark: tuple[bytes, ...] | None = None
 
     def run(self, read: Callable[[], Any]) -> Any:
         result = read()
@@ -169,6 +172,12 @@ class _WorkerGenerators:
         return result
 
     def after(self) -> Snapshot | str:
+        mark = fingerprint()
+        if mark is not None:
+            if mark == self._mark:
+                return UNCHANGED
+            self._mark, self._sent = mark, capture()
+            return self._sent
         states, sent = capture(), self._sent
         if sent is not None and same(states, sent):
             return UNCHANGED
