@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 import trainer_resume.adapters.accelerate  # noqa: F401  (registers the fix in the refusal)
 from trainer_resume import TrainingResumeMixin, training_step
+from trainer_resume.adapters.accelerate import prepare_loader
 from trainer_resume.errors import UnsupportedResumeConfigurationError
 from trainer_resume.loaders import ResumableDataLoader
 
@@ -111,3 +112,62 @@ def test_returning_the_original_loader_while_iterating_accelerates_is_refused():
         "the loader 'train' that ReturnsTheOriginal._resume_loaders() returns: the loop's batches "
         f"come from the wrapper, whose position is not saved, and 'train' never moves; {FIX}"
     )
+
+
+SKIP_FIX = (
+    "Accelerate's skip_first_batches made it a {kind} that skips batches, which does not resume "
+    "at the samples it stopped at: resume() puts the loader "
+    "trainer_resume.adapters.accelerate.prepare_loader(accelerator, loader) returns at its "
+    "position, with no batches to skip; iterate that loader and return it"
+)
+
+
+class SkipsBatches(TrainingResumeMixin):
+    """Accelerate's resume recipe over a prepare_loader loader: skip_first_batches."""
+
+    def __init__(self, workers: int, *, keep_returning_prepared: bool) -> None:
+        self.accelerator = Accelerator(cpu=True)
+        self.model = self.accelerator.prepare(torch.nn.Linear(6, 1))
+        loader = ResumableDataLoader(
+            NoisyDataset(), BATCH, shuffle=True, num_workers=workers, resumable=True
+        )
+        self.prepared = prepare_loader(self.accelerator, loader)
+        self.batches = self.accelerator.skip_first_batches(self.prepared, 2)
+        self.returns = self.prepared if keep_returning_prepared else self.batches
+        self._initialize_training_resume({"refusal": "accelerate"}, version="1")
+
+    def _resume_objects(self) -> dict[str, Any]:
+        return {"model": self.model}
+
+    def _resume_loaders(self) -> dict[str, Any]:
+        return {"train": self.returns}
+
+    @training_step
+    def step(self, batch: Any) -> None:
+        self.model(batch[0]).sum().backward()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_first_batches_over_a_prepared_loader_is_refused_at_the_first_step_whichever_is_returned(
+    workers,
+):
+    returned = SkipsBatches(workers, keep_returning_prepared=False)
+    assert returned.batches.num_workers == workers  # the prepared loader's settings, as offered
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        returned.step(next(iter(returned.batches)))
+    assert caught.value.code == 332
+    assert caught.value.detail.endswith(SKIP_FIX.format(kind="DataLoader"))
+    assert returned.model.weight.grad is None
+
+    held = SkipsBatches(workers, keep_returning_prepared=True)
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        held.step(next(iter(held.batches)))
+    assert caught.value.detail == (
+        "SkipsBatches.batches (torch.utils.data.dataloader.DataLoader) reads the dataset of the "
+        "loader 'train' that SkipsBatches._resume_loaders() returns: the loop's batches come "
+        "from the wrapper, whose position is not saved, and 'train' never moves; "
+        + SKIP_FIX.format(kind="DataLoader")
+    )
+    assert held.model.weight.grad is None
+    held.prepared.close()
+    returned.prepared.close()

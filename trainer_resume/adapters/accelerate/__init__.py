@@ -75,6 +75,7 @@ INTERNALS = (
     Name("accelerate.data_loader:DataLoaderShard"),
     Name("accelerate.data_loader:DataLoaderDispatcher"),
     Name("accelerate.data_loader:SkipDataLoader"),
+    Name("accelerate.data_loader:SkipBatchSampler"),
 )
 
 check_release(ACCELERATE, adapter="accelerate", extra="accelerate", internals=INTERNALS)

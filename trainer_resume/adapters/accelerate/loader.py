@@ -37,6 +37,26 @@ from .settings import check_accelerator
 __all__ = ["PreparedLoader", "prepare_loader"]
 
 
+# torch DataLoader settings a prepared loader offers as its loader's (batch_size,
+# sampler and batch_sampler are its own properties above).
+_LOADER_SETTINGS = frozenset(
+    (
+        "collate_fn",
+        "drop_last",
+        "generator",
+        "in_order",
+        "multiprocessing_context",
+        "num_workers",
+        "persistent_workers",
+        "pin_memory",
+        "pin_memory_device",
+        "prefetch_factor",
+        "timeout",
+        "worker_init_fn",
+    )
+)
+
+
 class PreparedLoader:
     """A resumable loader as ``accelerator.prepare`` would have made it; built by :func:`prepare_loader`.
 
@@ -93,6 +113,13 @@ class PreparedLoader:
         """An epoch's last batch was just delivered (see ``ResumableDataLoader.epoch_ended``):
         a pause requested now lands after the loop's epoch-end work."""
         return self.loader.epoch_ended
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names this object lacks: the DataLoader settings a prepared
+        # loader offers (Accelerate's skip_first_batches reads them) are the loader's.
+        if name in _LOADER_SETTINGS:
+            return getattr(self.__dict__["loader"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __len__(self) -> int:
         return len(self.loader)

@@ -2,7 +2,8 @@
 
 ``accelerator.prepare`` turns a data loader (a ``ResumableDataLoader`` too) into a
 ``DataLoaderShard`` (``DataLoaderDispatcher`` when it dispatches batches;
-``skip_first_batches`` makes a ``SkipDataLoader``): none of them saves its position,
+``skip_first_batches`` makes a ``SkipDataLoader``, or a ``DataLoader`` over a
+``SkipBatchSampler``): none of them saves its position,
 and with ``use_stateful_dataloader=True`` the state they do save brings back other
 samples. Returned from ``_resume_loaders()``, one is refused when training starts
 (with or without a state); the hint registered here gives that refusal its fix. The classes are Accelerate's
@@ -13,7 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard, SkipDataLoader
+from accelerate.data_loader import (
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    SkipBatchSampler,
+    SkipDataLoader,
+)
 
 from ...checks.hook_results import register_loader_hint
 
@@ -25,6 +31,16 @@ _WRAPPERS = (DataLoaderShard, DataLoaderDispatcher, SkipDataLoader)
 
 def prepared_loader_hint(loader: Any) -> str | None:
     """The fix for a loader Accelerate wrapped, or ``None`` for any other loader."""
+    if type(loader) is SkipDataLoader or isinstance(
+        getattr(loader, "batch_sampler", None), SkipBatchSampler
+    ):
+        return (
+            f"Accelerate's skip_first_batches made it a {type(loader).__name__} that skips "
+            "batches, which does not resume at the samples it stopped at: resume() puts the "
+            "loader trainer_resume.adapters.accelerate.prepare_loader(accelerator, loader) "
+            "returns at its position, with no batches to skip; iterate that loader and "
+            "return it"
+        )
     if not issubclass(type(loader), _WRAPPERS):
         return None
     return (
