@@ -173,6 +173,26 @@ def test_distributed_sampler_state_records_its_epoch_and_a_set_epoch_after_loadi
     _assert_same(batches[per_epoch + 1 : 2 * per_epoch], list(loader), "rest of epoch 1")
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterator_made_before_set_epoch_at_an_epoch_start_leaves_the_next_iter_to_the_new_epoch(
+    workers,
+):
+    # A resumed Lightning fit's order at a pause after an epoch's last batch: the state is
+    # loaded, the train iterator made (FitLoop.setup_data), then set_epoch(next) and iter().
+    batches, states, _ = _uninterrupted("distributed", 7)
+    per_epoch = len(batches) // epochs.EPOCHS
+    state = states[per_epoch]  # after epoch 0's last batch: epoch 1's start
+    assert (state["sampler"]["epoch"], state["sampler"]["offset"]) == (1, 0)
+    loader = epochs.make_loader("distributed", num_workers=workers)
+    loader.load_state_dict(state)
+    iter(loader)  # before the loop sets the epoch
+    loader.sampler.set_epoch(1)
+    _assert_same(batches[per_epoch : 2 * per_epoch], list(loader), "epoch 1")
+    loader.sampler.set_epoch(2)
+    _assert_same(batches[2 * per_epoch :], list(loader), "epoch 2")
+    loader.close()
+
+
 def test_a_set_epoch_to_another_epoch_before_a_mid_epoch_resume_is_refused_naming_the_fix():
     _, states, _ = _uninterrupted("distributed", 7)
     loader = epochs.make_loader("distributed")

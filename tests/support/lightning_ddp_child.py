@@ -6,6 +6,12 @@ by running the same command again. Every rank writes ``OUT/result_<mode>_rank<r>
 
 Modes: ``reference`` (uninterrupted, no ResumeCallback), ``pause`` (ResumeCallback;
 rank 0 prints "STEP K" and waits for a SIGTERM from the parent), ``resume``.
+
+With ``--epochs N`` the fit runs N epochs instead of ``--steps`` over a shuffled
+``ResumableDataLoader`` in which Lightning puts its ``DistributedSampler``
+(``use_distributed_sampler``, Lightning's default), validating at each epoch's end; in
+``pause`` mode rank 0 asks for the pause after its ``--pause-step``-th batch itself
+(no signal: the batch may be an epoch's last).
 """
 
 from __future__ import annotations
@@ -20,7 +26,15 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from support.lightning_child import SEED, AugmentedDataset, Regressor, StepGate, result
+from support.lightning_child import (
+    SEED,
+    AugmentedDataset,
+    LoopsRegressor,
+    Regressor,
+    StepGate,
+    build_val_loader,
+    result,
+)
 from trainer_resume.adapters.lightning import ResumeCallback
 from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
 
@@ -50,12 +64,36 @@ class ShardedRegressor(Regressor):
         )
 
 
+class EpochRegressor(LoopsRegressor):
+    """A loader as users write it (``shuffle=True``): under DDP Lightning replaces its
+    sampler by a ``DistributedSampler`` and sets its epoch at each epoch's start."""
+
+    def train_dataloader(self) -> ResumableDataLoader:
+        return ResumableDataLoader(AugmentedDataset(16), batch_size=2, shuffle=True, resumable=True)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return build_val_loader()
+
+
+class RequestPauseAfter(pl.Callback):
+    """Asks for a pause after the ``batch``-th training batch (before ResumeCallback's hook)."""
+
+    def __init__(self, resume: ResumeCallback, batch: int) -> None:
+        self.resume, self.batch, self.seen = resume, batch, 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        self.seen += 1
+        if self.seen == self.batch:
+            self.resume.request_pause()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=("reference", "pause", "resume"))
     parser.add_argument("out", type=Path)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--pause-step", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=None)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -64,25 +102,30 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(SEED)
     random.seed(SEED)
     np.random.seed(SEED)
-    model = ShardedRegressor(CONFIG)
+    epochs = args.epochs is not None
+    model = EpochRegressor(CONFIG) if epochs else ShardedRegressor(CONFIG)
     callbacks: list[pl.Callback] = []
     resume = ResumeCallback(pause_file, config=CONFIG)
+    if epochs and args.mode == "pause":
+        callbacks.append(RequestPauseAfter(resume, args.pause_step))
     if args.mode != "reference":
         callbacks.append(resume)
     trainer = pl.Trainer(
-        max_steps=args.steps,
-        max_epochs=-1,
+        max_steps=-1 if epochs else args.steps,
+        max_epochs=args.epochs if epochs else -1,
         accelerator="cpu",
         devices=2,
         strategy="ddp",
-        use_distributed_sampler=False,
+        use_distributed_sampler=epochs,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=callbacks,
     )
-    if args.mode == "pause" and trainer.global_rank == 0:
+    if args.mode == "pause" and trainer.global_rank == 0 and not epochs:
         # Only rank 0 gets the signal (and prints the steps the parent waits for); rank 1
         # learns of the pause through the callback's all-rank reduction.
         trainer.callbacks.insert(

@@ -201,7 +201,11 @@ class EpochSource:
     def begin(self, augmentation_seed: int) -> None:
         """Compute the cursor's epoch if it is not computed yet (an iterator is about to start)."""
         computed = self._computed
-        if computed is not None and computed.number == self._epoch:
+        if (
+            computed is not None
+            and computed.number == self._epoch
+            and not self._reordered(computed)
+        ):
             return
         self._computed = None
         sampler_epoch = None
@@ -238,6 +242,20 @@ class EpochSource:
                 f"{computed.count} batch(es) here; load a state saved by a loader with the same sampler"
             )
         self._computed = computed
+
+    def _reordered(self, computed: _Epoch) -> bool:
+        """Whether ``set_epoch()`` changed a ``DistributedSampler``'s order since ``computed``
+        was computed, none of its batches delivered: as with ``DataLoader``, an ``iter()``
+        made before the loop set the epoch (a resumed Lightning fit makes one at the next
+        epoch's start, then sets the epoch and iterates again) does not fix the next
+        ``iter()``'s order. Its order depends on the epoch alone, so computing it again
+        draws from no generator."""
+        sampler = self.sampler
+        return (
+            self._offset == 0
+            and isinstance(sampler, DistributedSampler)
+            and computed.sampler_epoch != sampler.epoch
+        )
 
     def _order(self, augmentation_seed: int, copy: torch.Generator | None = None) -> list[Any]:
         """The sampler's indices for the cursor's epoch (its whole pass, in order), drawn

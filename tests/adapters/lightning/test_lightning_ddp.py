@@ -79,3 +79,43 @@ def test_ddp_fit_paused_by_sigterm_on_rank_0_resumes_bitwise_equal_on_both_ranks
         )
     # The ranks saw different data: the stream was sharded, not replicated.
     assert not torch.equal(expected[0]["losses"][1], expected[1]["losses"][1])
+
+
+EPOCH_BATCHES = 4  # per rank: 16 samples, batch size 2, 2 ranks
+EPOCHS = 2
+
+
+def test_ddp_fit_paused_at_an_epochs_last_batch_trains_the_next_epoch_on_the_uninterrupted_batches(
+    tmp_path,
+):
+    # Lightning's own DistributedSampler, its epoch set by the fit loop: the resumed fit
+    # makes its train iterator before the loop sets the next epoch.
+    pause_step = EPOCH_BATCHES  # epoch 0's last batch
+    options = ["--epochs", str(EPOCHS), "--pause-step", str(pause_step)]
+    for mode in ("reference", "pause", "resume"):
+        command = procs.child_command(mode, tmp_path, *options, child="support.lightning_ddp_child")
+        log = tmp_path / f"stderr_{mode}.txt"
+        run = procs.run(command, log)
+        assert run.returncode == 0, procs.describe_failure(run, log)
+    expected, paused, after = (
+        _results(tmp_path, "reference"),
+        _results(tmp_path, "pause"),
+        _results(tmp_path, "resume"),
+    )
+    for rank in range(2):
+        assert paused[rank]["paused_at_step"] == pause_step  # at the epoch's last batch itself
+        assert sorted(after[rank]["batch_losses"]) == [
+            f"e1b{batch}" for batch in range(EPOCH_BATCHES)
+        ]
+        for record in ("batch_losses", "val_losses"):
+            _assert_equal(
+                expected[rank][record],
+                {**paused[rank][record], **after[rank][record]},
+                f"rank {rank} {record}",
+            )
+        _assert_equal(expected[rank]["model"], after[rank]["model"], f"rank {rank} model")
+        _assert_equal(
+            expected[rank]["optimizer"], after[rank]["optimizer"], f"rank {rank} optimizer"
+        )
+    # The ranks read different shards of each epoch.
+    assert not torch.equal(expected[0]["batch_losses"]["e1b0"], expected[1]["batch_losses"]["e1b0"])

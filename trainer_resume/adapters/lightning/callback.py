@@ -79,7 +79,6 @@ from .pause_point import (
     skip_last_save_at_train_end,
     stop_after_batch,
     undo_pending_validation_mark,
-    waits_for_next_epoch,
 )
 from .positions import DeliveredLoaderStates, LoaderPositionUnknown
 from .restore_checks import ModuleSnapshot, check_module_fits, check_optimizers_fit
@@ -616,8 +615,6 @@ class ResumeCallback(Callback):
         if trainer.fit_loop.epoch_loop._should_accumulate():
             # Mid-accumulation: the gradients of this batch wait for the next ones. Pausing
             # at the batch that completes the accumulation keeps gradients out of the pause.
-            return
-        if waits_for_next_epoch(trainer):
             return
         at_batch_end(trainer, lambda point: self._pause_after_batch(trainer, point))
 

@@ -50,7 +50,6 @@ __all__ = [
     "skip_last_save_at_train_end",
     "stop_after_batch",
     "undo_pending_validation_mark",
-    "waits_for_next_epoch",
 ]
 
 
@@ -131,13 +130,6 @@ def fit_ends_here(trainer: pl.Trainer) -> bool:
 def fit_ends_after_batch(trainer: pl.Trainer) -> bool:
     """:func:`fit_ends_here` on any rank (every rank gets the answer: all write or none)."""
     return bool(trainer.strategy.reduce_boolean_decision(fit_ends_here(trainer), all=False))
-
-
-def waits_for_next_epoch(trainer: pl.Trainer) -> bool:
-    """Whether a pause or resume point asked for here waits for the next batch: under DDP
-    at an epoch's last batch, a fit resumed there trained the next epoch on other batches
-    (seen with 2 CPU processes; the next epoch's first batch resumes exactly)."""
-    return trainer.world_size > 1 and bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
 # The fit loop's min_epochs and min_steps while stop_after_batch has them off.

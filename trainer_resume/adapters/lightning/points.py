@@ -23,7 +23,7 @@ from ...finished import run_finished
 from ...resume_points import ResumePoints, WhenBusy
 from ...resume_points.files import Found, newest_checkpoint
 from .callback import ResumeCallback
-from .pause_point import PausePoint, at_batch_end, fit_ends_here, waits_for_next_epoch
+from .pause_point import PausePoint, at_batch_end, fit_ends_here
 
 __all__ = ["ResumePointsCallback"]
 
@@ -153,8 +153,7 @@ class ResumePointsCallback(Callback):
             # Where the fit ends after this batch, a fit resumed from a point there would
             # skip the validation due: the point moves on, past the end (the ranks agree
             # in the boundary's own collective).
-            # Under DDP, neither at an epoch's last batch (see waits_for_next_epoch).
-            defer=fit_ends_here(trainer) or waits_for_next_epoch(trainer),
+            defer=fit_ends_here(trainer),
             # ResumeCallback's entry already holds every rank's RNG: rank 0 writes its checkpoint.
             combine=lambda checkpoint: checkpoint if trainer.is_global_zero else None,
         )
