@@ -570,6 +570,9 @@ class LightningPauseState(TypedDict):
     pending_epoch_end: NotRequired[bool]
     metrics: NotRequired[dict[str, dict[str, Any]]]  # last logged: callback, logged, progress_bar
     epoch_metrics_in_progress: NotRequired[list[str]]  # on_epoch training metrics not carried over
+    # The on_epoch training metrics' accumulations that are carried, by rank (absent in
+    # earlier releases' files: none carried).
+    epoch_results: NotRequired[list[list[dict[str, Any]]]]
     # The LightningModule's modes, under "module" (absent in earlier releases' files).
     module_modes: NotRequired[dict[str, ModuleModes]]
     accumulate_grad_batches: NotRequired[int]  # trainer's at the pause (absent: earlier files)

@@ -266,7 +266,7 @@ class _KillTarget(pl.Callback):
             checkpoint["block"] = _BlockWhilePickled()
 
 
-RECORDS = ("batch_losses", "val_losses")
+RECORDS = ("batch_losses", "val_losses", "epoch_metrics")
 
 
 def result(model: Regressor, trainer: pl.Trainer, **extra: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import random
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
@@ -68,8 +69,24 @@ class EpochRegressor(LoopsRegressor):
     """A loader as users write it (``shuffle=True``): under DDP Lightning replaces its
     sampler by a ``DistributedSampler`` and sets its epoch at each epoch's start."""
 
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.epoch_metrics: dict[str, torch.Tensor] = {}
+
     def train_dataloader(self) -> ResumableDataLoader:
         return ResumableDataLoader(AugmentedDataset(16), batch_size=2, shuffle=True, resumable=True)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        # Epoch-level values: this rank's, and the mean over the ranks.
+        self.log("train_rank_max", loss, on_step=False, on_epoch=True, reduce_fx="max")
+        self.log("train_mean", loss, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        # The values the previous epoch ended with.
+        for name, value in self.trainer.callback_metrics.items():
+            self.epoch_metrics[f"e{self.current_epoch}/{name}"] = value.clone()
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
         return build_val_loader()
@@ -132,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             0, StepGate(args.pause_step, lambda trainer: resume.pause_requested)
         )
     trainer.fit(model, ckpt_path=resume.ckpt_path if args.mode == "resume" else None)
+    if epochs:
+        for name, value in trainer.callback_metrics.items():
+            model.epoch_metrics[f"end/{name}"] = value.clone()
     torch.save(
         result(model, trainer, paused_at_step=resume.paused_at_step),
         args.out / f"result_{args.mode}_rank{trainer.global_rank}.pt",

@@ -107,7 +107,10 @@ def test_ddp_fit_paused_at_an_epochs_last_batch_trains_the_next_epoch_on_the_uni
         assert sorted(after[rank]["batch_losses"]) == [
             f"e1b{batch}" for batch in range(EPOCH_BATCHES)
         ]
-        for record in ("batch_losses", "val_losses"):
+        assert {"end/train_mean", "end/train_rank_max", "e1/train_mean"} <= set(
+            expected[rank]["epoch_metrics"]
+        )
+        for record in ("batch_losses", "val_losses", "epoch_metrics"):
             _assert_equal(
                 expected[rank][record],
                 {**paused[rank][record], **after[rank][record]},
@@ -117,5 +120,9 @@ def test_ddp_fit_paused_at_an_epochs_last_batch_trains_the_next_epoch_on_the_uni
         _assert_equal(
             expected[rank]["optimizer"], after[rank]["optimizer"], f"rank {rank} optimizer"
         )
-    # The ranks read different shards of each epoch.
+    # The ranks read different shards of each epoch; epoch-level means are synced over them.
+    assert torch.equal(
+        expected[0]["epoch_metrics"]["end/train_mean"],
+        expected[1]["epoch_metrics"]["end/train_mean"],
+    )
     assert not torch.equal(expected[0]["batch_losses"]["e1b0"], expected[1]["batch_losses"]["e1b0"])

@@ -120,9 +120,74 @@ def test_a_pause_requested_mid_accumulation_waits_for_the_optimizer_step(tmp_pat
 
 
 class _EpochLogged(trace.Traced):
+    """Epoch-level training metrics of every reduction, a persistent torchmetrics metric
+    among them; the metrics each epoch ended with are recorded at the next epoch's start."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        from torchmetrics import MeanMetric
+
+        self.mean = MeanMetric()
+        self.mean.persistent(True)
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = super().training_step(batch, batch_idx)
         self.log("train_mean", loss, on_step=False, on_epoch=True)
+        self.log("train_max", loss, on_step=True, on_epoch=True, reduce_fx="max", prog_bar=True)
+        self.log("train_sum", 2 * loss, on_step=False, on_epoch=True, reduce_fx="sum")
+        self.mean(loss)
+        self.log("train_metric", self.mean, on_step=False, on_epoch=True)
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        metrics = {k: v.clone() for k, v in self.trainer.callback_metrics.items()}
+        self.record.append(("metrics", self.global_step, self.current_epoch, metrics))
+
+
+@pytest.mark.parametrize("pause_at", [2, 4, 8], ids=["mid_epoch", "epoch_end", "later_epoch_end"])
+def test_epoch_level_training_metrics_resume_their_accumulation_without_a_warning(
+    pause_at: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trace, "Traced", _EpochLogged)
+    expected_record: list[Any] = []
+    trace.seed_everything()
+    model, trainer, _, monitors = trace.fit(tmp_path / "reference", expected_record, resume=False)
+    expected = {**_outcome(model, trainer, monitors), "metrics": dict(trainer.callback_metrics)}
+    assert {"train_mean", "train_max_epoch", "train_sum", "train_metric"} <= set(
+        expected["metrics"]
+    )
+
+    record: list[Any] = []
+    trace.seed_everything()
+    trace.fit(tmp_path, record, pause_at_batch=pause_at)
+    paused_record = list(record)
+    record.clear()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*epoch-level values")
+        model, trainer, _, monitors = trace.fit(tmp_path, record, ckpt_path=tmp_path / "pause.ckpt")
+    # Each epoch's values over all its batches, the paused process's included.
+    difference = first_difference(expected_record, paused_record + record)
+    assert difference is None, difference
+    actual = {**_outcome(model, trainer, monitors), "metrics": dict(trainer.callback_metrics)}
+    difference = first_difference(expected, actual)
+    assert difference is None, difference
+
+
+class _NotSaved(trace.Traced):
+    """An epoch-level metric kept by a torchmetrics metric whose states the module does not save."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        from torchmetrics import MeanMetric
+
+        self.mean = MeanMetric()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.mean(loss)
+        self.log("train_mean", self.mean, on_step=False, on_epoch=True)
+        return loss
         return loss
 
 
@@ -162,7 +227,7 @@ def test_an_epoch_level_metric_the_module_saves_resumes_its_accumulation_without
 def test_a_resume_warns_about_epoch_level_training_metrics_it_cannot_carry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trace, "Traced", _EpochLogged)
+    monkeypatch.setattr(trace, "Traced", _NotSaved)
     trace.seed_everything()
     trace.fit(tmp_path, [], pause_at_batch=2)
     with pytest.warns(UserWarning, match=r"epoch-level values of \['train_mean'\]"):

@@ -65,7 +65,9 @@ from .gradients import held_gradients, restore_gradients
 from .io import DurableCheckpointIO, PauseFileReader, RunFiles, check_loadable
 from .metrics import (
     epoch_metrics_in_progress,
+    epoch_results_state,
     logged_metrics_state,
+    restore_epoch_results,
     restore_logged_metrics,
 )
 from .pause_point import (
@@ -176,6 +178,7 @@ class ResumeCallback(Callback):
         self._pending_rng: RandomState | None = None
         self._pending_point: PausePoint | None = None
         self._pending_metrics: Any = None
+        self._pending_epoch_results: list[Any] | None = None
         # The paused module's modes: set at on_train_start, and again where the
         # uninterrupted fit went on (see _set_modes_again).
         self._pending_modes: Any = None
@@ -366,6 +369,7 @@ class ResumeCallback(Callback):
         self._pending_rng = None
         self._pending_point = None
         self._pending_metrics = None
+        self._pending_epoch_results = None
         self._pending_modes = None
         self._modes_again = None
         self._pending_accumulation = None
@@ -468,6 +472,11 @@ class ResumeCallback(Callback):
             self._pending_stop = False
             trainer.should_stop = True  # as in the uninterrupted fit, until its minimums
         point, self._pending_point = self._pending_point, None
+        epoch_results, self._pending_epoch_results = self._pending_epoch_results, None
+        if epoch_results:
+            # Before the resumed fit trains on or ends the interrupted epoch.
+            mid_epoch = point is not None and not point.epoch_end
+            restore_epoch_results(trainer, epoch_results, pl_module.device, mid_epoch=mid_epoch)
         if point is not None:
             self._undo_validation_mark = point.validation
             self._in_resumed_epoch = True
@@ -572,13 +581,18 @@ class ResumeCallback(Callback):
             epoch_end=bool(entry.get("pending_epoch_end", False)),
         )
         self._pending_metrics = entry.get("metrics")
+        epoch_results = entry.get("epoch_results")  # absent in earlier releases' files
+        if isinstance(epoch_results, list) and len(epoch_results) == trainer.world_size:
+            self._pending_epoch_results = epoch_results[trainer.global_rank]
         partial = entry.get("epoch_metrics_in_progress")
         if partial:
             rank_zero_warn(
                 f"ResumeCallback: the epoch-level values of {sorted(partial)} for the interrupted epoch "
-                "cover only the batches trained after the resume (Lightning cannot save a metric's "
-                "running accumulation); log them with on_epoch=False, or accumulate them in the "
-                "LightningModule's own state (on_save_checkpoint), for exact values"
+                "cover only the batches trained after the resume (the pause could not carry their "
+                "accumulation: a torchmetrics metric whose states the module does not save, or a "
+                "value logged with sync_dist_group or Python's own sum/max/min as reduce_fx); make "
+                "the metric's states persistent (metric.persistent(True)), or log with torch's "
+                "reductions, for exact values"
             )
 
     def on_train_batch_start(
@@ -654,9 +668,8 @@ class ResumeCallback(Callback):
                 "pending_validation": point.validation,
                 "pending_epoch_end": point.epoch_end,
                 "metrics": logged_metrics_state(trainer),
-                "epoch_metrics_in_progress": epoch_metrics_in_progress(
-                    trainer, epoch_end=point.epoch_end
-                ),
+                "epoch_metrics_in_progress": epoch_metrics_in_progress(trainer),
+                "epoch_results": _gather_by_rank(trainer, epoch_results_state(trainer)),
                 # What the module's state_dict() leaves out (eval mode, frozen parameters).
                 "module_modes": object_modes({_MODULE: pl_module}),
                 # Set by a GradientAccumulationScheduler when the epoch started.

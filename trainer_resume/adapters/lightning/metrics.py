@@ -7,14 +7,18 @@ the validation end reading the training loss. Lightning's checkpoint does not ho
 them, so a resumed fit would start with none. The pause file keeps them and the
 resumed fit starts with them.
 
-What it does not carry are the running epoch-level accumulations of training
-metrics (``self.log(..., on_epoch=True)`` in ``training_step``): Lightning's
-metric objects have no saveable state. Their names are recorded, and the resumed
-fit warns that their values for the interrupted epoch cover only the batches
-after the resume. A torchmetrics ``Metric`` of the module logged as itself, whose
-states are all persistent (``metric.persistent(True)``), accumulates in the module's
-own state, which the pause saves: it is exact, and not named, unless the pause leaves
-its epoch's end to the resumed fit.
+The running epoch-level accumulations of training metrics (``self.log(...,
+on_epoch=True)`` in the training hooks) are carried too, per rank
+(:func:`epoch_results_state`): a logged tensor's sum (or extreme) and batch count, and
+for a torchmetrics ``Metric`` of the module logged as itself, whose states are all
+persistent (``metric.persistent(True)``), its entry (its states are the module's own,
+which the pause saves). The resumed fit registers each entry as the module's
+``self.log`` call would have, with the accumulation the paused fit had reached, before
+it trains or ends the interrupted epoch: the epoch's value covers every batch, and a
+callback monitoring it decides as in the uninterrupted fit. What cannot be carried (a
+metric that is not saved with the module, one synced over a process group of the
+user's, a resume on another number of processes) is named, and the resumed fit warns
+that its value for the interrupted epoch covers only the batches after the resume.
 """
 
 from __future__ import annotations
@@ -26,7 +30,13 @@ import torch
 
 from ...state import cpu_state
 
-__all__ = ["epoch_metrics_in_progress", "logged_metrics_state", "restore_logged_metrics"]
+__all__ = [
+    "epoch_metrics_in_progress",
+    "epoch_results_state",
+    "logged_metrics_state",
+    "restore_epoch_results",
+    "restore_logged_metrics",
+]
 
 _KINDS = ("callback", "logged", "progress_bar")
 
@@ -59,21 +69,125 @@ def restore_logged_metrics(trainer: pl.Trainer, state: Any, device: torch.device
     connector._progress_bar_metrics = on_device(state.get("progress_bar"))
 
 
-def epoch_metrics_in_progress(trainer: pl.Trainer, *, epoch_end: bool = False) -> list[str]:
-    """Names of the training metrics whose epoch-level value is being accumulated.
-
-    With the epoch's end left to the resumed fit (``epoch_end``), a metric the module
-    saves is named too: the resumed fit, which logs nothing before that end, neither
-    computes nor resets it there.
-    """
+def _in_progress(trainer: pl.Trainer) -> list[tuple[str, Any]]:
+    """The training results whose epoch-level value is being accumulated: ``(key, result)``."""
     results = getattr(trainer.fit_loop.epoch_loop, "_results", None) or {}
-    names = set()
-    for metric in results.values():
-        meta = getattr(metric, "meta", None)
-        if meta is not None and meta.on_epoch and getattr(metric, "_update_count", 0):
-            if epoch_end or not _saved_with_module(trainer, metric):
-                names.add(str(meta.name))
-    return sorted(names)
+    return [
+        (key, result)
+        for key, result in results.items()
+        if getattr(result, "meta", None) is not None
+        and result.meta.on_epoch
+        and not result.has_reset
+        and getattr(result, "_update_count", 0)
+    ]
+
+
+def epoch_metrics_in_progress(trainer: pl.Trainer) -> list[str]:
+    """Names of the training metrics whose epoch-level accumulation a pause cannot carry
+    (see :func:`epoch_results_state`)."""
+    return sorted(
+        str(result.meta.name)
+        for _, result in _in_progress(trainer)
+        if _carried(trainer, result) is None
+    )
+
+
+def epoch_results_state(trainer: pl.Trainer) -> list[dict[str, Any]]:
+    """This rank's epoch-level accumulations of training metrics that a pause carries:
+    per logged key, the arguments of its ``self.log`` call and its accumulation (plain
+    data; tensors on the CPU)."""
+    entries = []
+    for key, result in _in_progress(trainer):
+        entry = _carried(trainer, result)
+        if entry is None:
+            continue
+        entry["key"] = key
+        entry["updates"] = int(result._update_count)
+        if result.is_tensor:
+            entry["value"] = result.value.detach().cpu().clone()
+            if result.meta.is_mean_reduction:
+                entry["batch_size"] = result.cumulated_batch_size.detach().cpu().clone()
+        entries.append(entry)
+    return entries
+
+
+def _carried(trainer: pl.Trainer, result: Any) -> dict[str, Any] | None:
+    """The ``self.log`` arguments that register ``result`` again, or ``None`` where its
+    accumulation cannot be carried."""
+    meta = result.meta
+    sync = meta.sync
+    reduce = getattr(meta.reduce_fx, "__name__", None)
+    if (
+        sync.group is not None  # a process group of the user's: not saved
+        or meta.dataloader_idx is not None
+        or reduce not in ("mean", "sum", "max", "min")
+        or meta.reduce_fx is not getattr(torch, reduce)  # Python's own sum, max or min
+    ):
+        return None
+    if not result.is_tensor and (
+        meta.metric_attribute is None or not _saved_with_module(trainer, result)
+    ):
+        return None
+    return {
+        "fx": meta.fx,
+        "name": meta.name,
+        "prog_bar": bool(meta.prog_bar),
+        "logger": bool(meta.logger),
+        "on_step": bool(meta.on_step),
+        "reduce_fx": reduce,
+        "enable_graph": bool(meta.enable_graph),
+        "add_dataloader_idx": bool(meta.add_dataloader_idx),
+        "sync_dist": bool(sync.should),
+        "rank_zero_only": bool(sync.rank_zero_only),
+        "metric_attribute": meta.metric_attribute,
+    }
+
+
+def restore_epoch_results(
+    trainer: pl.Trainer, entries: Any, device: torch.device, *, mid_epoch: bool
+) -> None:
+    """Register ``entries`` (from :func:`epoch_results_state`) in the fit's training
+    results as their ``self.log`` calls did, holding the accumulations they had.
+
+    ``mid_epoch``: the resumed fit's first batch goes on with the interrupted epoch.
+    Lightning resets a hook's logged tensors at its first call in an epoch's first
+    batch; that batch is not the epoch's first, so it is told so.
+    """
+    if mid_epoch:
+        trainer._logger_connector._first_loop_iter = False
+    results = trainer.fit_loop.epoch_loop._results
+    module = trainer.lightning_module
+    for entry in entries:
+        attribute = entry["metric_attribute"]
+        value: Any = (
+            module.get_submodule(attribute) if attribute is not None else entry["value"].to(device)
+        )
+        results.log(
+            entry["fx"],
+            entry["name"],
+            value,
+            prog_bar=entry["prog_bar"],
+            logger=entry["logger"],
+            on_step=entry["on_step"],
+            on_epoch=True,
+            reduce_fx=getattr(torch, entry["reduce_fx"]),
+            enable_graph=entry["enable_graph"],
+            # As LightningModule.log passes them.
+            sync_dist=entry["sync_dist"],
+            sync_dist_fn=trainer.strategy.reduce,
+            add_dataloader_idx=entry["add_dataloader_idx"],
+            batch_size=1,
+            metric_attribute=attribute,
+            rank_zero_only=entry["rank_zero_only"],
+        )
+        result = results[entry["key"]]
+        if result.is_tensor:  # the accumulation the paused fit had reached, not the call's
+            result.value = entry["value"].to(device)
+            if "batch_size" in entry:
+                result.cumulated_batch_size = entry["batch_size"].to(device)
+        result._update_count = entry["updates"]
+        result._computed = None
+        result._forward_cache = None  # no step value: the resumed fit logs its own
 
 
 def _saved_with_module(trainer: pl.Trainer, metric: Any) -> bool:
