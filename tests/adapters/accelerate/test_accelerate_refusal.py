@@ -122,7 +122,7 @@ SKIP_FIX = (
 )
 
 
-class SkipsBatches(TrainingResumeMixin):
+class SkipsBatches(PreparedByAccelerate):
     """Accelerate's resume recipe over a prepare_loader loader: skip_first_batches."""
 
     def __init__(self, workers: int, *, keep_returning_prepared: bool) -> None:
@@ -136,15 +136,8 @@ class SkipsBatches(TrainingResumeMixin):
         self.returns = self.prepared if keep_returning_prepared else self.batches
         self._initialize_training_resume({"refusal": "accelerate"}, version="1")
 
-    def _resume_objects(self) -> dict[str, Any]:
-        return {"model": self.model}
-
     def _resume_loaders(self) -> dict[str, Any]:
         return {"train": self.returns}
-
-    @training_step
-    def step(self, batch: Any) -> None:
-        self.model(batch[0]).sum().backward()
 
 
 @pytest.mark.parametrize("workers", [0, 2])
