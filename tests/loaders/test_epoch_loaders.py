@@ -193,6 +193,27 @@ def test_an_iterator_made_before_set_epoch_at_an_epoch_start_leaves_the_next_ite
     loader.close()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_between_iter_and_the_first_batch_orders_the_epoch_as_dataloader_does(workers):
+    # DataLoader reads its sampler at the first batch without workers (the epoch set
+    # after iter() counts), and as iter() starts its workers' prefetch with them.
+    dataset = torch.utils.data.TensorDataset(torch.arange(16))
+
+    def epochs_of(kind: type, **options) -> list[list[list[int]]]:
+        sampler = DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=True, seed=3)
+        loader = kind(dataset, batch_size=2, sampler=sampler, num_workers=workers, **options)
+        read = []
+        for epoch in range(3):
+            batches = iter(loader)
+            sampler.set_epoch(epoch)
+            read.append([batch[0].tolist() for batch in batches])
+        return read
+
+    expected = epochs_of(DataLoader)
+    assert expected[0] != expected[2]  # the epochs are ordered apart
+    assert epochs_of(ResumableDataLoader, resumable=True) == expected
+
+
 def test_a_set_epoch_to_another_epoch_before_a_mid_epoch_resume_is_refused_naming_the_fix():
     _, states, _ = _uninterrupted("distributed", 7)
     loader = epochs.make_loader("distributed")

@@ -248,8 +248,8 @@ class EpochSource:
         was computed, none of its batches delivered: as with ``DataLoader``, an ``iter()``
         made before the loop set the epoch (a resumed Lightning fit makes one at the next
         epoch's start, then sets the epoch and iterates again) does not fix the next
-        ``iter()``'s order. Its order depends on the epoch alone, so computing it again
-        draws from no generator."""
+        ``iter()``'s order, nor, without workers, its own before its first batch. Its
+        order depends on the epoch alone, so computing it again draws from no generator."""
         sampler = self.sampler
         return (
             self._offset == 0
@@ -307,7 +307,15 @@ class EpochSource:
         computed = self._computed
         if computed is None or computed.number != self._epoch:
             raise RuntimeError("EpochSource.begin() was not called for the epoch being iterated")
-        return self._tasks(computed, self._offset, pending, augmentation_seed)
+        return self._tasks_when_taken(pending, augmentation_seed)
+
+    def _tasks_when_taken(self, pending: deque[Pending], augmentation_seed: int) -> Iterator[Task]:
+        # From the first task taken on, as DataLoader reads its sampler: with workers as the
+        # iterator is made (its prefetch), without at the first batch. A set_epoch() called
+        # in between orders the epoch.
+        if self._reordered(self._computed):  # type: ignore[arg-type]
+            self.begin(augmentation_seed)
+        yield from self._tasks(self._computed, self._offset, pending, augmentation_seed)  # type: ignore[arg-type]
 
     def _tasks(
         self,
