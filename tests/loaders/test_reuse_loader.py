@@ -199,3 +199,46 @@ def test_persistent_workers_serve_the_next_epoch_after_an_abandoned_one(tmp_path
     after = helpers.run_epochs(loader, 2)
     reference = helpers.run_epochs(helpers.make_loader(tmp_path / "w0", start_epoch=1), 2)
     assert_epochs_equal(after, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_workers_draw_nothing_from_the_global_generators_and_an_epoch_seeds_them_alike_at_any_start(
+    tmp_path, persistent_workers
+):
+    # A collate function that draws in the worker shows its seed; the global generators
+    # are the trainer's, which a resume restores: the loader must not draw from them.
+    def drawing_collate(samples):
+        batch = torch.utils.data.default_collate(samples)
+        return {**batch, "draw": torch.rand(3)}
+
+    options = {
+        "num_workers": 2,
+        "persistent_workers": persistent_workers,
+        "collate_fn": drawing_collate,
+        "timeout": 60,
+    }
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    uninterrupted = helpers.run_epochs(helpers.make_loader(tmp_path / "a", **options), 3)
+    assert torch.equal(torch.get_rng_state(), before)
+    started_later = helpers.make_loader(tmp_path / "b", start_epoch=2, **options)
+    later = helpers.run_epochs(started_later, 1)
+    assert torch.equal(torch.get_rng_state(), before)
+    if not persistent_workers:  # (persistent ones keep the seeds of the epoch they started in)
+        # Each epoch's workers are seeded by the epoch, whichever epoch the loader started at.
+        assert_epochs_equal(uninterrupted[2:], later)
+
+
+@pytest.mark.parametrize("directory", ["s3://bucket/prepared", "s3:/bucket/prepared", "gs://b/p"])
+def test_a_url_directory_is_refused_and_no_local_folder_is_made(tmp_path, monkeypatch, directory):
+    from trainer_resume.errors import StorageURLError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StorageURLError) as caught:
+        helpers.make_loader(directory)
+    assert caught.value.code == 353 and "local directory" in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+    assert helpers.make_loader(f"file://{tmp_path / 'local'}").dataset.directory == (
+        tmp_path / "local"
+    )

@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 
 from trainer_resume import UnsavedStateWarning
 from trainer_resume.errors import IteratorInvalidatedError
-from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader
+from trainer_resume.loaders import InfiniteRandomSampler, ResumableDataLoader, ReuseDataLoader
 from trainer_resume.mixin import TrainingResumeMixin
 
 
@@ -112,12 +112,19 @@ def test_a_torch_dataloader_that_shuffles_or_streams_and_no_hook_returns_is_warn
     ]
 
 
-def test_a_loader_that_keeps_its_workers_between_passes_and_no_hook_returns_is_warned_about():
+def _prepared(key):
+    return torch.full((4,), float(key.index))
+
+
+def test_a_loader_that_keeps_its_workers_between_passes_and_no_hook_returns_is_warned_about(
+    tmp_path,
+):
     # An evaluation loader with persistent workers: the resumed run starts them again,
     # drawing their seed from the main generator, and their generators start over.
     class Evaluating(TinyTrainer):
         def __init__(self):
             super().__init__()
+            self.directory = tmp_path / "prepared"
             data = TensorDataset(torch.randn(8, 4))
             self.val_loader = torch.utils.data.DataLoader(
                 data, batch_size=2, num_workers=2, persistent_workers=True
@@ -125,6 +132,11 @@ def test_a_loader_that_keeps_its_workers_between_passes_and_no_hook_returns_is_w
             # Without workers, or without persistent ones, each pass starts alike.
             self.test_loader = torch.utils.data.DataLoader(data, batch_size=2, num_workers=2)
             self.other_loader = torch.utils.data.DataLoader(data, batch_size=2)
+            # Samples built under their own seeds, workers seeded by no global generator.
+            self.reused = ReuseDataLoader(
+                _prepared, 8, self.directory, lifetime=2, seed=0, num_workers=2,
+                persistent_workers=True, batch_size=2,
+            )  # fmt: skip
 
     assert unsaved_warnings(Evaluating()) == [
         "Evaluating.val_loader (DataLoader) is a loader with persistent workers that no hook "

@@ -334,9 +334,12 @@ def _restarts(value: Any, covered: set[int]) -> bool:
 
 def _keeps_workers(value: Any, covered: set[int]) -> bool:
     """A loader without a state of its own that keeps its workers between passes: a torch
-    ``DataLoader``, or a framework's wrapper with its attributes (Fabric's)."""
+    ``DataLoader``, or a framework's wrapper with its attributes (Fabric's). Not one whose
+    class says ``keyed_samples`` (``ReuseDataLoader``): its samples are built under their
+    own seeds, and its workers' seeds are drawn from no global generator."""
     return (
-        getattr(value, "persistent_workers", False) is True
+        getattr(type(value), "keyed_samples", False) is not True
+        and getattr(value, "persistent_workers", False) is True
         and isinstance(getattr(value, "num_workers", 0), int)
         and value.num_workers > 0
         and id(getattr(value, "dataset", None)) not in covered

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import operator
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,8 +30,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ...errors import StorageURLError
 from ...pause_signals import worker_start
-from ...rng import rng_scope
+from ...rng import derive_seed, rng_scope
 from .keyed_permutation import KeyedPermutation
 from .policy import ReuseKey, ReusePolicy, check_int
 from .store import (
@@ -51,6 +53,28 @@ from .store import (
 __all__ = ["ReusePolicy", "ReuseKey", "ReuseDataset", "ReuseSampler", "ReuseDataLoader"]
 
 BuildFn = Callable[[ReuseKey], Any]
+
+# A scheme of two letters or more and a colon-slash: a URL, or one with a slash missing.
+_URL_LIKE = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):/")
+_WORKER_SEED_TAG = 0x776F_726B_6572  # b"worker": the workers' base seeds of an epoch
+
+
+def _local_directory(directory: str | os.PathLike[str]) -> Path:
+    """``directory`` as a local path (``file://`` removed); a URL is refused (353): the
+    workers read the samples as local files, and it would become a local folder."""
+    text = os.fspath(directory)
+    if isinstance(text, str):
+        if text[:7].lower() == "file://":
+            text = text[7:]
+        match = _URL_LIKE.match(text)
+        if match is not None:
+            raise StorageURLError(
+                f"ReuseDataLoader keeps its prepared samples in a local directory, which its "
+                f"workers read as files: {text!r} reads as a {match.group('scheme')}:// URL; "
+                f"give a local path (or './{text}' for a local folder named "
+                f"'{match.group('scheme')}:')"
+            )
+    return Path(text)
 
 
 def _check_optional_callable(name: str, value: object) -> None:
@@ -80,7 +104,7 @@ class ReuseDataset(Dataset):
             whether it is loaded or rebuilt must not show. Must be picklable for
             spawned workers.
         size: number of indices, at least 1.
-        directory: where the sample files live; created if missing.
+        directory: where the sample files live (a local directory); created if missing.
         policy: the reuse schedule.
         fingerprint: identifies everything else ``build`` depends on (data
             version, augmentation settings); a file stored under another
@@ -94,6 +118,7 @@ class ReuseDataset(Dataset):
     Raises:
         TypeError: an argument has the wrong type.
         ValueError: ``size < 1``, or ``directory`` exists and is not a directory.
+        StorageURLError: ``directory`` is a URL (353).
     """
 
     def __init__(
@@ -122,7 +147,7 @@ class ReuseDataset(Dataset):
             )
         _check_optional_callable("save", save)
         _check_optional_callable("load", load)
-        path = Path(os.fspath(directory))
+        path = _local_directory(directory)
         if path.exists() and not path.is_dir():
             raise ValueError(f"directory {os.fspath(path)!r} exists and is not a directory")
         path.mkdir(parents=True, exist_ok=True)
@@ -289,15 +314,21 @@ class ReuseDataLoader(DataLoader):
         **dataloader_kwargs: passed to ``torch.utils.data.DataLoader`` unchanged
             (``batch_size``, ``num_workers``, ``collate_fn``, ``persistent_workers``,
             ...), except that ``shuffle=True`` without a ``sampler`` or
-            ``batch_sampler`` uses a :class:`ReuseSampler` (``generator`` is then
-            unused). A user ``sampler`` / ``batch_sampler`` is used as given; reuse
-            does not depend on the order, and such a sampler's ``set_epoch`` is
-            left to the caller.
+            ``batch_sampler`` uses a :class:`ReuseSampler`. A user ``sampler`` /
+            ``batch_sampler`` is used as given; reuse does not depend on the order,
+            and such a sampler's ``set_epoch`` is left to the caller. Without a
+            ``generator``, the workers' base seeds of each epoch come from
+            ``(seed, epoch)``: nothing is drawn from the global generators.
 
     Raises:
         TypeError, ValueError: bad arguments, see :class:`ReusePolicy` and
             :class:`ReuseDataset`; ``DataLoader``'s own checks apply as well.
     """
+
+    # Its samples are built under their own seeds (never from its workers' generators),
+    # and the workers' seeds come from no global generator: persistent workers restarted
+    # by a resume change nothing (read by the trainer's check of held loaders).
+    keyed_samples = True
 
     def __init__(
         self,
@@ -333,6 +364,11 @@ class ReuseDataLoader(DataLoader):
             sampler = ReuseSampler(size, policy, epoch=start_epoch)
             kwargs["sampler"] = sampler
         self._reuse_sampler = sampler
+        # Without a generator of the caller's, each epoch's workers take their base seed
+        # from one of the epoch's own: not from the global generators, which a loader
+        # started at a later epoch (a resume) would otherwise draw from once more with
+        # persistent workers, and the same seeds at any start.
+        self._reuse_own_generator = kwargs.get("generator") is None
         self._reuse_next_epoch = start_epoch
         self._reuse_epoch: int | None = None
         super().__init__(dataset, **kwargs)
@@ -361,6 +397,10 @@ class ReuseDataLoader(DataLoader):
         self.dataset.set_epoch(epoch)
         if self._reuse_sampler is not None:
             self._reuse_sampler.set_epoch(epoch)
+        if self._reuse_own_generator:
+            self.generator = torch.Generator().manual_seed(
+                derive_seed(_WORKER_SEED_TAG, self.policy.seed, epoch)
+            )
         with worker_start(self):  # workers start with the pause signals blocked
             inner = super().__iter__()
         return _EpochIterator(self, inner, epoch)
