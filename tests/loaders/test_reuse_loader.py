@@ -242,3 +242,72 @@ def test_a_url_directory_is_refused_and_no_local_folder_is_made(tmp_path, monkey
     assert helpers.make_loader(f"file://{tmp_path / 'local'}").dataset.directory == (
         tmp_path / "local"
     )
+
+
+class _ReusingTrainer:
+    """A trainer holding a ReuseDataLoader, with resume points or signal pauses or neither."""
+
+    @staticmethod
+    def make(tmp_path, *, points: bool):
+        from trainer_resume import TrainingResumeMixin, training_step
+        from trainer_resume.resume_points import ResumePoints
+
+        class Reusing(TrainingResumeMixin):
+            def __init__(self):
+                self.model = torch.nn.Linear(1, 1)
+                self.loader = helpers.make_loader(tmp_path / "prepared")
+                self._initialize_training_resume(
+                    {"reuse": 1},
+                    version="1",
+                    resume_points=ResumePoints(tmp_path / "points", every_steps=1)
+                    if points
+                    else None,
+                )
+
+            def _resume_objects(self):
+                return {"model": self.model}
+
+            def _resume_loaders(self):
+                return {}  # it resumes by its start_epoch, from the extra state
+
+            def _resume_extra_state(self):
+                return {"next_epoch": self.loader.next_epoch}
+
+            def _load_resume_extra_state(self, state):
+                pass
+
+            @training_step
+            def step(self, batch):
+                return self.model(batch["index"].float()[:, None]).sum()
+
+        return Reusing()
+
+
+def test_a_trainer_holding_a_reuse_loader_refuses_resume_points_and_signal_pauses_before_training(
+    tmp_path,
+):
+    from trainer_resume.errors import UnsupportedResumeConfigurationError
+
+    with_points = _ReusingTrainer.make(tmp_path / "a", points=True)
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        with_points.step(next(iter(with_points.loader)))
+    assert caught.value.code == 332
+    assert (
+        "Reusing.loader (ReuseDataLoader) resumes only at an epoch's start, but resume points"
+        in (str(caught.value))
+    )
+    assert with_points.model.weight.grad is None  # refused before the step ran
+
+    armed = _ReusingTrainer.make(tmp_path / "b", points=False)
+    armed.pause_on_signal(tmp_path / "b" / "pause.ckpt")
+    with pytest.raises(UnsupportedResumeConfigurationError, match=r"signals \(pause_on_signal"):
+        armed.step(next(iter(armed.loader)))
+    armed.restore_signal_handlers()
+
+    # Pauses between epochs only: trains; signals armed once training runs are refused.
+    plain = _ReusingTrainer.make(tmp_path / "c", points=False)
+    for batch in plain.loader:
+        plain.step(batch)
+    plain.pause(tmp_path / "c" / "pause.ckpt")
+    with pytest.raises(UnsupportedResumeConfigurationError, match=r"signals \(pause_on_signal"):
+        plain.pause_on_signal(tmp_path / "c" / "signal.ckpt")

@@ -24,6 +24,7 @@ from ..storage.paths import is_url, make_parent_directory
 from ._hook_audit import warn_if_no_step, warn_request_without_step
 from ._pause import refuse_sharded_url
 from ._step_guard import StepGuard
+from ._training_start import refuse_epoch_start_loaders
 
 if TYPE_CHECKING:
     from . import TrainingResumeMixin
@@ -167,6 +168,8 @@ def arm_signals(
         except Exception:  # noqa: BLE001 - not built yet: pause() refuses it later
             objects = {}
         refuse_sharded_url(path, sharded_objects(objects))
+    if guard.start_check is None:  # training started (else refused as it starts)
+        refuse_epoch_start_loaders(trainer, "signals (pause_on_signal())")
     trainer.restore_signal_handlers()
     handle = SignalPause(
         guard,

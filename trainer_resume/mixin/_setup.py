@@ -22,10 +22,11 @@ from ._gradient_liveness import track_gradients
 from ._hook_audit import audit_trainer
 from ._landing import pause_at_step_boundary
 from ._pause import refuse_sharded_url
+from ._pause_request import SIGNALS_ATTRIBUTE
 from ._settings import SETTINGS_ATTRIBUTE, Settings
 from ._sharded_window import watch_optimizer_steps
 from ._step_guard import GUARD_ATTRIBUTE, StepGuard
-from ._training_start import check_at_training_start
+from ._training_start import check_at_training_start, refuse_epoch_start_loaders
 
 if TYPE_CHECKING:
     from . import TrainingResumeMixin
@@ -91,6 +92,15 @@ def initialize(
 
     def start(trainer: TrainingResumeMixin) -> None:
         check_at_training_start(trainer)
+        armed = SIGNALS_ATTRIBUTE in trainer.__dict__
+        refuse_epoch_start_loaders(
+            trainer,
+            "resume points"
+            if guard.points is not None
+            else "signals (pause_on_signal())"
+            if armed
+            else None,
+        )
         sharded = sharded_objects(trainer._resume_objects())
         if guard.points is not None:  # sharded points are directories every rank writes to
             refuse_sharded_url(guard.points.directory, sharded)

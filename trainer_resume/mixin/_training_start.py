@@ -23,9 +23,14 @@ from ..checks.hook_results import (
     is_library_loader,
     resume_loaders,
 )
-from ..errors import LoaderStateError, TrainerLockedError
+from ..errors import LoaderStateError, TrainerLockedError, UnsupportedResumeConfigurationError
 
-__all__ = ["check_at_training_start", "check_hook_results", "restore_foreign_loaders"]
+__all__ = [
+    "check_at_training_start",
+    "check_hook_results",
+    "refuse_epoch_start_loaders",
+    "restore_foreign_loaders",
+]
 
 _FIRST_STEP = "the first training step"
 
@@ -45,6 +50,28 @@ def check_at_training_start(trainer: Any) -> None:
     """Before the first step: :func:`check_hook_results`, agreed by every rank."""
     with _distributed.agreed(_FIRST_STEP, _distributed.is_distributed()):
         check_hook_results(trainer)
+
+
+def refuse_epoch_start_loaders(trainer: Any, pauses: str | None) -> None:
+    """Refuse a loader the trainer holds that resumes only at an epoch's start (its class
+    says ``resumes_at_epoch_start_only``: ``ReuseDataLoader``) where ``pauses`` (resume
+    points, signals) would land inside its epochs: a run resumed there would repeat the
+    epoch's batches read before the pause.
+
+    Raises:
+        UnsupportedResumeConfigurationError: naming the loader and the fix (332).
+    """
+    if pauses is None:
+        return
+    for label, value in vars(trainer).items():
+        if getattr(type(value), "resumes_at_epoch_start_only", False) is True:
+            raise UnsupportedResumeConfigurationError(
+                f"{type(trainer).__name__}.{label} ({type(value).__name__}) resumes only at an "
+                f"epoch's start, but {pauses} pause at step boundaries inside its epochs, where "
+                "a resumed run would read the epoch again from its start: pause between epochs "
+                "with pause(path) after the epoch's work (its next epoch kept as extra state), "
+                "or read the data with a ResumableDataLoader, which resumes at any step"
+            )
 
 
 def restore_foreign_loaders(

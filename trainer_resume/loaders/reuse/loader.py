@@ -329,6 +329,8 @@ class ReuseDataLoader(DataLoader):
     # and the workers' seeds come from no global generator: persistent workers restarted
     # by a resume change nothing (read by the trainer's check of held loaders).
     keyed_samples = True
+    # A trainer holding it refuses resume points and signal pauses (mid-epoch pauses).
+    resumes_at_epoch_start_only = True
 
     def __init__(
         self,
