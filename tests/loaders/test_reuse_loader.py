@@ -304,10 +304,16 @@ def test_a_trainer_holding_a_reuse_loader_refuses_resume_points_and_signal_pause
         armed.step(next(iter(armed.loader)))
     armed.restore_signal_handlers()
 
-    # Pauses between epochs only: trains; signals armed once training runs are refused.
+    # Pauses between epochs only: a pause inside an epoch is refused and nothing is
+    # written; once the epoch ended it is taken; signals armed once training runs are refused.
     plain = _ReusingTrainer.make(tmp_path / "c", points=False)
-    for batch in plain.loader:
+    batches = iter(plain.loader)
+    plain.step(next(batches))
+    with pytest.raises(UnsupportedResumeConfigurationError, match=r"is inside an epoch"):
+        plain.pause(tmp_path / "c" / "pause.ckpt")
+    assert not (tmp_path / "c" / "pause.ckpt").exists()
+    for batch in batches:
         plain.step(batch)
-    plain.pause(tmp_path / "c" / "pause.ckpt")
+    plain.pause(tmp_path / "c" / "pause.ckpt")  # after the epoch's last batch
     with pytest.raises(UnsupportedResumeConfigurationError, match=r"signals \(pause_on_signal"):
         plain.pause_on_signal(tmp_path / "c" / "signal.ckpt")

@@ -50,7 +50,7 @@ from ._resume_checks import prove_written_pause
 from ._settings import settings_of
 from ._sharded_window import watch_optimizer_steps, window_open
 from ._step_guard import StepGuard
-from ._training_start import check_hook_results
+from ._training_start import check_hook_results, refuse_inside_epoch
 
 if TYPE_CHECKING:
     from ..sharded.read import ShardedPause
@@ -86,6 +86,7 @@ def pause_to(trainer: TrainingResumeMixin, guard: StepGuard, path: StrPath, *, b
             watch_windows(trainer)
             guard.start_check = None
         guard.check_pause_allowed()
+        refuse_inside_epoch(trainer)
         sharded = sharded_objects(trainer._resume_objects())
         watch_optimizer_steps(sharded)  # once a sharded model trains, if not yet
         refuse_unreduced_gradients(trainer._resume_objects(), sharded)

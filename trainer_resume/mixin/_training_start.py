@@ -29,6 +29,7 @@ __all__ = [
     "check_at_training_start",
     "check_hook_results",
     "refuse_epoch_start_loaders",
+    "refuse_inside_epoch",
     "restore_foreign_loaders",
 ]
 
@@ -71,6 +72,25 @@ def refuse_epoch_start_loaders(trainer: Any, pauses: str | None) -> None:
                 "a resumed run would read the epoch again from its start: pause between epochs "
                 "with pause(path) after the epoch's work (its next epoch kept as extra state), "
                 "or read the data with a ResumableDataLoader, which resumes at any step"
+            )
+
+
+def refuse_inside_epoch(trainer: Any) -> None:
+    """Refuse a pause while a loader the trainer holds that resumes only at an epoch's
+    start is inside an epoch (``epoch_in_progress``).
+
+    Raises:
+        UnsupportedResumeConfigurationError: naming the loader and the fix (332).
+    """
+    for label, value in vars(trainer).items():
+        if getattr(type(value), "resumes_at_epoch_start_only", False) is True and getattr(
+            value, "epoch_in_progress", False
+        ):
+            raise UnsupportedResumeConfigurationError(
+                f"{type(trainer).__name__}.{label} ({type(value).__name__}) is inside an epoch "
+                "and resumes only at an epoch's start: a run resumed from this pause would read "
+                "the epoch again from its start; pause after the epoch's last batch (the "
+                "previous pause is kept)"
             )
 
 

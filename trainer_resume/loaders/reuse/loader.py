@@ -373,6 +373,7 @@ class ReuseDataLoader(DataLoader):
         self._reuse_own_generator = kwargs.get("generator") is None
         self._reuse_next_epoch = start_epoch
         self._reuse_epoch: int | None = None
+        self._reuse_in_progress = False
         super().__init__(dataset, **kwargs)
 
     @property
@@ -386,6 +387,12 @@ class ReuseDataLoader(DataLoader):
         return self._reuse_epoch
 
     @property
+    def epoch_in_progress(self) -> bool:
+        """An iteration delivered a batch and has not ended: a pause now lies inside an
+        epoch, where this loader cannot resume."""
+        return self._reuse_in_progress
+
+    @property
     def next_epoch(self) -> int:
         """The epoch the next ``iter(loader)`` serves (save it to resume with ``start_epoch``)."""
         return self._reuse_next_epoch
@@ -394,6 +401,7 @@ class ReuseDataLoader(DataLoader):
         epoch = self._reuse_next_epoch
         self._reuse_next_epoch = epoch + 1
         self._reuse_epoch = epoch
+        self._reuse_in_progress = False  # a replaced iteration counts as its epoch, ended
         # Before DataLoader.__iter__: persistent workers start fetching the new
         # epoch inside it, and they must already read the new epoch.
         self.dataset.set_epoch(epoch)
@@ -428,7 +436,13 @@ class _EpochIterator:
                 f"this iterator serves epoch {self.epoch}, but iteration over epoch {current} has started since; "
                 f"use the newer iterator"
             )
-        return next(self._inner)
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._loader._reuse_in_progress = False
+            raise
+        self._loader._reuse_in_progress = True
+        return batch
 
     def __len__(self) -> int:
         return len(self._inner)  # type: ignore[arg-type]
