@@ -31,6 +31,7 @@ from .checkpoint_files import (
 from .checkpoint_files.lightning import plain_checkpoint, save_plain_checkpoint
 from .checks.pause_state import check_layout, object_states
 from .errors import CheckpointFormatError
+from .sharded.manifest import MANIFEST_NAME
 from .storage import paths
 from .storage.paths import save_plain_torch_file, write_file
 
@@ -49,7 +50,7 @@ class ExportResult:
     Attributes:
         out: The file written.
         kind: The kind of the source file (``"pause"``, ``"lightning pause"``,
-            ``"lightning"`` or ``"checkpoint"``).
+            ``"lightning"``, ``"checkpoint"`` or ``"sharded pause"``).
         what: ``"model"`` or ``"all"``.
         format: ``"torch"`` or ``"safetensors"``.
         source: Where the exported state came from in the file: the resume object's
@@ -100,7 +101,9 @@ def export_checkpoint(
 
     Args:
         path: A pause file, a Lightning file written by ``ResumeCallback`` or
-            ``DurableCheckpointIO``, or a ``save_checkpoint`` file.
+            ``DurableCheckpointIO``, a ``save_checkpoint`` file, or a sharded pause
+            directory (or its manifest): its model is gathered from the verified shards
+            in this process, no process group needed (``what="model"`` only).
         out: The file to write.
         format: ``"torch"`` (a plain ``torch.save`` file) or ``"safetensors"``
             (``what="model"`` only: safetensors holds tensors and nothing else).
@@ -144,6 +147,9 @@ def export_checkpoint(
     source_path = paths.location(path)
     target = paths.location(out)
     _check_target(source_path, target)
+    sharded = _sharded_pause_directory(source_path)
+    if sharded is not None:
+        return _export_sharded(sharded, target, format, what, object, key, save_safetensors)
     file = read_checkpoint_file(source_path, key=key, plain=False)
     if file.kind == FINISHED:
         raise CheckpointFormatError(
@@ -172,6 +178,60 @@ def export_checkpoint(
         what=what,
         format=format,
         source=source,
+        tensors=tensors,
+        tensor_bytes=tensor_bytes,
+        file_bytes=paths.size_of(target),
+    )
+
+
+SHARDED_PAUSE = "sharded pause"
+
+
+def _sharded_pause_directory(source: str) -> str | None:
+    """The sharded pause directory ``source`` is (or whose manifest it is), or ``None``."""
+    if paths.is_url(source):
+        return None
+    if os.path.basename(source) == MANIFEST_NAME:
+        source = os.path.dirname(os.path.abspath(source))
+    if os.path.isdir(source) and os.path.isfile(os.path.join(source, MANIFEST_NAME)):
+        return source
+    return None
+
+
+def _export_sharded(
+    directory: str,
+    target: str,
+    format: str,
+    what: str,
+    object: str | None,
+    key: bytes | None,
+    save_safetensors: Any,
+) -> ExportResult:
+    """A sharded pause's model, verified and gathered from its shards in this process."""
+    from .sharded.read import open_pause  # imports torch.distributed.checkpoint
+
+    if what == "all":
+        raise ValueError(
+            f"{directory} is a sharded pause: its whole state (every rank's shards of the models "
+            "and optimizers) is what resume() restores in the sharded job; export its model "
+            "(what='model', --what model), gathered from the shards"
+        )
+    pause = open_pause(directory, key=key)
+    models = list(pause.manifest["models"])
+    if object is None:
+        object = DEFAULT_OBJECT if DEFAULT_OBJECT in models or len(models) != 1 else models[0]
+    state = strip_wrapper_names(pause.model_state(object))
+    if save_safetensors is not None:
+        save_safetensors(state, target)
+    else:
+        save_plain_torch_file(state, target)
+    tensors, tensor_bytes = tensor_totals(state)
+    return ExportResult(
+        out=target,
+        kind=SHARDED_PAUSE,
+        what=what,
+        format=format,
+        source=object,
         tensors=tensors,
         tensor_bytes=tensor_bytes,
         file_bytes=paths.size_of(target),

@@ -496,6 +496,8 @@ def sharded_pause(tmp_path):
             trainer.step()
         trainer.pause(tmp_path / "pause")
         trainer.loader.close()
+        full = {name: value.full_tensor() for name, value in trainer.model.state_dict().items()}
+        torch.save(full, tmp_path / "model_state.pt")  # what an export gathers
     finally:
         dist.destroy_process_group()
         restore_random_state(caller_rng)
@@ -604,3 +606,60 @@ def test_inspect_of_a_sharded_pause_without_its_manifest_fails_with_code_321(sha
     assert main(["inspect", str(path), "--json"]) == 3
     error = capsys.readouterr().err
     assert error.startswith("error [321]: ") and "did not complete" in error
+
+
+@pytest.mark.parametrize("given", ["directory", "manifest"])
+def test_export_of_a_sharded_pause_gathers_the_models_full_state_from_the_verified_shards(
+    sharded_pause, given, tmp_path, capsys
+):
+    from safetensors.torch import load_file
+
+    path, _ = sharded_pause
+    expected = torch.load(path.parent / "model_state.pt", weights_only=True)
+    source = path if given == "directory" else path / "manifest.ckpt"
+    out = tmp_path / "model.safetensors"
+    assert main(["export", str(source), str(out)]) == 0
+    assert "model weights from 'model' of the sharded pause" in capsys.readouterr().out
+    exported = load_file(out)
+    assert exported.keys() == expected.keys()
+    assert all(torch.equal(exported[name], expected[name]) for name in expected)
+    # The whole state is every rank's shards: not a file of its own.
+    assert main(["export", str(source), str(tmp_path / "all.pt"), "--what", "all"]) == 2
+    assert "is a sharded pause" in capsys.readouterr().err
+    assert not (tmp_path / "all.pt").exists()
+
+
+def test_export_of_a_sharded_pause_with_a_tampered_shard_fails_with_code_322(
+    sharded_pause, tmp_path, capsys
+):
+    path, _ = sharded_pause
+    shard = next(path.glob("gen-*/dcp/*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    assert main(["export", str(path), str(tmp_path / "model.pt")]) == 3
+    assert capsys.readouterr().err.startswith("error [322]: ")
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_inspect_and_export_of_a_fifo_fail_with_code_321_without_waiting_for_a_writer(
+    tmp_path, capsys
+):
+    fifo = tmp_path / "pause.ckpt"
+    os.mkfifo(fifo)
+    for command in (["inspect", str(fifo)], ["export", str(fifo), str(tmp_path / "out.pt")]):
+        assert main(command) == 3
+        assert capsys.readouterr().err == (
+            f"error [321]: not a pause checkpoint of this format: {fifo} is not a regular file "
+            "(a FIFO)\n"
+        )
+
+
+def test_inspect_of_a_truncated_safetensors_file_fails_with_code_322(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.safetensors"
+    save_file({"weight": torch.zeros(4, 8)}, path)
+    path.write_bytes(path.read_bytes()[:-16])
+    assert main(["inspect", str(path)]) == 3
+    assert capsys.readouterr().err.startswith("error [322]: ")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,8 +34,19 @@ from typing import Any
 import torch
 
 from ..checks.weights_only import refusal_reason
-from ..durable import MARKER, CheckpointHeader, load_checkpoint, read_checkpoint_header
-from ..errors import CheckpointFormatError, CheckpointSignatureError, UnsafeCheckpointError
+from ..durable import (
+    MARKER,
+    CheckpointHeader,
+    file_kind,
+    load_checkpoint,
+    read_checkpoint_header,
+)
+from ..errors import (
+    CheckpointCorruptedError,
+    CheckpointFormatError,
+    CheckpointSignatureError,
+    UnsafeCheckpointError,
+)
 from ..finished import FINISHED_FORMAT
 from ..state import PAUSE_FORMAT
 from ..storage import paths
@@ -128,8 +140,9 @@ def read_checkpoint_file(
     Raises:
         FileNotFoundError: ``path`` does not exist.
         CheckpointFormatError: Neither a trainer-resume file nor (with ``plain``) a
-            ``torch.save`` archive that ``torch.load`` reads (321).
-        CheckpointCorruptedError: A trainer-resume file with truncated or altered bytes (322).
+            ``torch.save`` archive that ``torch.load`` reads, or not a regular file (321).
+        CheckpointCorruptedError: A trainer-resume file with truncated or altered bytes, or
+            a safetensors file whose tensors' bytes lie beyond its end (322).
         CheckpointSignatureError: ``key`` given and the signature is missing or wrong (339).
         UnsafeCheckpointError: The file holds objects outside the weights-only set (328).
     """
@@ -138,8 +151,14 @@ def read_checkpoint_file(
         if paths.is_dir(where):
             raise CheckpointFormatError(f"{where} is a prefix of objects, not a checkpoint file")
         raise FileNotFoundError(where)
-    if not paths.is_url(where) and os.path.isdir(where):
-        raise CheckpointFormatError(f"{where} is a directory, not a checkpoint file")
+    if not paths.is_url(where):
+        found = os.stat(where)  # FileNotFoundError as open() would; never blocks (a FIFO)
+        if stat.S_ISDIR(found.st_mode):
+            raise CheckpointFormatError(f"{where} is a directory, not a checkpoint file")
+        if not stat.S_ISREG(found.st_mode):
+            raise CheckpointFormatError(
+                f"{where} is not a regular file ({file_kind(found.st_mode)})"
+            )
     with paths.open_binary(where) as handle:
         start = handle.read(len(_ZIP_MAGIC))
     size = paths.size_of(where)
@@ -185,7 +204,28 @@ def _safetensors_header(path: str, size: int) -> dict[str, Any] | None:
         header = json.loads(text)
     except ValueError:
         return None
-    return header if isinstance(header, dict) else None
+    if not isinstance(header, dict):
+        return None
+    _check_byte_ranges(path, header, size - _SAFETENSORS_LENGTH.size - length)
+    return header
+
+
+def _check_byte_ranges(path: str, header: Mapping[str, Any], data_bytes: int) -> None:
+    """Refuse a safetensors file whose tensors' byte ranges lie beyond its data (322)."""
+    for name, info in header.items():
+        if name == "__metadata__" or not isinstance(info, Mapping):
+            continue
+        offsets = info.get("data_offsets")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(offset) is int for offset in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data_bytes
+        ):
+            raise CheckpointCorruptedError(
+                f"{path}: safetensors tensor {name!r} has bytes {offsets} but the file holds "
+                f"{data_bytes} bytes of tensor data (truncated or altered)"
+            )
 
 
 def _load_plain(path: str) -> Any:

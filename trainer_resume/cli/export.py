@@ -51,7 +51,7 @@ def run_export(
         content = "a plain Lightning checkpoint"
     source = "" if result.source == "(whole file)" else f" from {result.source!r}"
     kind = "torch.save" if result.format == "torch" else "safetensors"
-    read = f"{result.kind} file"
+    read = result.kind if result.kind == "sharded pause" else f"{result.kind} file"
     if point_steps(path) is not None:  # a resume point is a pause file by its format
         read = "Lightning resume point" if result.kind.startswith("lightning") else "resume point"
     print(

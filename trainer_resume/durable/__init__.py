@@ -64,6 +64,7 @@ __all__ = [
     "load_checkpoint",
     "read_checkpoint_header",
     "save_checkpoint",
+    "file_kind",
     "validate_key",
 ]
 
@@ -258,7 +259,7 @@ def _verified_copy(path: str, key: bytes | None) -> Iterator[tuple[Header, _Load
             found = os.fstat(source)
             if not stat.S_ISREG(found.st_mode):
                 raise CheckpointFormatError(
-                    f"{path} is not a regular file ({_kind(found.st_mode)})"
+                    f"{path} is not a regular file ({file_kind(found.st_mode)})"
                 )
             size = found.st_size
         header = parse_header(_read_head(source), size, path)
@@ -293,7 +294,8 @@ _READ_FLAGS = (
 )
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a ``stat`` mode that is not a regular file's is, in words."""
     for test, name in (
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISFIFO, "a FIFO"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import warnings
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -178,6 +179,55 @@ class ShardedPause:
             for model, optimizers in self.manifest["models"].items()
             for name in (model, *optimizers)
         ]
+
+    def model_state(self, model: str) -> dict[str, Any]:
+        """Sharded model ``model``'s full state dict, read in this process alone (no
+        process group): every shard through the verified reader, byte entries
+        weights-only. For export; a resume restores through :meth:`restore`.
+
+        Raises:
+            ValueError: ``model`` is not a sharded model of the pause.
+            CheckpointCorruptedError, CheckpointFormatError, UnsafeCheckpointError: as
+                :func:`open_pause`, for the shards read now.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        if model not in self.manifest["models"]:
+            raise ValueError(
+                f"{self.location} has no sharded model {model!r}; its models: "
+                f"{', '.join(map(repr, self.manifest['models']))}"
+            )
+        prefix = f"models.{model}."
+        state: dict[str, Any] = {}
+        for fqn, entry in self.metadata.state_dict_metadata.items():
+            if not fqn.startswith(prefix):
+                continue
+            if isinstance(entry, TensorStorageMetadata):
+                state[fqn[len(prefix) :]] = torch.empty(entry.size, dtype=entry.properties.dtype)
+            else:
+                state[fqn[len(prefix) :]] = b""  # a byte entry: its weights-only load replaces it
+        wrapped = {"models": {model: state}}
+        try:
+            with warnings.catch_warnings():  # DCP's note that it loads in one process
+                warnings.filterwarnings("ignore", "torch.distributed is disabled")
+                dcp.load(
+                    wrapped,
+                    storage_reader=_VerifiedReader(
+                        os.path.join(self.directory, DCP_DIRECTORY),
+                        self.manifest["files"],
+                        self.metadata,
+                    ),
+                    planner=WeightsOnlyLoadPlanner(),
+                    no_dist=True,
+                )
+        except Exception as exc:  # noqa: BLE001 - DCP wraps what the reader raised
+            _, cause = dcp_failure(exc)
+            what = f"{self.location}: reading sharded model {model!r} failed"
+            if isinstance(cause, ResumeError):
+                raise type(cause)(f"{what}: {cause.detail or cause.message}") from exc
+            raise CheckpointCorruptedError(f"{what} ({type(cause).__name__}: {cause})") from exc
+        return wrapped["models"][model]
 
     def check_objects(self, objects: Mapping[str, Any]) -> None:
         """Refuse a trainer whose sharded objects differ from the paused ones.
