@@ -568,7 +568,8 @@ class LightningPauseState(TypedDict):
     # epoch end when the paused batch is its epoch's last (absent: neither).
     pending_validation: NotRequired[bool]
     pending_epoch_end: NotRequired[bool]
-    metrics: NotRequired[dict[str, dict[str, Any]]]  # last logged: callback, logged, progress_bar
+    # Last logged (callback, logged, progress_bar), by rank (earlier releases: rank 0's alone).
+    metrics: NotRequired[list[dict[str, dict[str, Any]]] | dict[str, dict[str, Any]]]
     epoch_metrics_in_progress: NotRequired[list[str]]  # on_epoch training metrics not carried over
     # The on_epoch training metrics' accumulations that are carried, by rank (absent in
     # earlier releases' files: none carried).

@@ -137,7 +137,14 @@ class _EpochLogged(trace.Traced):
         self.log("train_sum", 2 * loss, on_step=False, on_epoch=True, reduce_fx="sum")
         self.mean(loss)
         self.log("train_metric", self.mean, on_step=False, on_epoch=True)
+        if batch_idx % 2 == 1:  # Lightning logs its last step value again at the others
+            self.log("train_odd", loss, on_step=True, on_epoch=True)
         return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # What the loggers get for this step (a CSV row).
+        logged = self.trainer._logger_connector.metrics["log"]
+        self.record.append(("logged", self.global_step, self.current_epoch, dict(logged)))
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
@@ -232,3 +239,22 @@ def test_a_resume_warns_about_epoch_level_training_metrics_it_cannot_carry(
     trace.fit(tmp_path, [], pause_at_batch=2)
     with pytest.warns(UserWarning, match=r"epoch-level values of \['train_mean'\]"):
         trace.fit(tmp_path, [], ckpt_path=tmp_path / "pause.ckpt")
+
+
+def test_each_rank_resumes_its_own_last_logged_metrics_and_an_earlier_releases_file_rank_0s():
+    from types import SimpleNamespace
+
+    from trainer_resume.adapters.lightning.metrics import restore_logged_metrics
+
+    def restored(state: Any, rank: int) -> dict[str, Any]:
+        connector = SimpleNamespace()
+        trainer = SimpleNamespace(_logger_connector=connector, global_rank=rank, world_size=2)
+        restore_logged_metrics(trainer, state, torch.device("cpu"))  # type: ignore[arg-type]
+        return connector._callback_metrics
+
+    by_rank = [
+        {"callback": {"loss": torch.tensor(float(rank))}, "logged": {}, "progress_bar": {}}
+        for rank in range(2)
+    ]
+    assert [restored(by_rank, rank)["loss"].item() for rank in range(2)] == [0.0, 1.0]
+    assert restored(by_rank[0], 1)["loss"].item() == 0.0  # one state for all ranks

@@ -585,14 +585,22 @@ class ResumeCallback(Callback):
         if isinstance(epoch_results, list) and len(epoch_results) == trainer.world_size:
             self._pending_epoch_results = epoch_results[trainer.global_rank]
         partial = entry.get("epoch_metrics_in_progress")
-        if partial:
+        if partial and epoch_results is None:
+            rank_zero_warn(
+                f"ResumeCallback: {source} was written by an earlier release, which did not carry "
+                f"the epoch-level accumulation of {sorted(partial)}: their values for the "
+                "interrupted epoch cover only the batches trained after the resume (none, if it "
+                "paused at the epoch's last batch)"
+            )
+        elif partial:
             rank_zero_warn(
                 f"ResumeCallback: the epoch-level values of {sorted(partial)} for the interrupted epoch "
                 "cover only the batches trained after the resume (the pause could not carry their "
-                "accumulation: a torchmetrics metric whose states the module does not save, or a "
-                "value logged with sync_dist_group or Python's own sum/max/min as reduce_fx); make "
-                "the metric's states persistent (metric.persistent(True)), or log with torch's "
-                "reductions, for exact values"
+                "accumulation: a torchmetrics metric whose states the module does not save, or "
+                "any torchmetrics metric under several processes, or a value logged with "
+                "sync_dist_group or Python's own sum/max/min as reduce_fx); make the metric's "
+                "states persistent (metric.persistent(True)) in one process, or log a tensor "
+                "with torch's reductions, for exact values"
             )
 
     def on_train_batch_start(
@@ -667,7 +675,7 @@ class ResumeCallback(Callback):
                 "rng": _gather_by_rank(trainer, random_state(_cuda_device(pl_module))),
                 "pending_validation": point.validation,
                 "pending_epoch_end": point.epoch_end,
-                "metrics": logged_metrics_state(trainer),
+                "metrics": _gather_by_rank(trainer, logged_metrics_state(trainer)),
                 "epoch_metrics_in_progress": epoch_metrics_in_progress(trainer),
                 "epoch_results": _gather_by_rank(trainer, epoch_results_state(trainer)),
                 # What the module's state_dict() leaves out (eval mode, frozen parameters).

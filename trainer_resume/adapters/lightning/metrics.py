@@ -16,9 +16,10 @@ which the pause saves). The resumed fit registers each entry as the module's
 ``self.log`` call would have, with the accumulation the paused fit had reached, before
 it trains or ends the interrupted epoch: the epoch's value covers every batch, and a
 callback monitoring it decides as in the uninterrupted fit. What cannot be carried (a
-metric that is not saved with the module, one synced over a process group of the
-user's, a resume on another number of processes) is named, and the resumed fit warns
-that its value for the interrupted epoch covers only the batches after the resume.
+metric that is not saved with the module, or any torchmetrics metric under several
+processes, whose states differ by rank where the module's state is rank 0's; one synced
+over a process group of the user's) is named, and the resumed fit warns that its value
+for the interrupted epoch covers only the batches after the resume.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ _KINDS = ("callback", "logged", "progress_bar")
 
 
 def logged_metrics_state(trainer: pl.Trainer) -> dict[str, dict[str, Any]]:
-    """The trainer's last logged metrics, as CPU copies."""
+    """This rank's last logged metrics, as CPU copies."""
     return {
         "callback": cpu_state(dict(trainer.callback_metrics)),
         "logged": cpu_state(dict(trainer.logged_metrics)),
@@ -51,7 +52,10 @@ def logged_metrics_state(trainer: pl.Trainer) -> dict[str, dict[str, Any]]:
 
 
 def restore_logged_metrics(trainer: pl.Trainer, state: Any, device: torch.device) -> None:
-    """Make ``state`` (from :func:`logged_metrics_state`) the trainer's last logged metrics."""
+    """Make ``state`` the trainer's last logged metrics: :func:`logged_metrics_state` by
+    rank (this rank's taken), or one for all ranks (earlier releases' files: rank 0's)."""
+    if isinstance(state, list):
+        state = state[trainer.global_rank] if len(state) == trainer.world_size else None
     if not isinstance(state, dict):
         return
     connector = trainer._logger_connector
@@ -103,6 +107,10 @@ def epoch_results_state(trainer: pl.Trainer) -> list[dict[str, Any]]:
             continue
         entry["key"] = key
         entry["updates"] = int(result._update_count)
+        cache = result._forward_cache  # the last step value, logged again at later steps
+        entry["step_value"] = (
+            cache.detach().cpu().clone() if isinstance(cache, torch.Tensor) else None
+        )
         if result.is_tensor:
             entry["value"] = result.value.detach().cpu().clone()
             if result.meta.is_mean_reduction:
@@ -125,7 +133,10 @@ def _carried(trainer: pl.Trainer, result: Any) -> dict[str, Any] | None:
     ):
         return None
     if not result.is_tensor and (
-        meta.metric_attribute is None or not _saved_with_module(trainer, result)
+        meta.metric_attribute is None
+        or not _saved_with_module(trainer, result)
+        # The module's state is rank 0's in the pause, its metrics' states each rank's own.
+        or trainer.world_size > 1
     ):
         return None
     return {
@@ -187,7 +198,8 @@ def restore_epoch_results(
                 result.cumulated_batch_size = entry["batch_size"].to(device)
         result._update_count = entry["updates"]
         result._computed = None
-        result._forward_cache = None  # no step value: the resumed fit logs its own
+        step_value = entry.get("step_value")
+        result._forward_cache = step_value.to(device) if step_value is not None else None
 
 
 def _saved_with_module(trainer: pl.Trainer, metric: Any) -> bool:
