@@ -167,14 +167,24 @@ def export_checkpoint(
     else:
         source, state = _model_state(file.kind, file.content, object, source_path)
         state = strip_wrapper_names(state)
-        if save_safetensors is not None:
-            save_safetensors(state, target)
-        else:
-            save_plain_torch_file(state, target)
+        _write_weights(state, target, save_safetensors)
+    return _written(target, file.kind, what, format, source, state)
+
+
+def _write_weights(state: Mapping[str, Any], target: str, save_safetensors: Any) -> None:
+    if save_safetensors is not None:
+        save_safetensors(state, target)
+    else:
+        save_plain_torch_file(state, target)
+
+
+def _written(
+    target: str, kind: str, what: str, format: str, source: str, state: Any
+) -> ExportResult:
     tensors, tensor_bytes = tensor_totals(state)
     return ExportResult(
         out=target,
-        kind=file.kind,
+        kind=kind,
         what=what,
         format=format,
         source=source,
@@ -221,21 +231,8 @@ def _export_sharded(
     if object is None:
         object = DEFAULT_OBJECT if DEFAULT_OBJECT in models or len(models) != 1 else models[0]
     state = strip_wrapper_names(pause.model_state(object))
-    if save_safetensors is not None:
-        save_safetensors(state, target)
-    else:
-        save_plain_torch_file(state, target)
-    tensors, tensor_bytes = tensor_totals(state)
-    return ExportResult(
-        out=target,
-        kind=SHARDED_PAUSE,
-        what=what,
-        format=format,
-        source=object,
-        tensors=tensors,
-        tensor_bytes=tensor_bytes,
-        file_bytes=paths.size_of(target),
-    )
+    _write_weights(state, target, save_safetensors)
+    return _written(target, SHARDED_PAUSE, what, format, object, state)
 
 
 def _check_target(source: str, target: str) -> None:

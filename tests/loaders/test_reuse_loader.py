@@ -312,8 +312,8 @@ def test_a_trainer_holding_a_reuse_loader_refuses_resume_points_and_signal_pause
     with pytest.raises(UnsupportedResumeConfigurationError, match=r"is inside an epoch"):
         plain.pause(tmp_path / "c" / "pause.ckpt")
     assert not (tmp_path / "c" / "pause.ckpt").exists()
-    for batch in batches:
-        plain.step(batch)
-    plain.pause(tmp_path / "c" / "pause.ckpt")  # after the epoch's last batch
+    for _ in range(len(plain.loader) - 1):
+        plain.step(next(batches))
+    plain.pause(tmp_path / "c" / "pause.ckpt")  # after the epoch's last batch, in its loop
     with pytest.raises(UnsupportedResumeConfigurationError, match=r"signals \(pause_on_signal"):
         plain.pause_on_signal(tmp_path / "c" / "signal.ckpt")

@@ -423,6 +423,11 @@ class _EpochIterator:
         self._loader = loader
         self._inner = inner
         self.epoch = epoch
+        self._left: int | None  # batches still to deliver (None: no length)
+        try:
+            self._left = len(inner)  # type: ignore[arg-type]
+        except TypeError:
+            self._left = None
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -441,7 +446,10 @@ class _EpochIterator:
         except StopIteration:
             self._loader._reuse_in_progress = False
             raise
-        self._loader._reuse_in_progress = True
+        if self._left is not None:
+            self._left -= 1
+        # The epoch's last batch delivered ends it, before its StopIteration.
+        self._loader._reuse_in_progress = self._left is None or self._left > 0
         return batch
 
     def __len__(self) -> int:
