@@ -20,10 +20,11 @@ pytestmark = pytest.mark.slow
 
 STEPS = 10
 # name: (epoch_batches (0: one endless epoch, Lightning prefetches), pause step)
-# (A pause in the middle of a later epoch is LOOP_SCENARIOS' epochs_of_the_drop_in_loader.)
+# (A pause in the middle of a later epoch is LOOP_SCENARIOS' epochs_of_the_drop_in_loader;
+# one at an epoch's last batch, in a new process, is its epoch_end_validation_two_loaders_dictconfig,
+# and at a later epoch's last batch test_lightning_pause_points.py's, in one process.)
 SCENARIOS = {
     "mid_epoch_prefetching_loader": (0, 5),
-    "epoch_boundary": (4, 8),
 }
 
 
