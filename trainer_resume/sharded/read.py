@@ -183,14 +183,13 @@ class ShardedPause:
     def model_state(self, model: str) -> dict[str, Any]:
         """Sharded model ``model``'s full state dict, read in this process alone (no
         process group): every shard through the verified reader, byte entries
-        weights-only. For export; a resume restores through :meth:`restore`.
+        weights-only. For export; a resume reads through :meth:`load` and :meth:`apply`.
 
         Raises:
             ValueError: ``model`` is not a sharded model of the pause.
             CheckpointCorruptedError, CheckpointFormatError, UnsafeCheckpointError: as
                 :func:`open_pause`, for the shards read now.
         """
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         if model not in self.manifest["models"]:
@@ -208,26 +207,39 @@ class ShardedPause:
             else:
                 state[fqn[len(prefix) :]] = b""  # a byte entry: its weights-only load replaces it
         wrapped = {"models": {model: state}}
-        try:
-            with warnings.catch_warnings():  # DCP's note that it loads in one process
-                warnings.filterwarnings("ignore", "torch.distributed is disabled")
-                dcp.load(
-                    wrapped,
-                    storage_reader=_VerifiedReader(
-                        os.path.join(self.directory, DCP_DIRECTORY),
-                        self.manifest["files"],
-                        self.metadata,
-                    ),
-                    planner=WeightsOnlyLoadPlanner(),
-                    no_dist=True,
-                )
-        except Exception as exc:  # noqa: BLE001 - DCP wraps what the reader raised
-            _, cause = dcp_failure(exc)
-            what = f"{self.location}: reading sharded model {model!r} failed"
-            if isinstance(cause, ResumeError):
-                raise type(cause)(f"{what}: {cause.detail or cause.message}") from exc
-            raise CheckpointCorruptedError(f"{what} ({type(cause).__name__}: {cause})") from exc
+        with warnings.catch_warnings():  # DCP's note that it loads in one process
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            error = self._read_shards(
+                wrapped, f"reading sharded model {model!r}", "nothing was written", no_dist=True
+            )
+        if error is not None:
+            raise error
         return wrapped["models"][model]
+
+    def _read_shards(
+        self, state: Any, what: str, outcome: str, *, no_dist: bool
+    ) -> ResumeError | None:
+        """DCP's load of ``state`` through the verified reader, byte entries weights-only:
+        the error it raised (on any rank), as a catalogue error, or ``None``."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            # DCP reports a failure on any rank to every rank itself (CheckpointException,
+            # a BaseException); the caller's exchange covers anything raised outside it.
+            dcp.load(
+                state,
+                storage_reader=_VerifiedReader(
+                    os.path.join(self.directory, DCP_DIRECTORY),
+                    self.manifest["files"],
+                    self.metadata,
+                ),
+                planner=WeightsOnlyLoadPlanner(),
+                no_dist=no_dist,
+            )
+        except (Exception, CheckpointException) as exc:
+            return _read_error(self.location, what, exc, outcome)
+        return None
 
     def check_objects(self, objects: Mapping[str, Any]) -> None:
         """Refuse a trainer whose sharded objects differ from the paused ones.
@@ -322,8 +334,6 @@ class ShardedPause:
                 weights-only set...), or ``CheckpointCorruptedError`` for DCP's own
                 failures; the live state is untouched on every rank.
         """
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
 
         collective = _distributed.is_distributed()
         action = "resume()"
@@ -345,18 +355,12 @@ class ShardedPause:
             _distributed.exchange(None, action, error)
         elif error is not None:
             raise error
-        root = os.path.join(self.directory, DCP_DIRECTORY)
-        try:
-            # DCP reports a failure on any rank to every rank itself (CheckpointException,
-            # a BaseException); the exchange below covers anything raised outside it.
-            dcp.load(
-                staged,
-                storage_reader=_VerifiedReader(root, self.manifest["files"], self.metadata),
-                planner=WeightsOnlyLoadPlanner(),
-                no_dist=not (dist.is_available() and dist.is_initialized()),
-            )
-        except (Exception, CheckpointException) as exc:
-            error = _read_error(self.location, "reading the shards", exc)
+        error = self._read_shards(
+            staged,
+            "reading the shards",
+            _NOTHING_RESTORED,
+            no_dist=not (dist.is_available() and dist.is_initialized()),
+        )
         if collective:
             _distributed.exchange(None, action, error)
         elif error is not None:
@@ -419,17 +423,23 @@ def _saved_gradients(metadata: Mapping[str, Any], model: str) -> list[str]:
     return [key[len(prefix) :] for key in metadata if key.startswith(prefix)]
 
 
-def _read_error(location: str, what: str, exc: BaseException) -> ResumeError:
-    """A failure while the shards were read, as a catalogue error naming the rank it happened on."""
+_NOTHING_RESTORED = "nothing was restored"
+
+
+def _read_error(
+    location: str, what: str, exc: BaseException, outcome: str = _NOTHING_RESTORED
+) -> ResumeError:
+    """A failure while the shards were read, as a catalogue error naming the rank it
+    happened on, and ``outcome`` (what the failure left as it was)."""
     rank, cause = dcp_failure(exc)
     on = f" on rank {rank}" if rank is not None else ""
     if isinstance(cause, ResumeError):
         error: ResumeError = type(cause)(
-            f"{location}: {what} failed{on}: {cause.detail or cause.message}; nothing was restored"
+            f"{location}: {what} failed{on}: {cause.detail or cause.message}; {outcome}"
         )
     else:
         error = CheckpointCorruptedError(
-            f"{location}: {what} failed{on} ({type(cause).__name__}: {cause}); nothing was restored"
+            f"{location}: {what} failed{on} ({type(cause).__name__}: {cause}); {outcome}"
         )
     error.__cause__ = exc
     return error
