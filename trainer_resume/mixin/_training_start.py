@@ -64,15 +64,14 @@ def refuse_epoch_start_loaders(trainer: Any, pauses: str | None) -> None:
     """
     if pauses is None:
         return
-    for label, value in vars(trainer).items():
-        if getattr(type(value), "resumes_at_epoch_start_only", False) is True:
-            raise UnsupportedResumeConfigurationError(
-                f"{type(trainer).__name__}.{label} ({type(value).__name__}) resumes only at an "
-                f"epoch's start, but {pauses} pause at step boundaries inside its epochs, where "
-                "a resumed run would read the epoch again from its start: pause between epochs "
-                "with pause(path) after the epoch's work (its next epoch kept as extra state), "
-                "or read the data with a ResumableDataLoader, which resumes at any step"
-            )
+    for label, value in _epoch_start_loaders(trainer):
+        raise UnsupportedResumeConfigurationError(
+            f"{type(trainer).__name__}.{label} ({type(value).__name__}) resumes only at an "
+            f"epoch's start, but {pauses} pause at step boundaries inside its epochs, where "
+            "a resumed run would read the epoch again from its start: pause between epochs "
+            "with pause(path) after the epoch's work (its next epoch kept as extra state), "
+            "or read the data with a ResumableDataLoader, which resumes at any step"
+        )
 
 
 def refuse_inside_epoch(trainer: Any) -> None:
@@ -82,16 +81,23 @@ def refuse_inside_epoch(trainer: Any) -> None:
     Raises:
         UnsupportedResumeConfigurationError: naming the loader and the fix (332).
     """
-    for label, value in vars(trainer).items():
-        if getattr(type(value), "resumes_at_epoch_start_only", False) is True and getattr(
-            value, "epoch_in_progress", False
-        ):
+    for label, value in _epoch_start_loaders(trainer):
+        if value.epoch_in_progress:
             raise UnsupportedResumeConfigurationError(
                 f"{type(trainer).__name__}.{label} ({type(value).__name__}) is inside an epoch "
                 "and resumes only at an epoch's start: a run resumed from this pause would read "
                 "the epoch again from its start; pause after the epoch's last batch (the "
                 "previous pause is kept)"
             )
+
+
+def _epoch_start_loaders(trainer: Any) -> list[tuple[str, Any]]:
+    """The loaders the trainer holds whose class says ``resumes_at_epoch_start_only``."""
+    return [
+        (label, value)
+        for label, value in vars(trainer).items()
+        if getattr(type(value), "resumes_at_epoch_start_only", False) is True
+    ]
 
 
 def restore_foreign_loaders(
