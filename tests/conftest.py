@@ -42,6 +42,14 @@ def _framework_versions() -> str:
     return "frameworks: " + ", ".join(found)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Files with multi-process tests first, each file's tests in their order: ``--dist
+    # loadfile`` hands out whole files in this order, and a long file handed out last
+    # would leave the other test processes idle while it runs.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return _framework_versions()
 
