@@ -116,6 +116,109 @@ def test_an_iterator_refuses_to_continue_once_a_newer_epoch_started(tmp_path):
     assert len(list(new)) == len(loader)
 
 
+def _noisy_collate(samples):
+    batch = torch.utils.data.default_collate(samples)
+    batch["noise"] = torch.rand(len(samples))  # a draw in the collation, as a mixup's
+    return batch
+
+
+def _batches_from(loader, count):
+    """The next ``count`` batches, starting the next epoch where one ends."""
+    batches, iterator = [], iter(loader)
+    while len(batches) < count:
+        try:
+            batches.append(next(iterator))
+        except StopIteration:
+            iterator = iter(loader)
+    return batches
+
+
+@pytest.mark.parametrize(
+    ("workers", "options", "delivered"),
+    [
+        (0, {"shuffle": True}, 3),
+        (2, {"shuffle": True}, 7),  # inside the second epoch
+        (2, {"shuffle": False}, 4),  # the epoch's last batch: the state is the next's start
+        (0, {"shuffle": True, "batch_size": None, "collate_fn": None}, 30),
+    ],
+)
+def test_a_state_taken_inside_an_epoch_resumes_the_uninterrupted_batches(
+    tmp_path, workers, options, delivered
+):
+    settings = {"num_workers": workers, "collate_fn": _noisy_collate, **options}
+    per_epoch = len(helpers.make_loader(tmp_path / "n", **settings))
+    uninterrupted = _batches_from(helpers.make_loader(tmp_path / "a", **settings), 3 * per_epoch)
+    first = helpers.make_loader(tmp_path / "b", **settings)
+    before = _batches_from(first, delivered)
+    state = first.state_dict()
+    epoch, batches = divmod(delivered, per_epoch)
+    assert (state["epoch"], state["batches"]) == (epoch, batches)
+    resumed = helpers.make_loader(tmp_path / "b", **settings)
+    resumed.load_state_dict(state)
+    after = _batches_from(resumed, 3 * per_epoch - delivered)
+    assert len(uninterrupted) == len(before + after)
+    for number, (batch, other) in enumerate(zip(uninterrupted, before + after)):
+        assert batch.keys() == other.keys()
+        for name in batch:
+            assert torch.equal(batch[name], other[name]), (number, name)
+    assert len(resumed) == per_epoch  # a resumed epoch's loader keeps its length
+
+
+def test_a_state_of_other_settings_or_no_state_is_refused_and_changes_nothing(tmp_path):
+    from trainer_resume.errors import LoaderStateError
+
+    loader = helpers.make_loader(tmp_path / "a")
+    next(iter(loader))
+    state = loader.state_dict()
+    other = helpers.make_loader(tmp_path / "b", batch_size=4)
+    live = iter(other)
+    first = next(live)
+    for bad, message in (
+        (state, r"batch_size: 5 in the state, 4 in this loader"),
+        ({**state, "batch_size": 4, "epoch": -1}, r"epoch must be an int >= 0"),
+        ({**state, "batch_size": 4, "batches": 6}, r"6 batches delivered, but an epoch has 6"),
+        ({**state, "batch_size": 4, "seed": 1}, r"seed: 1 in the state"),
+        ({"epoch": 0, "batches": 0}, r"missing keys"),
+    ):
+        with pytest.raises(LoaderStateError, match=message):
+            other.load_state_dict(bad)
+    assert other.state_dict()["batches"] == 1  # untouched: the live iterator goes on
+    assert not torch.equal(next(live)["index"], first["index"])
+
+
+def test_a_loader_over_the_callers_sampler_resumes_only_between_epochs(tmp_path):
+    from trainer_resume.errors import UnsupportedResumeConfigurationError
+
+    loader = helpers.make_loader(tmp_path / "a", shuffle=False, sampler=list(range(SIZE)))
+    assert not loader.resumes_mid_epoch
+    assert loader.state_dict()["batches"] == 0
+    batches = iter(loader)
+    next(batches)
+    next(batches)
+    with pytest.raises(
+        UnsupportedResumeConfigurationError, match="2 batches into its epoch"
+    ) as caught:
+        helpers.make_loader(
+            tmp_path / "b", shuffle=False, sampler=list(range(SIZE))
+        ).load_state_dict(loader.state_dict())
+    assert caught.value.code == 332
+    for _ in batches:  # between epochs: resumed at the next one's start
+        pass
+    resumed = helpers.make_loader(tmp_path / "b", shuffle=False, sampler=list(range(SIZE)))
+    resumed.load_state_dict(loader.state_dict())
+    assert resumed.next_epoch == 1
+
+
+def test_an_iterator_made_before_a_state_was_loaded_refuses_to_go_on(tmp_path):
+    loader = helpers.make_loader(tmp_path)
+    old = iter(loader)
+    next(old)
+    loader.load_state_dict(loader.state_dict())
+    with pytest.raises(RuntimeError, match="a state was loaded"):
+        next(old)
+    assert len(list(loader)) == len(loader) - 1  # the loaded position: one batch delivered
+
+
 def test_a_dataset_argument_is_refused(tmp_path):
     with pytest.raises(TypeError, match="own dataset"):
         ReuseDataLoader(helpers.RandomBuild(), SIZE, tmp_path, lifetime=2, seed=1, dataset=[])
@@ -248,27 +351,30 @@ class _ReusingTrainer:
     """A trainer holding a ReuseDataLoader, with resume points or signal pauses or neither."""
 
     @staticmethod
-    def make(tmp_path, *, points: bool):
+    def make(tmp_path, *, points: bool, returned: bool = False, **loader_options):
         from trainer_resume import TrainingResumeMixin, training_step
         from trainer_resume.resume_points import ResumePoints
 
         class Reusing(TrainingResumeMixin):
             def __init__(self):
                 self.model = torch.nn.Linear(1, 1)
-                self.loader = helpers.make_loader(tmp_path / "prepared")
+                self.loader = helpers.make_loader(tmp_path / "prepared", **loader_options)
                 self._initialize_training_resume(
                     {"reuse": 1},
                     version="1",
                     resume_points=ResumePoints(tmp_path / "points", every_steps=1)
                     if points
                     else None,
+                    # Resumed by its start_epoch, unless returned.
+                    excluded_attributes=[] if returned else ["loader"],
                 )
 
             def _resume_objects(self):
                 return {"model": self.model}
 
             def _resume_loaders(self):
-                return {}  # it resumes by its start_epoch, from the extra state
+                # Or it resumes by its start_epoch, from the extra state.
+                return {"train": self.loader} if returned else {}
 
             def _resume_extra_state(self):
                 return {"next_epoch": self.loader.next_epoch}
@@ -317,3 +423,28 @@ def test_a_trainer_holding_a_reuse_loader_refuses_resume_points_and_signal_pause
     plain.pause(tmp_path / "c" / "pause.ckpt")  # after the epoch's last batch, in its loop
     with pytest.raises(UnsupportedResumeConfigurationError, match=r"signals \(pause_on_signal"):
         plain.pause_on_signal(tmp_path / "c" / "signal.ckpt")
+
+
+def test_a_trainer_returning_a_reuse_loader_pauses_inside_its_own_order_but_not_the_callers(
+    tmp_path,
+):
+    from trainer_resume.errors import UnsupportedResumeConfigurationError
+
+    own = _ReusingTrainer.make(tmp_path / "a", points=False, returned=True)
+    batches = iter(own.loader)
+    own.step(next(batches))
+    own.step(next(batches))
+    own.pause(tmp_path / "a" / "pause.ckpt")
+    assert own.paused
+    resumed = _ReusingTrainer.make(tmp_path / "a", points=False, returned=True)
+    resumed.resume(tmp_path / "a" / "pause.ckpt")
+    assert resumed.loader.state_dict() == own.loader.state_dict()
+    assert (resumed.loader.next_epoch, len(list(resumed.loader))) == (0, len(own.loader) - 2)
+
+    callers = _ReusingTrainer.make(
+        tmp_path / "b", points=True, returned=True, shuffle=False, sampler=list(range(SIZE))
+    )
+    with pytest.raises(UnsupportedResumeConfigurationError) as caught:
+        callers.step(next(iter(callers.loader)))
+    assert caught.value.code == 332
+    assert "resumes only at an epoch's start, but resume points" in str(caught.value)

@@ -132,7 +132,8 @@ def test_a_loader_that_keeps_its_workers_between_passes_and_no_hook_returns_is_w
             # Without workers, or without persistent ones, each pass starts alike.
             self.test_loader = torch.utils.data.DataLoader(data, batch_size=2, num_workers=2)
             self.other_loader = torch.utils.data.DataLoader(data, batch_size=2)
-            # Samples built under their own seeds, workers seeded by no global generator.
+            # Samples built under their own seeds, workers seeded by no global generator:
+            # not warned about its workers, but about its position (the epoch it serves).
             self.reused = ReuseDataLoader(
                 _prepared, 8, self.directory, lifetime=2, seed=0, num_workers=2,
                 persistent_workers=True, batch_size=2,
@@ -144,7 +145,11 @@ def test_a_loader_that_keeps_its_workers_between_passes_and_no_hook_returns_is_w
         "torch generator is drawn from (for their seed) only when they start, which a resumed "
         "run does again, so a resumed run would differ; build it with persistent_workers=False "
         "(an evaluation loader), or name it in _initialize_training_resume(..., "
-        "excluded_attributes=...) if leaving it out is intended"
+        "excluded_attributes=...) if leaving it out is intended",
+        "Evaluating.reused (ReuseDataLoader) has state that no hook returns: pause() does not "
+        "save it and resume() does not restore it, so a resumed run would differ; return it "
+        "from _resume_objects() (or _resume_loaders()), or name it in "
+        "_initialize_training_resume(..., excluded_attributes=...) if leaving it out is intended",
     ]
 
 

@@ -68,9 +68,10 @@ def refuse_epoch_start_loaders(trainer: Any, pauses: str | None) -> None:
         raise UnsupportedResumeConfigurationError(
             f"{type(trainer).__name__}.{label} ({type(value).__name__}) resumes only at an "
             f"epoch's start, but {pauses} pause at step boundaries inside its epochs, where "
-            "a resumed run would read the epoch again from its start: pause between epochs "
-            "with pause(path) after the epoch's work (its next epoch kept as extra state), "
-            "or read the data with a ResumableDataLoader, which resumes at any step"
+            "a resumed run would read the epoch again from its start: return it from "
+            "_resume_loaders() with its own order (shuffle=True, or no sampler), where it "
+            "resumes at any step, or pause between epochs with pause(path) after the "
+            "epoch's work"
         )
 
 
@@ -86,17 +87,31 @@ def refuse_inside_epoch(trainer: Any) -> None:
             raise UnsupportedResumeConfigurationError(
                 f"{type(trainer).__name__}.{label} ({type(value).__name__}) is inside an epoch "
                 "and resumes only at an epoch's start: a run resumed from this pause would read "
-                "the epoch again from its start; pause after the epoch's last batch (the "
-                "previous pause is kept)"
+                "the epoch again from its start; pause after the epoch's last batch, or return "
+                "it from _resume_loaders() with its own order (shuffle=True, or no sampler) "
+                "(the previous pause is kept)"
             )
 
 
 def _epoch_start_loaders(trainer: Any) -> list[tuple[str, Any]]:
-    """The loaders the trainer holds whose class says ``resumes_at_epoch_start_only``."""
-    return [
+    """The loaders the trainer holds whose class says ``resumes_at_epoch_start_only``, but
+    not one ``_resume_loaders()`` returns that says ``resumes_mid_epoch`` (its position
+    inside the epoch is saved: ``ReuseDataLoader`` with its own order)."""
+    held = [
         (label, value)
         for label, value in vars(trainer).items()
         if getattr(type(value), "resumes_at_epoch_start_only", False) is True
+    ]
+    if not held:
+        return held
+    try:
+        returned = {id(loader) for loader in trainer._resume_loaders().values()}
+    except Exception:  # noqa: BLE001 - a hook that cannot answer yet returns none of them
+        returned = set()
+    return [
+        (label, value)
+        for label, value in held
+        if id(value) not in returned or getattr(value, "resumes_mid_epoch", False) is not True
     ]
 
 

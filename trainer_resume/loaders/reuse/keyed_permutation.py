@@ -117,10 +117,11 @@ class KeyedPermutation:
             pending = pending[walked >= np.uint64(self.size)]
         return values.astype(np.int64)
 
-    def iter_chunks(self, chunk: int = _CHUNK) -> Iterator[np.ndarray]:
-        """Yield the whole permutation in order as int64 arrays of at most ``chunk`` elements."""
-        for start in range(0, self.size, chunk):
-            yield self.take(np.arange(start, min(start + chunk, self.size), dtype=np.int64))
+    def iter_chunks(self, chunk: int = _CHUNK, *, start: int = 0) -> Iterator[np.ndarray]:
+        """Yield the permutation in order from position ``start`` as int64 arrays of at most
+        ``chunk`` elements."""
+        for first in range(start, self.size, chunk):
+            yield self.take(np.arange(first, min(first + chunk, self.size), dtype=np.int64))
 
 
 def _network(value: int, half: int, mask: int, round_keys: tuple[int, ...]) -> int:

@@ -30,11 +30,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ...errors import StorageURLError
+from ...errors import IteratorInvalidatedError, StorageURLError, UnsupportedResumeConfigurationError
 from ...pause_signals import worker_start
 from ...rng import derive_seed, rng_scope
 from .keyed_permutation import KeyedPermutation
 from .policy import ReuseKey, ReusePolicy, check_int
+from .position import STATE_FORMAT, KeyedCollate, SequentialOrder, check_state, note_fetch
 from .store import (
     UNREADABLE,
     LoadFn,
@@ -202,7 +203,9 @@ class ReuseDataset(Dataset):
         if not 0 <= position < self.size:
             raise IndexError(f"index {index!r} is outside range({self.size})")
         epoch, first_set = self._epochs.tolist()
-        return self._fetch(self.policy.key(position, epoch), first_served=max(first_set, 0))
+        sample = self._fetch(self.policy.key(position, epoch), first_served=max(first_set, 0))
+        note_fetch(epoch, position)  # the batch a collate_fn called next collates
+        return sample
 
     def _fetch(self, key: ReuseKey, *, first_served: int) -> Any:
         lifetime = self.policy.lifetime
@@ -271,6 +274,7 @@ class ReuseSampler(Sampler[int]):
         self.size = size
         self.policy = policy
         self._epoch = check_int("epoch", epoch, 0)
+        self._start = 0
 
     @property
     def epoch(self) -> int:
@@ -281,16 +285,22 @@ class ReuseSampler(Sampler[int]):
         """Shuffle ``epoch``'s order from the next iteration on."""
         self._epoch = check_int("epoch", epoch, 0)
 
+    def start_next_at(self, position: int) -> None:
+        """Start the next iteration at ``position`` of its order (once); its length stays
+        ``size``."""
+        self._start = check_int("position", position, 0)
+
     def __len__(self) -> int:
         return self.size
 
     def __iter__(self) -> Iterator[int]:
         # Built now, not on the first next(): the epoch is the one current at iter().
-        return _iterate(self.policy.permutation(self._epoch, self.size))
+        start, self._start = self._start, 0
+        return _iterate(self.policy.permutation(self._epoch, self.size), start)
 
 
-def _iterate(permutation: KeyedPermutation) -> Iterator[int]:
-    for chunk in permutation.iter_chunks():
+def _iterate(permutation: KeyedPermutation, start: int) -> Iterator[int]:
+    for chunk in permutation.iter_chunks(start=start):
         yield from chunk.tolist()
 
 
@@ -298,17 +308,25 @@ class ReuseDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`ReuseDataset` that advances the epoch by itself.
 
     Each ``iter(loader)`` starts the next epoch (``start_epoch`` first); an
-    epoch abandoned part-way still counts. Resuming after epoch ``N - 1`` is
-    ``ReuseDataLoader(..., start_epoch=N)`` over the same directory. Starting a
-    new iteration makes the previous iterator raise ``RuntimeError`` on its next
-    use, so no batch built for another epoch is ever delivered.
+    epoch abandoned part-way still counts. Starting a new iteration makes the previous
+    iterator raise ``RuntimeError`` on its next use, so no batch built for another epoch
+    is ever delivered.
+
+    Resuming: with its own order (``shuffle=True``, or neither ``sampler`` nor
+    ``batch_sampler`` nor ``shuffle``), :meth:`state_dict` is the epoch and the batches of
+    it delivered, and after :meth:`load_state_dict` the next ``iter(loader)`` serves that
+    epoch from the next batch on, the batches of the uninterrupted run (return the loader
+    from a trainer's ``_resume_loaders()``: it then pauses at any step). With a ``sampler``
+    or ``batch_sampler`` of the caller's it resumes at an epoch's start only:
+    ``ReuseDataLoader(..., start_epoch=N)`` after epoch ``N - 1``, or a state taken between
+    epochs.
 
     Args:
         build: ``build(key) -> sample``, see :class:`ReuseDataset`.
         size: number of indices, at least 1.
         directory: where the sample files live.
         lifetime: number of consecutive epochs a prepared sample serves, at least 1.
-        seed: base of the sample seeds and of the shuffle.
+        seed: base of the sample seeds, of the shuffle and of the batches' collation.
         start_epoch: the epoch the first iteration serves.
         fingerprint, save, load: see :class:`ReuseDataset`.
         **dataloader_kwargs: passed to ``torch.utils.data.DataLoader`` unchanged
@@ -316,8 +334,10 @@ class ReuseDataLoader(DataLoader):
             ...), except that ``shuffle=True`` without a ``sampler`` or
             ``batch_sampler`` uses a :class:`ReuseSampler`. A user ``sampler`` /
             ``batch_sampler`` is used as given; reuse does not depend on the order,
-            and such a sampler's ``set_epoch`` is left to the caller. Without a
-            ``generator``, the workers' base seeds of each epoch come from
+            and such a sampler's ``set_epoch`` is left to the caller. A ``collate_fn``
+            runs under a seed of its batch (its epoch and its last sample's index), the
+            caller's generators kept, so its random draws are the same from any worker.
+            Without a ``generator``, the workers' base seeds of each epoch come from
             ``(seed, epoch)``: nothing is drawn from the global generators.
 
     Raises:
@@ -329,7 +349,8 @@ class ReuseDataLoader(DataLoader):
     # and the workers' seeds come from no global generator: persistent workers restarted
     # by a resume change nothing (read by the trainer's check of held loaders).
     keyed_samples = True
-    # A trainer holding it refuses resume points and signal pauses (mid-epoch pauses).
+    # A trainer holding it refuses resume points, signal pauses and pauses inside an
+    # epoch, unless it returns it from _resume_loaders() and ``resumes_mid_epoch``.
     resumes_at_epoch_start_only = True
 
     def __init__(
@@ -357,15 +378,17 @@ class ReuseDataLoader(DataLoader):
         )
         kwargs = dict(dataloader_kwargs)
         sampler: ReuseSampler | None = None
-        if (
-            kwargs.get("shuffle")
-            and kwargs.get("sampler") is None
-            and kwargs.get("batch_sampler") is None
-        ):
-            del kwargs["shuffle"]
-            sampler = ReuseSampler(size, policy, epoch=start_epoch)
-            kwargs["sampler"] = sampler
+        order: ReuseSampler | SequentialOrder | None = None
+        if kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None:
+            if kwargs.pop("shuffle", None):
+                order = sampler = ReuseSampler(size, policy, epoch=start_epoch)
+            else:
+                order = SequentialOrder(dataset)
+            kwargs["sampler"] = order
+        if kwargs.get("collate_fn") is not None:
+            kwargs["collate_fn"] = KeyedCollate(kwargs["collate_fn"], seed)
         self._reuse_sampler = sampler
+        self._reuse_order = order  # None: the caller's sampler, resumed at epoch starts only
         # Without a generator of the caller's, each epoch's workers take their base seed
         # from one of the epoch's own: not from the global generators, which a loader
         # started at a later epoch (a resume) would otherwise draw from once more with
@@ -374,6 +397,10 @@ class ReuseDataLoader(DataLoader):
         self._reuse_next_epoch = start_epoch
         self._reuse_epoch: int | None = None
         self._reuse_in_progress = False
+        self._reuse_epoch_ended = False
+        self._reuse_delivered = 0  # batches of the current epoch delivered
+        self._reuse_skip = 0  # batches of the next epoch delivered before a resume
+        self._reuse_generation = 0  # a loaded state ends the iterators made before it
         super().__init__(dataset, **kwargs)
 
     @property
@@ -389,67 +416,164 @@ class ReuseDataLoader(DataLoader):
     @property
     def epoch_in_progress(self) -> bool:
         """An iteration delivered a batch and has not ended: a pause now lies inside an
-        epoch, where this loader cannot resume."""
+        epoch."""
         return self._reuse_in_progress
+
+    @property
+    def epoch_ended(self) -> bool:
+        """The last batch delivered was its epoch's last, and no iteration started since."""
+        return self._reuse_epoch_ended
+
+    @property
+    def resumes_mid_epoch(self) -> bool:
+        """Its order is its own, so :meth:`state_dict` inside an epoch resumes exactly."""
+        return self._reuse_order is not None
 
     @property
     def next_epoch(self) -> int:
         """The epoch the next ``iter(loader)`` serves (save it to resume with ``start_epoch``)."""
         return self._reuse_next_epoch
 
+    def _reuse_settings(self) -> dict[str, Any]:
+        """What a state holds besides its position: the settings its batches depend on."""
+        policy = self.policy
+        return {
+            "size": self.dataset.size,
+            "lifetime": policy.lifetime,
+            "seed": policy.seed,
+            "shuffle": self._reuse_sampler is not None,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and how many of its batches were delivered (between epochs: the next
+        epoch, 0), with the settings the batches depend on. Over the caller's ``sampler``
+        or ``batch_sampler`` a state inside an epoch cannot be loaded (332); a trainer
+        refuses to pause there."""
+        if self._reuse_in_progress:
+            epoch, batches = self._reuse_epoch, self._reuse_delivered
+        else:
+            epoch, batches = self._reuse_next_epoch, self._reuse_skip
+        return {
+            "format": STATE_FORMAT,
+            "epoch": epoch,
+            "batches": batches,
+            **self._reuse_settings(),
+        }
+
+    def validate_state_dict(self, state: Any) -> None:
+        """Check ``state`` completely against this loader; changes nothing.
+
+        Raises:
+            LoaderStateError: not a state of this loader, or one of other settings.
+            UnsupportedResumeConfigurationError: a state inside an epoch for a loader
+                over the caller's ``sampler`` or ``batch_sampler`` (332).
+        """
+        _, batches = check_state(state, self._reuse_settings(), len(self))
+        if batches and self._reuse_order is None:
+            raise UnsupportedResumeConfigurationError(
+                f"the state lies {batches} batches into its epoch, but this ReuseDataLoader "
+                "reads the caller's sampler or batch_sampler, whose order it cannot resume "
+                "there: take its state between epochs, or give both loaders shuffle=True "
+                "(their own order)"
+            )
+
+    def load_state_dict(self, state: Any) -> None:
+        """Serve the state's epoch at the next ``iter(loader)``, from its next batch on.
+        Iterators made before are ended. A state refused changes nothing.
+
+        Raises:
+            Same as :meth:`validate_state_dict`.
+        """
+        self.validate_state_dict(state)
+        self._reuse_next_epoch, self._reuse_skip = state["epoch"], state["batches"]
+        self._reuse_in_progress = self._reuse_epoch_ended = False
+        self._reuse_generation += 1
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        epoch = self._reuse_next_epoch
-        self._reuse_next_epoch = epoch + 1
+        epoch, skip = self._reuse_next_epoch, self._reuse_skip
+        self._reuse_next_epoch, self._reuse_skip = epoch + 1, 0
         self._reuse_epoch = epoch
-        self._reuse_in_progress = False  # a replaced iteration counts as its epoch, ended
+        self._reuse_delivered = skip
+        # A replaced iteration counts as its epoch, ended; a resumed one is inside its epoch.
+        self._reuse_in_progress = skip > 0
+        self._reuse_epoch_ended = False
         # Before DataLoader.__iter__: persistent workers start fetching the new
         # epoch inside it, and they must already read the new epoch.
         self.dataset.set_epoch(epoch)
         if self._reuse_sampler is not None:
             self._reuse_sampler.set_epoch(epoch)
+        if skip and self._reuse_order is not None:
+            self._reuse_order.start_next_at(skip * (self.batch_size or 1))
         if self._reuse_own_generator:
             self.generator = torch.Generator().manual_seed(
                 derive_seed(_WORKER_SEED_TAG, self.policy.seed, epoch)
             )
         with worker_start(self):  # workers start with the pause signals blocked
             inner = super().__iter__()
-        return _EpochIterator(self, inner, epoch)
+        return _EpochIterator(self, inner, epoch, skip)
 
 
 class _EpochIterator:
     """Delivers one epoch's batches; refuses to go on once a newer epoch started."""
 
-    def __init__(self, loader: ReuseDataLoader, inner: Iterator[Any], epoch: int) -> None:
+    def __init__(
+        self, loader: ReuseDataLoader, inner: Iterator[Any], epoch: int, skip: int
+    ) -> None:
         self._loader = loader
         self._inner = inner
         self.epoch = epoch
+        self._generation = loader._reuse_generation
+        self._invalidated: str | None = None
         self._left: int | None  # batches still to deliver (None: no length)
         try:
-            self._left = len(inner)  # type: ignore[arg-type]
+            self._left = len(inner) - skip  # type: ignore[arg-type]
         except TypeError:
             self._left = None
 
     def __iter__(self) -> _EpochIterator:
         return self
 
+    @property
+    def alive(self) -> bool:
+        """No newer iteration started and no state was loaded since it was made."""
+        loader = self._loader
+        return loader.epoch == self.epoch and loader._reuse_generation == self._generation
+
+    def invalidate(self, message: str) -> None:
+        """Make every later ``next()`` raise ``IteratorInvalidatedError(message)``."""
+        self._invalidated = message
+
     def __next__(self) -> Any:
+        if self._invalidated is not None:
+            raise IteratorInvalidatedError(self._invalidated)
         # Workers read the epoch from shared memory, so after a newer iter(loader)
         # they build that epoch's samples: this iterator's batches would mix epochs.
-        current = self._loader.epoch
+        loader = self._loader
+        current = loader.epoch
         if current != self.epoch:
             raise RuntimeError(
                 f"this iterator serves epoch {self.epoch}, but iteration over epoch {current} has started since; "
                 f"use the newer iterator"
             )
+        if loader._reuse_generation != self._generation:
+            raise RuntimeError(
+                "a state was loaded into this iterator's ReuseDataLoader since it was made; "
+                "make a new iterator (iter(loader)), which serves the loaded position"
+            )
         try:
             batch = next(self._inner)
         except StopIteration:
-            self._loader._reuse_in_progress = False
+            loader._reuse_in_progress = False
             raise
+        loader._reuse_delivered += 1
         if self._left is not None:
             self._left -= 1
         # The epoch's last batch delivered ends it, before its StopIteration.
-        self._loader._reuse_in_progress = self._left is None or self._left > 0
+        ended = self._left is not None and self._left <= 0
+        loader._reuse_in_progress = not ended
+        loader._reuse_epoch_ended = ended
         return batch
 
     def __len__(self) -> int:
