@@ -163,3 +163,35 @@ def test_rank_states_that_cannot_be_redistributed_fail_before_any_state_changes(
         trainer.loader.close()
     finally:
         restore_random_state(caller_rng)
+
+
+def test_a_config_value_per_rank_resumes_on_as_many_ranks_and_a_changed_one_is_refused(
+    runs, tmp_path
+):
+    # As `device: cuda:${oc.env:LOCAL_RANK}` signs: each rank's own value, not rank 0's.
+    pause_file = tmp_path / "pause.pt"
+    per_rank = {str(rank): {"device": f"cpu:{rank}"} for rank in range(WORLD)}
+    job = {
+        "tag": "paused",
+        "steps": STEPS,
+        "requests": {PAUSE: [str(pause_file), 1]},
+        "rank_config": per_rank,
+    }
+    codes = launch(WORLD, job, tmp_path)
+    assert codes == [0, 0], describe_exits(codes, "paused", tmp_path)
+    job = {"tag": "resumed", "steps": STEPS, "resume": str(pause_file), "rank_config": per_rank}
+    codes = launch(WORLD, job, tmp_path)
+    assert codes == [0, 0], describe_exits(codes, "resumed", tmp_path)
+    for rank, (expected, actual) in enumerate(
+        zip(runs["reference"], load_results(WORLD, "resumed", tmp_path))
+    ):
+        for record in ("model", "optimizer"):
+            _assert_equal(expected[record], actual[record], f"rank {rank} {record}")
+
+    # Rank 1's value changed to rank 0's: checked against rank 0's, it would pass.
+    changed = {**per_rank, "1": {"device": "cpu:0"}}
+    job = {"tag": "changed", "steps": STEPS, "resume": str(pause_file), "rank_config": changed}
+    codes = launch(WORLD, job, tmp_path)
+    assert codes[1] != 0, describe_exits(codes, "changed", tmp_path)
+    error = (tmp_path / "error_changed_rank1.txt").read_text()
+    assert "[323]" in error and "device: 'cpu:1' in the paused run, 'cpu:0' in this run" in error

@@ -14,6 +14,8 @@ from trainer_resume.distributed import (
     DISTRIBUTED_FORMAT,
     DISTRIBUTED_KEY,
     WorldSizeChangeWarning,
+    combined_pause,
+    config_of,
     converted_steps,
     rank_view,
 )
@@ -102,6 +104,25 @@ def test_a_single_process_file_resumed_by_two_ranks_keeps_the_global_position_an
     assert (
         checkpoint["completed_steps"] == original["completed_steps"] == 5
     )  # the loaded file is untouched
+
+
+def test_each_rank_checks_its_own_config_where_the_ranks_signed_different_ones(paused_file):
+    checkpoint = load_checkpoint(paused_file)
+    own = {"loaders": checkpoint["loaders"], "extra": checkpoint["extra"], "rng": checkpoint["rng"]}
+    same = config_of(checkpoint)
+    other = {**same, "config_signature": "f" * 64, "config": {"device": "cpu:1"}}
+    alike = combined_pause(checkpoint, [own, own], [same, same])
+    assert "config" not in alike[DISTRIBUTED_KEY]["ranks"][1]  # one config: the top level's
+    assert _view(alike, 2, 1)[0]["config_signature"] == same["config_signature"]
+    per_rank = combined_pause(checkpoint, [own, own], [same, other])
+    assert per_rank["config_signature"] == same["config_signature"]  # rank 0's, as always
+    for rank, expected in enumerate((same, other)):
+        view, _ = _view(per_rank, 2, rank)
+        assert {key: view[key] for key in expected} == expected
+    malformed = copy.deepcopy(per_rank)
+    malformed[DISTRIBUTED_KEY]["ranks"][1]["config"] = {"config_signature": 7}
+    with pytest.raises(CheckpointFormatError, match="rank 1's config is malformed"):
+        _view(malformed, 2, 1)
 
 
 @pytest.mark.parametrize(

@@ -49,10 +49,12 @@ from .state import (
     DDP_WINDOW_KEY,
     GRADIENTS_KEY,
     RANK_BUFFERS_KEY,
+    RANK_CONFIG_KEY,
     SHARDED_WINDOW_KEY,
     DistributedPauseState,
     PauseCheckpoint,
     RandomState,
+    RankConfig,
     RankPauseState,
 )
 
@@ -68,6 +70,7 @@ __all__ = [
     "any_rank",
     "any_ranks",
     "combined_pause",
+    "config_of",
     "collectives_on",
     "commit",
     "current_group",
@@ -336,7 +339,7 @@ def gather_pause(checkpoint: PauseCheckpoint) -> PauseCheckpoint | None:
         state[DDP_WINDOW_KEY] = checkpoint[DDP_WINDOW_KEY]
     if checkpoint.get(RANK_BUFFERS_KEY) is not None:  # a sharded model's, one per rank
         state[RANK_BUFFERS_KEY] = checkpoint[RANK_BUFFERS_KEY]
-    mine = (checkpoint["completed_steps"], state)
+    mine = (checkpoint["completed_steps"], state, config_of(checkpoint))
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, mine)
     steps = [entry[0] for entry in gathered]
@@ -346,11 +349,37 @@ def gather_pause(checkpoint: PauseCheckpoint) -> PauseCheckpoint | None:
         )
     if rank != 0:
         return None
-    return combined_pause(checkpoint, [entry[1] for entry in gathered])
+    return combined_pause(
+        checkpoint, [entry[1] for entry in gathered], [entry[2] for entry in gathered]
+    )
 
 
-def combined_pause(checkpoint: PauseCheckpoint, ranks: list[RankPauseState]) -> PauseCheckpoint:
-    """Rank 0's checkpoint with every rank's loader, extra and RNG state under ``"distributed"``."""
+def config_of(checkpoint: Mapping[str, Any]) -> RankConfig:
+    """The signed config a pause checkpoint records (its rank's)."""
+    return {
+        "config_signature": checkpoint["config_signature"],
+        "config": checkpoint.get("config"),
+        "config_ignore": checkpoint.get("config_ignore", []),
+    }
+
+
+def combined_pause(
+    checkpoint: PauseCheckpoint,
+    ranks: list[RankPauseState],
+    configs: Sequence[RankConfig] | None = None,
+) -> PauseCheckpoint:
+    """Rank 0's checkpoint with every rank's loader, extra and RNG state under ``"distributed"``.
+
+    ``configs``: each rank's signed config. Where they differ (a value per rank, as a
+    device), each goes beside its rank's state, and a resume on as many ranks checks each
+    rank's config against its own; the top level holds rank 0's, as always.
+    """
+    if configs is not None and any(
+        (config["config_signature"], config["config_ignore"])
+        != (configs[0]["config_signature"], configs[0]["config_ignore"])
+        for config in configs
+    ):
+        ranks = [{**state, RANK_CONFIG_KEY: config} for state, config in zip(ranks, configs)]  # type: ignore[typeddict-item]
     combined = checkpoint.copy()
     combined["distributed"] = {
         "format": DISTRIBUTED_FORMAT,
@@ -424,6 +453,11 @@ def _ranks(
             raise CheckpointFormatError(f"{location}: rank {index}'s DDP window is not a dict")
         if not isinstance(state.get(RANK_BUFFERS_KEY, {}), dict):
             raise CheckpointFormatError(f"{location}: rank {index}'s buffers are not a dict")
+        config = state.get(RANK_CONFIG_KEY)
+        if config is not None and not (
+            isinstance(config, dict) and isinstance(config.get("config_signature"), str)
+        ):
+            raise CheckpointFormatError(f"{location}: rank {index}'s config is malformed")
     if not isinstance(base, int):
         raise CheckpointFormatError(f"{location}: {DISTRIBUTED_KEY!r} lacks an int rng_base_seed")
     return size, ranks, base
@@ -476,6 +510,8 @@ def rank_view(
             mine["extra"],
             mine["rng"],
         )
+        if mine.get(RANK_CONFIG_KEY) is not None:  # checked against this rank's own
+            view.update(mine[RANK_CONFIG_KEY])  # type: ignore[typeddict-item]
         _set_gradients(view, mine)
         return view
     if checkpoint.get(SHARDED_WINDOW_KEY):

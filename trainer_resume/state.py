@@ -52,6 +52,8 @@ __all__ = [
     "DDP_WINDOW_KEY",
     "DDPWindowState",
     "SHARDED_WINDOW_KEY",
+    "RANK_CONFIG_KEY",
+    "RankConfig",
     "SAMPLER_FORMAT",
     "BATCH_SAMPLER_FORMAT",
     "EPOCH_SAMPLER_FORMAT",
@@ -78,6 +80,9 @@ RANK_BUFFERS_KEY = "rank_buffers"
 # The pause-file entry saying a sharded model's gradients were an open accumulation
 # window's partial sums (see mixin/_sharded_window.py).
 SHARDED_WINDOW_KEY = "sharded_window"
+# A rank's own signed config, beside its state, where the ranks' configs differ (a value
+# per rank, as a device); see distributed.combined_pause.
+RANK_CONFIG_KEY = "config"
 SHARDED_FORMAT = "trainer_resume.sharded/1"
 # The "format" entries of the loader states below.
 SAMPLER_FORMAT = "trainer_resume.sampler/1"
@@ -462,6 +467,14 @@ class DDPWindowState(TypedDict):
     used: list[str]
 
 
+class RankConfig(TypedDict):
+    """A rank's signed config, as the top level of a pause file records rank 0's."""
+
+    config_signature: str
+    config: Any
+    config_ignore: list[Any]
+
+
 class RankPauseState(TypedDict):
     """What differs between ranks at a pause."""
 
@@ -474,6 +487,8 @@ class RankPauseState(TypedDict):
     ddp_window: NotRequired[dict[str, DDPWindowState]]
     # This rank's buffers of its sharded models (sharded/buffers.py).
     rank_buffers: NotRequired[dict[str, dict[str, Any]]]
+    # This rank's signed config, where the ranks' configs differ (RANK_CONFIG_KEY).
+    config: NotRequired[RankConfig]
 
 
 class DistributedPauseState(TypedDict):

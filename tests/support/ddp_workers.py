@@ -206,7 +206,8 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
     "state" | "replace"]); ``points`` ([directory, every_steps]: take resume points);
     ``resume_latest`` (resume from the newest point of ``points``); ``checkpoint``
     ([step, rank]: that rank calls ``checkpoint()`` inside that step); ``wrapped``
-    (the resume objects hold the DDP wrapper, not the module it wraps).
+    (the resume objects hold the DDP wrapper, not the module it wraps); ``rank_config``
+    ({rank: {key: value}}: config entries of that rank's own, as a device per rank).
     """
     tag = job["tag"]
     _capture_stderr(Path(out, f"stderr_{tag}_rank{rank}.txt"))
@@ -215,9 +216,11 @@ def rank_main(rank: int, world: int, init_file: str, job: dict[str, Any], out: s
         join_group(rank, world, init_file)
         trainer = WrappedDDPTrainer() if job.get("wrapped") else DDPTrainer()
         points = None
+        config = {**CONFIG, **job.get("rank_config", {}).get(str(rank), {})}
         if job.get("points"):
             points = ResumePoints(job["points"][0], every_steps=job["points"][1], when_busy="wait")
-            trainer._initialize_training_resume(CONFIG, version="1", resume_points=points)
+        if points is not None or config != CONFIG:
+            trainer._initialize_training_resume(config, version="1", resume_points=points)
         kill = job.get("kill")
         if kill is not None and kill[0] == rank:
             if kill[2] == "state":

@@ -501,6 +501,7 @@ def open_pause(path: str | os.PathLike[str], *, key: bytes | None) -> ShardedPau
                 }
                 for s in ranks
             ],
+            [_distributed.config_of(s) for s in ranks],
         )
     if any(state.get(SHARDED_WINDOW_KEY) for state in ranks):  # any rank's marks them all
         checkpoint = checkpoint.copy()
