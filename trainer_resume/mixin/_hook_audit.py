@@ -80,8 +80,12 @@ def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> Audit | 
     }
     name = type(trainer).__name__
     skipped = set(excluded)
-    for label, value in _attributes(trainer, skipped):
-        if id(value) in covered or _wraps_saved_module(value, tensors):
+    for label, held in _attributes(trainer, skipped):
+        if id(held) in covered or _wraps_saved_module(held, tensors):
+            continue
+        # A framework's wrapper around a library loader (Fabric's) is judged by the loader.
+        value = getattr(loader_view(held), "loader", held)
+        if value is not held and id(value) in covered:
             continue
         if _has_state(value):
             what = "has state that no hook returns: pause() does not save it and resume() does not restore it"
@@ -104,9 +108,11 @@ def audit_trainer(trainer: Any, excluded: Iterable[str], base: type) -> Audit | 
             fix = "build it with persistent_workers=False (an evaluation loader)"
         else:
             continue
-        covered.add(id(value))  # the same object under two names is reported once
+        covered.add(id(held))  # the same object under two names is reported once
+        covered.add(id(value))
+        around = "" if value is held else f" around a {type(value).__name__}"
         warnings.warn(
-            f"{name}.{label} ({type(value).__name__}) {what}, so a resumed run would differ; "
+            f"{name}.{label} ({type(held).__name__}{around}) {what}, so a resumed run would differ; "
             f"{fix}, or name it in _initialize_training_resume(..., excluded_attributes=...) "
             "if leaving it out is intended",
             UnsavedStateWarning,
@@ -323,13 +329,25 @@ def _restarts(value: Any, covered: set[int]) -> bool:
     """A torch ``DataLoader`` without a state of its own whose position matters: it
     shuffles (its sampler draws an order), or it streams an ``IterableDataset``. One that
     reads a returned loader's dataset (a framework's wrapper around it) is saved with it."""
-    if not isinstance(value, DataLoader) or id(getattr(value, "dataset", None)) in covered:
+    if not _loader_like(value) or id(getattr(value, "dataset", None)) in covered:
         return False
     if isinstance(value.dataset, IterableDataset):
         return True
     batch_sampler = getattr(value, "batch_sampler", None)
     samplers = (getattr(value, "sampler", None), getattr(batch_sampler, "sampler", None))
     return any(_shuffles(sampler) for sampler in samplers)
+
+
+def _loader_like(value: Any) -> bool:
+    """A torch ``DataLoader``, or a framework's wrapper that carries its attributes
+    (Fabric's copies them): its dataset and sampler say whether it restarts."""
+    return isinstance(value, DataLoader) or (
+        not isinstance(value, type)
+        and hasattr(value, "dataset")
+        and hasattr(value, "sampler")
+        and hasattr(value, "batch_sampler")
+        and callable(getattr(value, "__iter__", None))
+    )
 
 
 def _keeps_workers(value: Any, covered: set[int]) -> bool:

@@ -276,3 +276,38 @@ def test_the_loader_fabric_wraps_kept_beside_it_is_not_taken_for_unsaved_state(f
     for batch in trainer.loader:
         trainer.step(batch)
     assert not [item for item in recwarn if "has state that no hook returns" in str(item.message)]
+
+
+class HoldsValidation(Trainer):
+    """Returns its training loader; holds validation loaders Fabric set up, returned by no hook."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        super().__init__(shuffled(fabric))
+        generator = torch.Generator().manual_seed(6)
+        validation = TensorDataset(torch.arange(6.0))
+        self.val_loader = fabric.setup_dataloaders(
+            ResumableDataLoader(
+                validation, batch_size=2, shuffle=True, generator=generator, resumable=True
+            )
+        )
+        self.plain_val_loader = fabric.setup_dataloaders(
+            DataLoader(validation, batch_size=2, shuffle=True), use_distributed_sampler=False
+        )
+
+
+def test_loaders_fabric_set_up_that_no_hook_returns_are_warned_about_as_the_loaders_inside(
+    fabric, recwarn
+):
+    trainer = HoldsValidation(fabric)
+    for batch in trainer.loader:
+        trainer.step(batch)
+    warned = [str(item.message) for item in recwarn if "HoldsValidation." in str(item.message)]
+    assert len(warned) == 2, warned
+    assert warned[0].startswith(
+        "HoldsValidation.val_loader (_FabricDataLoader around a ResumableDataLoader) has state "
+        "that no hook returns"
+    )
+    assert warned[1].startswith(
+        "HoldsValidation.plain_val_loader (_FabricDataLoader) is a loader that no hook returns "
+        "and that a resumed run starts over"
+    )
