@@ -199,3 +199,24 @@ def test_a_pause_that_signed_a_config_group_choice_as_written_is_refused_naming_
     )
     check_config(earlier, sign_config(config, ignore=("arch",)), PAUSE)  # the fix it names
     assert "as earlier releases signed" not in _refusal(_entry({"seed": 1, "arch": "tanh"}), config)
+
+
+def test_a_launch_directory_replaced_by_a_value_of_the_users_is_refused_without_blaming_a_release():
+    # ckpt_dir follows out_dir, the run directory in the paused run (a launch value this
+    # release signs as written) and a directory of the user's in this one.
+    OmegaConf.register_new_resolver("hydra", lambda key: "outputs/12-00-00", replace=True)
+    try:
+        paused = OmegaConf.create(
+            {"out_dir": "${hydra:runtime.output_dir}", "ckpt_dir": "${out_dir}/ckpt"}
+        )
+        now = OmegaConf.create({"out_dir": "/elsewhere", "ckpt_dir": "${out_dir}/ckpt"})
+        detail = _refusal(_entry(paused), now)
+    finally:
+        from hydra.core.utils import setup_globals
+
+        setup_globals()  # Hydra's own resolvers back
+    assert (
+        "ckpt_dir (from ${out_dir}/ckpt): ${hydra:runtime.output_dir}/ckpt in the paused run"
+        in detail
+    )
+    assert "earlier releases" not in detail

@@ -19,11 +19,13 @@ added or removed key is on, and the ``config_ignore`` that would leave the keys 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from ..config_paths import config_paths, covering_paths, ignorable_path
 from ..errors import CheckpointFormatError, ConfigSignatureMismatchError
+from ..launch_values import HYDRA_LAUNCH_KEYS
 from ..signature import (
     Difference,
     SignedConfig,
@@ -119,7 +121,7 @@ def _report(
         found
         for found in differences
         if found.kind == "value"
-        and "${hydra" in (launch_text(found.a) or "")
+        and _signed_by_an_earlier_release(launch_text(found.a))
         and not is_launch_value(found.b)
         and found.path in current.sources
     ]
@@ -139,6 +141,16 @@ def _report(
             "out its subtree); otherwise run with the paused run's values"
         )
     return "\n".join(lines)
+
+
+def _signed_by_an_earlier_release(text: str | None) -> bool:
+    """A value signed as written that calls ``${hydra:...}`` for a key that is not the
+    launch's: only earlier releases signed those so."""
+    keys = _HYDRA_CALL.findall(text or "")
+    return any(key.strip().strip("'\"") not in HYDRA_LAUNCH_KEYS for key in keys)
+
+
+_HYDRA_CALL = re.compile(r"\$\{hydra:([^}]*)\}")
 
 
 def _line(found: Difference, current: SignedConfig) -> str:
