@@ -112,7 +112,7 @@ def test_each_rank_checks_its_own_config_where_the_ranks_signed_different_ones(p
     same = config_of(checkpoint)
     other = {**same, "config_signature": "f" * 64, "config": {"device": "cpu:1"}}
     alike = combined_pause(checkpoint, [own, own], [same, same])
-    assert "config" not in alike[DISTRIBUTED_KEY]["ranks"][1]  # one config: the top level's
+    assert "signed_config" not in alike[DISTRIBUTED_KEY]["ranks"][1]  # one config: the top level's
     assert _view(alike, 2, 1)[0]["config_signature"] == same["config_signature"]
     per_rank = combined_pause(checkpoint, [own, own], [same, other])
     assert per_rank["config_signature"] == same["config_signature"]  # rank 0's, as always
@@ -120,9 +120,12 @@ def test_each_rank_checks_its_own_config_where_the_ranks_signed_different_ones(p
         view, _ = _view(per_rank, 2, rank)
         assert {key: view[key] for key in expected} == expected
     malformed = copy.deepcopy(per_rank)
-    malformed[DISTRIBUTED_KEY]["ranks"][1]["config"] = {"config_signature": 7}
+    malformed[DISTRIBUTED_KEY]["ranks"][1]["signed_config"] = {"config_signature": 7}
     with pytest.raises(CheckpointFormatError, match="rank 1's config is malformed"):
         _view(malformed, 2, 1)
+    # A single-process file's own "config" (its canonical config) is not a rank's.
+    alone = _view(checkpoint, 1, 0)[0]
+    assert alone.keys() == checkpoint.keys() and alone["config"] == checkpoint["config"]
 
 
 @pytest.mark.parametrize(

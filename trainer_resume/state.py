@@ -82,7 +82,7 @@ RANK_BUFFERS_KEY = "rank_buffers"
 SHARDED_WINDOW_KEY = "sharded_window"
 # A rank's own signed config, beside its state, where the ranks' configs differ (a value
 # per rank, as a device); see distributed.combined_pause.
-RANK_CONFIG_KEY = "config"
+RANK_CONFIG_KEY = "signed_config"
 SHARDED_FORMAT = "trainer_resume.sharded/1"
 # The "format" entries of the loader states below.
 SAMPLER_FORMAT = "trainer_resume.sampler/1"
@@ -488,7 +488,7 @@ class RankPauseState(TypedDict):
     # This rank's buffers of its sharded models (sharded/buffers.py).
     rank_buffers: NotRequired[dict[str, dict[str, Any]]]
     # This rank's signed config, where the ranks' configs differ (RANK_CONFIG_KEY).
-    config: NotRequired[RankConfig]
+    signed_config: NotRequired[RankConfig]
 
 
 class DistributedPauseState(TypedDict):
