@@ -140,6 +140,12 @@ def _batches_from(loader, count):
         (2, {"shuffle": True}, 7),  # inside the second epoch
         (2, {"shuffle": False}, 4),  # the epoch's last batch: the state is the next's start
         (0, {"shuffle": True, "batch_size": None, "collate_fn": None}, 30),
+        (2, {"shuffle": True, "batch_size": None, "collate_fn": None}, 30),
+        (
+            2,
+            {"shuffle": False, "batch_size": None, "collate_fn": None, "persistent_workers": True},
+            5,
+        ),
     ],
 )
 def test_a_state_taken_inside_an_epoch_resumes_the_uninterrupted_batches(
@@ -214,7 +220,7 @@ def test_an_iterator_made_before_a_state_was_loaded_refuses_to_go_on(tmp_path):
     old = iter(loader)
     next(old)
     loader.load_state_dict(loader.state_dict())
-    with pytest.raises(RuntimeError, match="a state was loaded"):
+    with pytest.raises(RuntimeError, match="replaced since it was made"):
         next(old)
     assert len(list(loader)) == len(loader) - 1  # the loaded position: one batch delivered
 
@@ -441,6 +447,17 @@ def test_a_trainer_returning_a_reuse_loader_pauses_inside_its_own_order_but_not_
     assert resumed.loader.state_dict() == own.loader.state_dict()
     assert (resumed.loader.next_epoch, len(list(resumed.loader))) == (0, len(own.loader) - 2)
 
+    # Between epochs, the next epoch's iterator made by the epoch-end work: its start.
+    between = _ReusingTrainer.make(tmp_path / "c", points=False, returned=True)
+    for batch in iter(between.loader):
+        between.step(batch)
+    next_batches = iter(between.loader)
+    between.pause(tmp_path / "c" / "pause.ckpt")
+    again = _ReusingTrainer.make(tmp_path / "c", points=False, returned=True)
+    again.resume(tmp_path / "c" / "pause.ckpt")
+    assert again.loader.next_epoch == 1
+    assert_epochs_equal([list(next_batches)], [list(again.loader)])
+
     callers = _ReusingTrainer.make(
         tmp_path / "b", points=True, returned=True, shuffle=False, sampler=list(range(SIZE))
     )
@@ -448,3 +465,56 @@ def test_a_trainer_returning_a_reuse_loader_pauses_inside_its_own_order_but_not_
         callers.step(next(iter(callers.loader)))
     assert caught.value.code == 332
     assert "resumes only at an epoch's start, but resume points" in str(caught.value)
+
+
+def test_an_iterator_that_delivered_nothing_is_replaced_in_its_epoch_and_saved_as_its_start(
+    tmp_path,
+):
+    # A trainer's rebuilt iterator, or the next epoch's made by the epoch-end work, and then
+    # the loop's own iter(loader): the same epoch, from the same batch.
+    uninterrupted = helpers.run_epochs(helpers.make_loader(tmp_path / "a"), 3)
+    loader = helpers.make_loader(tmp_path / "b")
+    first = list(loader)
+    made = iter(loader)  # the next epoch's iterator, nothing read yet
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches"], loader.next_epoch) == (1, 0, 1)
+    resumed = helpers.make_loader(tmp_path / "b")
+    resumed.load_state_dict(state)
+    iter(resumed)  # rebuilt after the resume, and left for the loop's own
+    assert_epochs_equal(uninterrupted, [first, *helpers.run_epochs(resumed, 2)])
+    iter(loader)  # replaces the one made, in its epoch
+    assert loader.epoch == 1
+    with pytest.raises(RuntimeError, match="replaced since it was made"):
+        next(made)
+
+
+def test_end_epoch_ends_an_epoch_a_loop_leaves_early_and_a_state_then_holds_the_next(tmp_path):
+    def run(loader, epochs, limit):
+        batches = []
+        for _ in range(epochs):
+            for number, batch in enumerate(loader):
+                batches.append(batch)
+                if number + 1 == limit:
+                    break
+            loader.end_epoch()
+        return batches
+
+    uninterrupted = run(helpers.make_loader(tmp_path / "a"), 3, 2)
+    loader = helpers.make_loader(tmp_path / "b")
+    before = run(loader, 1, 2)
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches"]) == (1, 0)
+    resumed = helpers.make_loader(tmp_path / "b")
+    resumed.load_state_dict(state)
+    after = run(resumed, 2, 2)
+    for batch, other in zip(uninterrupted, before + after, strict=True):
+        assert torch.equal(batch["index"], other["index"]) and torch.equal(batch["x"], other["x"])
+
+
+def test_a_state_over_the_callers_sampler_is_refused_by_a_loader_of_its_own_order(tmp_path):
+    from trainer_resume.errors import LoaderStateError
+
+    callers = helpers.make_loader(tmp_path / "a", shuffle=False, sampler=list(range(SIZE)))
+    own = helpers.make_loader(tmp_path / "b", shuffle=False)
+    with pytest.raises(LoaderStateError, match="order: \"caller's\" in the state, 'sequential'"):
+        own.load_state_dict(callers.state_dict())

@@ -295,22 +295,24 @@ class ReuseSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         # Built now, not on the first next(): the epoch is the one current at iter().
+        return self._iterate(self.policy.permutation(self._epoch, self.size))
+
+    def _iterate(self, permutation: KeyedPermutation) -> Iterator[int]:
+        # The start at the first next(): a DataLoader iterator over workers calls
+        # iter(sampler) twice and reads only the second (with batch_size=None).
         start, self._start = self._start, 0
-        return _iterate(self.policy.permutation(self._epoch, self.size), start)
-
-
-def _iterate(permutation: KeyedPermutation, start: int) -> Iterator[int]:
-    for chunk in permutation.iter_chunks(start=start):
-        yield from chunk.tolist()
+        for chunk in permutation.iter_chunks(start=start):
+            yield from chunk.tolist()
 
 
 class ReuseDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`ReuseDataset` that advances the epoch by itself.
 
     Each ``iter(loader)`` starts the next epoch (``start_epoch`` first); an
-    epoch abandoned part-way still counts. Starting a new iteration makes the previous
-    iterator raise ``RuntimeError`` on its next use, so no batch built for another epoch
-    is ever delivered.
+    epoch abandoned part-way still counts (:meth:`end_epoch` ends one on purpose), while
+    an iterator that delivered nothing is only replaced (the new one reads its epoch).
+    Starting a new iteration makes the previous iterator raise ``RuntimeError`` on its
+    next use, so no batch built for another epoch is ever delivered.
 
     Resuming: with its own order (``shuffle=True``, or neither ``sampler`` nor
     ``batch_sampler`` nor ``shuffle``), :meth:`state_dict` is the epoch and the batches of
@@ -394,13 +396,14 @@ class ReuseDataLoader(DataLoader):
         # started at a later epoch (a resume) would otherwise draw from once more with
         # persistent workers, and the same seeds at any start.
         self._reuse_own_generator = kwargs.get("generator") is None
-        self._reuse_next_epoch = start_epoch
+        self._reuse_next_epoch = start_epoch  # where the next iteration starts, unless
+        self._reuse_skip = 0  # (batches delivered before a resume) a live one holds it
         self._reuse_epoch: int | None = None
-        self._reuse_in_progress = False
+        self._reuse_live = False  # an iteration started and has not ended
+        self._reuse_fresh = False  # ... and has delivered nothing since its iter()
+        self._reuse_delivered = 0  # batches of the live iteration's epoch delivered
         self._reuse_epoch_ended = False
-        self._reuse_delivered = 0  # batches of the current epoch delivered
-        self._reuse_skip = 0  # batches of the next epoch delivered before a resume
-        self._reuse_generation = 0  # a loaded state ends the iterators made before it
+        self._reuse_iteration = 0  # iter(), end_epoch() and a loaded state end older iterators
         super().__init__(dataset, **kwargs)
 
     @property
@@ -415,9 +418,9 @@ class ReuseDataLoader(DataLoader):
 
     @property
     def epoch_in_progress(self) -> bool:
-        """An iteration delivered a batch and has not ended: a pause now lies inside an
-        epoch."""
-        return self._reuse_in_progress
+        """An iteration is inside its epoch (it, or the run it resumes, delivered a batch of
+        it) and has not ended: a pause now lies inside an epoch."""
+        return self._reuse_live and self._reuse_delivered > 0
 
     @property
     def epoch_ended(self) -> bool:
@@ -432,7 +435,22 @@ class ReuseDataLoader(DataLoader):
     @property
     def next_epoch(self) -> int:
         """The epoch the next ``iter(loader)`` serves (save it to resume with ``start_epoch``)."""
-        return self._reuse_next_epoch
+        return self._position()[0] if self._reuse_fresh else self._reuse_next_epoch
+
+    def _position(self) -> tuple[int, int]:
+        """The epoch and the batches of it delivered: the live iteration's, else where the
+        next one starts."""
+        if self._reuse_live:
+            return self._reuse_epoch, self._reuse_delivered  # type: ignore[return-value]
+        return self._reuse_next_epoch, self._reuse_skip
+
+    def end_epoch(self) -> None:
+        """End the live iteration's epoch early (a loop that stops its epochs after a number
+        of batches): the next ``iter(loader)`` serves the next epoch, and a state taken now
+        says so. Iterators made before are ended."""
+        if self._reuse_live:
+            self._reuse_live = self._reuse_fresh = False
+            self._reuse_iteration += 1
 
     def _reuse_settings(self) -> dict[str, Any]:
         """What a state holds besides its position: the settings its batches depend on."""
@@ -441,20 +459,22 @@ class ReuseDataLoader(DataLoader):
             "size": self.dataset.size,
             "lifetime": policy.lifetime,
             "seed": policy.seed,
-            "shuffle": self._reuse_sampler is not None,
+            # Its own order (shuffled or sequential) or the caller's sampler.
+            "order": "shuffled"
+            if self._reuse_sampler is not None
+            else "sequential"
+            if self._reuse_order is not None
+            else "caller's",
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
         }
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and how many of its batches were delivered (between epochs: the next
-        epoch, 0), with the settings the batches depend on. Over the caller's ``sampler``
-        or ``batch_sampler`` a state inside an epoch cannot be loaded (332); a trainer
-        refuses to pause there."""
-        if self._reuse_in_progress:
-            epoch, batches = self._reuse_epoch, self._reuse_delivered
-        else:
-            epoch, batches = self._reuse_next_epoch, self._reuse_skip
+        epoch, 0), with the settings the batches depend on. A state inside an epoch of a
+        loader over the caller's ``sampler`` or ``batch_sampler`` cannot be loaded (332); a
+        trainer refuses to pause there."""
+        epoch, batches = self._position()
         return {
             "format": STATE_FORMAT,
             "epoch": epoch,
@@ -488,23 +508,27 @@ class ReuseDataLoader(DataLoader):
         """
         self.validate_state_dict(state)
         self._reuse_next_epoch, self._reuse_skip = state["epoch"], state["batches"]
-        self._reuse_in_progress = self._reuse_epoch_ended = False
-        self._reuse_generation += 1
+        self._reuse_live = self._reuse_fresh = self._reuse_epoch_ended = False
+        self._reuse_iteration += 1
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        epoch, skip = self._reuse_next_epoch, self._reuse_skip
+        # An iterator that delivered nothing is only replaced: its epoch and start stay
+        # (a trainer's rebuilt iterator and its loop's own iter() read the same batches).
+        # One that delivered part of its epoch ends it: the next epoch starts.
+        epoch, skip = (
+            self._position() if self._reuse_fresh else (self._reuse_next_epoch, self._reuse_skip)
+        )
         self._reuse_next_epoch, self._reuse_skip = epoch + 1, 0
-        self._reuse_epoch = epoch
-        self._reuse_delivered = skip
-        # A replaced iteration counts as its epoch, ended; a resumed one is inside its epoch.
-        self._reuse_in_progress = skip > 0
+        self._reuse_epoch, self._reuse_delivered = epoch, skip
+        self._reuse_live = self._reuse_fresh = True
         self._reuse_epoch_ended = False
+        self._reuse_iteration += 1
         # Before DataLoader.__iter__: persistent workers start fetching the new
         # epoch inside it, and they must already read the new epoch.
         self.dataset.set_epoch(epoch)
         if self._reuse_sampler is not None:
             self._reuse_sampler.set_epoch(epoch)
-        if skip and self._reuse_order is not None:
+        if self._reuse_order is not None:
             self._reuse_order.start_next_at(skip * (self.batch_size or 1))
         if self._reuse_own_generator:
             self.generator = torch.Generator().manual_seed(
@@ -516,7 +540,7 @@ class ReuseDataLoader(DataLoader):
 
 
 class _EpochIterator:
-    """Delivers one epoch's batches; refuses to go on once a newer epoch started."""
+    """Delivers one epoch's batches; refuses to go on once a newer iteration started."""
 
     def __init__(
         self, loader: ReuseDataLoader, inner: Iterator[Any], epoch: int, skip: int
@@ -524,7 +548,7 @@ class _EpochIterator:
         self._loader = loader
         self._inner = inner
         self.epoch = epoch
-        self._generation = loader._reuse_generation
+        self._iteration = loader._reuse_iteration
         self._invalidated: str | None = None
         self._left: int | None  # batches still to deliver (None: no length)
         try:
@@ -537,9 +561,9 @@ class _EpochIterator:
 
     @property
     def alive(self) -> bool:
-        """No newer iteration started and no state was loaded since it was made."""
-        loader = self._loader
-        return loader.epoch == self.epoch and loader._reuse_generation == self._generation
+        """No newer iteration started, no state was loaded and the epoch was not ended since
+        it was made."""
+        return self._loader._reuse_iteration == self._iteration
 
     def invalidate(self, message: str) -> None:
         """Make every later ``next()`` raise ``IteratorInvalidatedError(message)``."""
@@ -548,32 +572,33 @@ class _EpochIterator:
     def __next__(self) -> Any:
         if self._invalidated is not None:
             raise IteratorInvalidatedError(self._invalidated)
-        # Workers read the epoch from shared memory, so after a newer iter(loader)
-        # they build that epoch's samples: this iterator's batches would mix epochs.
         loader = self._loader
-        current = loader.epoch
-        if current != self.epoch:
+        if not self.alive:
+            # Workers read the epoch from shared memory, so after a newer iter(loader)
+            # they build that epoch's samples: this iterator's batches would mix epochs.
+            current = loader.epoch
+            if current != self.epoch:
+                raise RuntimeError(
+                    f"this iterator serves epoch {self.epoch}, but iteration over epoch "
+                    f"{current} has started since; use the newer iterator"
+                )
             raise RuntimeError(
-                f"this iterator serves epoch {self.epoch}, but iteration over epoch {current} has started since; "
-                f"use the newer iterator"
-            )
-        if loader._reuse_generation != self._generation:
-            raise RuntimeError(
-                "a state was loaded into this iterator's ReuseDataLoader since it was made; "
-                "make a new iterator (iter(loader)), which serves the loaded position"
+                "this iterator was replaced since it was made (by a newer iter(loader), "
+                "end_epoch() or a loaded state); make a new iterator (iter(loader))"
             )
         try:
             batch = next(self._inner)
         except StopIteration:
-            loader._reuse_in_progress = False
+            loader._reuse_live = loader._reuse_fresh = False
             raise
         loader._reuse_delivered += 1
+        loader._reuse_fresh = False
         if self._left is not None:
             self._left -= 1
         # The epoch's last batch delivered ends it, before its StopIteration.
-        ended = self._left is not None and self._left <= 0
-        loader._reuse_in_progress = not ended
-        loader._reuse_epoch_ended = ended
+        if self._left is not None and self._left <= 0:
+            loader._reuse_live = False
+            loader._reuse_epoch_ended = True
         return batch
 
     def __len__(self) -> int:

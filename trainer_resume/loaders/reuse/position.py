@@ -71,8 +71,10 @@ class SequentialOrder(SequentialSampler):
         self._start = position
 
     def __iter__(self) -> Iterator[int]:
+        # The start at the first next(): a DataLoader iterator over workers calls
+        # iter(sampler) twice and reads only the second (with batch_size=None).
         start, self._start = self._start, 0
-        return iter(range(start, len(self.data_source)))
+        yield from range(start, len(self.data_source))
 
 
 def check_state(state: Any, expected: Mapping[str, Any], batches_per_epoch: int) -> tuple[int, int]:
