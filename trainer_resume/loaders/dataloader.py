@@ -269,16 +269,11 @@ class ResumableDataLoader(DataLoader):
 
     @property
     def epoch(self) -> int:
-        """The epoch of the loader's position (resumable mode; 0 for endless samplers): the
-        one being read, or after its last batch (and after :meth:`load_state_dict`) the one
-        the next ``iter(loader)`` reads.
+        """The epoch the next ``iter(loader)`` reads (resumable mode; 0 for endless samplers).
 
         Each ``iter(loader)`` over a torch sampler is one epoch, so after
         :meth:`load_state_dict` an epoch loop continues with
-        ``for epoch in range(loader.epoch, epochs)``. A new ``iter(loader)`` that replaces a
-        part-read iteration reads the next epoch: after a look at a batch
-        (``next(iter(loader))``) the loop's first epoch is ``loader.epoch + 1`` (warned
-        about, ``UnsavedStateWarning``).
+        ``for epoch in range(loader.epoch, epochs)``.
         """
         source = self._require_stream("epoch").source
         self._settle()
@@ -359,9 +354,6 @@ class ResumableDataLoader(DataLoader):
                 if active.boundaries > 1 and not self.__dict__.get("_warned_left"):
                     self.__dict__["_warned_left"] = True
                     _warn_left_part_way(active)
-                elif active.boundaries == 0 and not self.__dict__.get("_warned_look"):
-                    self.__dict__["_warned_look"] = True  # no trainer step read it: a look
-                    _warn_looked_at(active)
                 source.abandon(active.epoch)
         self._active = None
         source.begin(stream.augmentation_seed)
@@ -759,24 +751,6 @@ def _warn_left_part_way(iterator: ResumableIterator) -> None:
             f"resumes inside epoch {iterator.epoch}, where this run goes on with epoch "
             f"{iterator.epoch + 1}; a loop that stops its epochs early calls "
             "loader.end_epoch() after its inner loop (see docs/data-loading.md#the-epoch-loop)"
-        ),
-        stacklevel=3,
-    )
-
-
-def _warn_looked_at(iterator: ResumableIterator) -> None:
-    """A new ``iter(loader)`` replaced one whose batches no trainer step read (a look at a
-    batch, ``next(iter(loader))``): the epoch it started is over, so the loop's epochs are
-    the loader's from the next one on."""
-    warnings.warn(
-        UnsavedStateWarning(
-            f"iter(loader) left epoch {iterator.epoch} after {iterator.delivered} batch(es) that "
-            "no training step read (a look at a batch, next(iter(loader))): as with DataLoader, "
-            f"this iteration reads epoch {iterator.epoch + 1}, so a loop bounded by "
-            "range(loader.epoch, epochs) read before it runs one epoch more than a run resumed "
-            "from its pauses, and in a resumed run such a look leaves the rest of the resumed "
-            "epoch unread; look at a batch through another loader over the same dataset "
-            "(DataLoader(loader.dataset, ...))"
         ),
         stacklevel=3,
     )
