@@ -269,11 +269,15 @@ class ResumableDataLoader(DataLoader):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next ``iter(loader)`` reads (resumable mode; 0 for endless samplers).
+        """The epoch of the loader's position (resumable mode; 0 for endless samplers): the
+        one being read, or after its last batch (and after :meth:`load_state_dict`) the one
+        the next ``iter(loader)`` reads.
 
         Each ``iter(loader)`` over a torch sampler is one epoch, so after
         :meth:`load_state_dict` an epoch loop continues with
-        ``for epoch in range(loader.epoch, epochs)``.
+        ``for epoch in range(loader.epoch, epochs)``. A new ``iter(loader)`` that replaces a
+        part-read iteration reads the next epoch: after a look at a batch
+        (``next(iter(loader))``) the loop's first epoch is ``loader.epoch + 1``.
         """
         source = self._require_stream("epoch").source
         self._settle()
