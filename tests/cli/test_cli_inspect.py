@@ -216,6 +216,32 @@ def test_inspect_of_a_distributed_pause_shows_every_process(tmp_path_factory, ca
     assert summary["loaders"]["train"]["consumed"] == DISTRIBUTED_PAUSE_STEP * 2 * 2
 
 
+@pytest.mark.slow
+def test_inspect_of_a_distributed_pause_whose_ranks_signed_different_configs_shows_each(
+    tmp_path_factory, capsys
+):
+    from trainer_resume.distributed import DISTRIBUTED_KEY, combined_pause, config_of
+    from trainer_resume.durable import load_checkpoint
+
+    path, _ = distributed_pause(tmp_path_factory)
+    checkpoint = load_checkpoint(path)
+    ranks = checkpoint.pop(DISTRIBUTED_KEY)["ranks"]
+    own = config_of(checkpoint)
+    other = {**own, "config_signature": "f" * 64, "config": {"device": "cpu:1"}}
+    per_rank = tmp_path_factory.mktemp("per_rank") / "pause.ckpt"
+    save_checkpoint(combined_pause(checkpoint, ranks, [own, other]), per_rank)
+    lines = inspect_text(per_rank, capsys)
+    assert field(lines, "config signatures") == (
+        f"one per rank (the ranks' configs differ): rank 0 {own['config_signature']}, "
+        f"rank 1 {'f' * 64}"
+    )
+    assert inspect_json(per_rank, capsys)["rank_config_signatures"] == [
+        own["config_signature"],
+        "f" * 64,
+    ]
+    assert field(inspect_text(path, capsys), "config signature") == own["config_signature"]
+
+
 def test_inspect_of_a_resume_point_directory_lists_points_and_describes_the_newest(
     tmp_path_factory, capsys
 ):

@@ -52,6 +52,7 @@ from ..state import (
     EPOCH_SAMPLER_FORMAT,
     ITERABLE_DATASET_FORMAT,
     RANK_BUFFERS_KEY,
+    RANK_CONFIG_KEY,
     SAMPLER_FORMAT,
     SHARDED_FORMAT,
     STATEFUL_SAMPLER_FORMAT,
@@ -196,6 +197,13 @@ def pause_summary(content: Mapping[str, Any]) -> dict[str, Any]:
         summary["rank_buffers"] = {
             str(model): len(_mapping(entry)) for model, entry in buffers.items()
         }
+    # Where the ranks signed different configs (a value per rank), each rank's own.
+    signed = [_mapping(rank.get(RANK_CONFIG_KEY)) for rank in ranks if isinstance(rank, Mapping)]
+    if any(signed):
+        summary["rank_config_signatures"] = [
+            config.get("config_signature") if config else content.get("config_signature")
+            for config in signed
+        ]
     if "config" in content:
         summary["config"] = content["config"]
     return summary

@@ -91,7 +91,15 @@ def _header_lines(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         lines.append(("finished at", summary["finished_at"]))
     if summary.get("world_size") is not None:
         lines.append(("processes", summary["world_size"]))
-    if "objects" in summary or summary.get("config_signature"):
+    per_rank = summary.get("rank_config_signatures")
+    if per_rank:
+        signatures = ", ".join(
+            f"rank {rank} {signature}" for rank, signature in enumerate(per_rank)
+        )
+        lines.append(
+            ("config signatures", f"one per rank (the ranks' configs differ): {signatures}")
+        )
+    elif "objects" in summary or summary.get("config_signature"):
         lines.append(("config signature", summary.get("config_signature") or "none saved"))
     return lines
 
