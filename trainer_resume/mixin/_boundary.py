@@ -82,6 +82,7 @@ def record_boundary(trainer: Any, guard: Any) -> None:
             else:
                 positions[name] = _position(loader)  # type: ignore[index]
                 others = [(name, loader)] if others is None else [*others, (name, loader)]
+                _count_boundary(loader)
         # After state_dict(): over an IterableDataset it reads on to know a pass ended.
         if others is not None:
             ended = (*ended, *(name for name, loader in others if loader_epoch_ended(loader)))
@@ -95,6 +96,16 @@ def record_boundary(trainer: Any, guard: Any) -> None:
     guard.boundary_positions = positions
     guard.boundary_ended = ended
     guard.boundary_states = None
+
+
+def _count_boundary(view: Any) -> None:
+    """A framework's view of a library loader (Fabric's, Accelerate's) saves the view's
+    position; the loader inside still counts the boundary, by which it tells an epoch a
+    loop left part-way (warned about) from a look at a batch."""
+    inner = getattr(view, "loader", None)
+    record = getattr(type(inner), "boundary_record", None) if inner is not None else None
+    if record is not None:
+        record(inner)
 
 
 def loader_positions(trainer: Any) -> dict[str, tuple[Any, Any, Deferred]] | None:

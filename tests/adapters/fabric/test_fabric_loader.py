@@ -311,3 +311,17 @@ def test_loaders_fabric_set_up_that_no_hook_returns_are_warned_about_as_the_load
         "HoldsValidation.plain_val_loader (_FabricDataLoader) is a loader that no hook returns "
         "and that a resumed run starts over"
     )
+
+
+def test_a_loop_that_leaves_the_epochs_of_a_loader_fabric_set_up_part_way_is_warned_once(
+    fabric, recwarn
+):
+    trainer = Trainer(shuffled(fabric))
+    for _ in range(3):
+        for number, batch in enumerate(trainer.loader):
+            trainer.step(batch)
+            if number == 1:
+                break
+    left = [str(w.message) for w in recwarn if "part-way" in str(w.message)]
+    assert len(left) == 1, left
+    assert left[0].startswith("iter(loader) left epoch 0 part-way, after 2 batch(es)")
