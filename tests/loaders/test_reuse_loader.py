@@ -358,7 +358,7 @@ class _ReusingTrainer:
 
     @staticmethod
     def make(tmp_path, *, points: bool, returned: bool = False, **loader_options):
-        from trainer_resume import TrainingResumeMixin, training_step
+        from trainer_resume import TrainingResumeMixin, serialized_training, training_step
         from trainer_resume.resume_points import ResumePoints
 
         class Reusing(TrainingResumeMixin):
@@ -391,6 +391,10 @@ class _ReusingTrainer:
             @training_step
             def step(self, batch):
                 return self.model(batch["index"].float()[:, None]).sum()
+
+            @serialized_training
+            def end_epoch(self):  # the epoch-end work: the next epoch's iterator
+                self.batches = iter(self.loader)
 
         return Reusing()
 
@@ -451,12 +455,12 @@ def test_a_trainer_returning_a_reuse_loader_pauses_inside_its_own_order_but_not_
     between = _ReusingTrainer.make(tmp_path / "c", points=False, returned=True)
     for batch in iter(between.loader):
         between.step(batch)
-    next_batches = iter(between.loader)
+    between.end_epoch()
     between.pause(tmp_path / "c" / "pause.ckpt")
     again = _ReusingTrainer.make(tmp_path / "c", points=False, returned=True)
     again.resume(tmp_path / "c" / "pause.ckpt")
     assert again.loader.next_epoch == 1
-    assert_epochs_equal([list(next_batches)], [list(again.loader)])
+    assert_epochs_equal([list(between.batches)], [list(again.loader)])
 
     callers = _ReusingTrainer.make(
         tmp_path / "b", points=True, returned=True, shuffle=False, sampler=list(range(SIZE))
