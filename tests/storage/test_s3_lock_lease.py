@@ -24,7 +24,9 @@ from trainer_resume.difference import first_difference
 from trainer_resume.errors import ResumePointsInUseError
 from trainer_resume.resume_points import _object_lock
 
-LEASE_S = 3.0
+# Long enough that a renewal every 0.3 s is seen although a loaded machine stalls
+# the renewing thread for seconds (a lease run out then would be taken over).
+LEASE_S = 6.0
 
 
 @pytest.fixture(autouse=True)
