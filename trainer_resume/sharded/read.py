@@ -334,7 +334,6 @@ class ShardedPause:
                 weights-only set...), or ``CheckpointCorruptedError`` for DCP's own
                 failures; the live state is untouched on every rank.
         """
-
         collective = _distributed.is_distributed()
         action = "resume()"
         staged: dict[str, Any] = {}

@@ -435,7 +435,18 @@ class ReuseDataLoader(DataLoader):
     @property
     def next_epoch(self) -> int:
         """The epoch the next ``iter(loader)`` serves (save it to resume with ``start_epoch``)."""
-        return self._position()[0] if self._reuse_fresh else self._reuse_next_epoch
+        return self._next_start()[0]
+
+    def _next_start(self) -> tuple[int, int]:
+        """The epoch the next ``iter(loader)`` serves and the batches of it delivered before.
+
+        An iterator that delivered nothing is only replaced: its epoch and start stay (a
+        trainer's rebuilt iterator and its loop's own ``iter()`` read the same batches).
+        One that delivered part of its epoch ends it: the next epoch starts.
+        """
+        if self._reuse_fresh:
+            return self._position()
+        return self._reuse_next_epoch, self._reuse_skip
 
     def _position(self) -> tuple[int, int]:
         """The epoch and the batches of it delivered: the live iteration's, else where the
@@ -512,12 +523,7 @@ class ReuseDataLoader(DataLoader):
         self._reuse_iteration += 1
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        # An iterator that delivered nothing is only replaced: its epoch and start stay
-        # (a trainer's rebuilt iterator and its loop's own iter() read the same batches).
-        # One that delivered part of its epoch ends it: the next epoch starts.
-        epoch, skip = (
-            self._position() if self._reuse_fresh else (self._reuse_next_epoch, self._reuse_skip)
-        )
+        epoch, skip = self._next_start()
         self._reuse_next_epoch, self._reuse_skip = epoch + 1, 0
         self._reuse_epoch, self._reuse_delivered = epoch, skip
         self._reuse_live = self._reuse_fresh = True
